@@ -1,0 +1,256 @@
+//! The maps shared by the XDP program and userspace, and the layout of
+//! their keys and values. Every type is `#[repr(C)]` with explicit padding
+//! fields, so both sides agree byte for byte; each has a size assertion.
+
+use crate::gcra::Gcra;
+
+/// Map names, as the loader and `limiter stats` find them in the object
+/// and under the pin directory.
+pub mod map_name {
+    pub const CONFIG: &str = "CONFIG";
+    pub const RULES: &str = "RULES";
+    pub const LPM_V4: &str = "LPM_V4";
+    pub const LPM_V6: &str = "LPM_V6";
+    pub const KEYS: &str = "KEYS";
+    pub const RULE_STATS: &str = "RULE_STATS";
+    pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
+}
+
+/// Rule slots, including slot 0, which holds the default for traffic that
+/// matches no rule.
+pub const MAX_RULES: u32 = 1024;
+/// The slot of the default rule.
+pub const DEFAULT_RULE: u32 = 0;
+/// How many rules may cover one source prefix (see [`Candidates`]).
+pub const MAX_CANDIDATES: usize = 8;
+/// Default capacity of the per-key state map.
+pub const DEFAULT_MAX_KEYS: u32 = 1 << 20;
+/// The longest IPv6 extension-header chain the parser walks.
+pub const MAX_IPV6_EXT_HEADERS: usize = 6;
+/// Longest rule name stored in the kernel (NUL-padded).
+pub const RULE_NAME_LEN: usize = 32;
+
+/// What to do with a packet: the XDP verdicts the program uses.
+pub mod action {
+    pub const PASS: u32 = 0;
+    pub const DROP: u32 = 1;
+}
+
+/// Settings that apply to every packet. One entry, index 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalConfig {
+    /// [`action`] for frames the parser rejects (truncated or malformed).
+    pub malformed_action: u32,
+    pub _pad: u32,
+}
+
+/// `RuleConfig::flags` bits.
+pub mod rule_flag {
+    /// Every packet passes (an allow list); nothing is metered.
+    pub const UNLIMITED: u32 = 1 << 0;
+    /// Excess is counted but passed (dry run).
+    pub const SHADOW: u32 = 1 << 1;
+    /// `RuleConfig::packets` is in force.
+    pub const LIMIT_PACKETS: u32 = 1 << 2;
+    /// `RuleConfig::bytes` is in force.
+    pub const LIMIT_BYTES: u32 = 1 << 3;
+    /// Every packet is dropped (the default rule with `default: drop`).
+    pub const BLOCK: u32 = 1 << 4;
+}
+
+/// One rule, as the kernel applies it. Array map indexed by rule id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleConfig {
+    /// [`rule_flag`] bits.
+    pub flags: u32,
+    /// Mask applied to an IPv4 source to form its key (network byte order).
+    pub v4_key_mask: [u8; 4],
+    /// Mask applied to an IPv6 source to form its key (network byte order).
+    pub v6_key_mask: [u8; 16],
+    /// Meter for packets (cost 1 per packet).
+    pub packets: Gcra,
+    /// Meter for bytes (cost = frame length, Ethernet header included).
+    pub bytes: Gcra,
+    /// The rule's name, NUL-padded, so pinned maps describe themselves.
+    pub name: [u8; RULE_NAME_LEN],
+}
+
+/// `Candidate::flags` bits.
+pub mod candidate_flag {
+    pub const MATCH_PROTOCOL: u8 = 1 << 0;
+    pub const MATCH_DEST_PORT: u8 = 1 << 1;
+}
+
+/// A rule that may apply to packets from a source prefix, with the
+/// protocol and destination port that narrow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Candidate {
+    pub rule: u16,
+    /// Destination port in host byte order.
+    pub dest_port: u16,
+    /// IP protocol number (6 TCP, 17 UDP, 1 ICMP, 58 ICMPv6).
+    pub protocol: u8,
+    /// [`candidate_flag`] bits.
+    pub flags: u8,
+    pub _pad: [u8; 2],
+}
+
+impl Candidate {
+    /// Whether this candidate applies to a packet with this protocol and
+    /// destination port ([`NO_PORT`] when the packet has none, e.g. a
+    /// later fragment).
+    #[inline(always)]
+    pub fn matches(&self, protocol: u8, dest_port: u32) -> bool {
+        if self.flags & candidate_flag::MATCH_PROTOCOL != 0 && self.protocol != protocol {
+            return false;
+        }
+        if self.flags & candidate_flag::MATCH_DEST_PORT != 0 {
+            return dest_port == u32::from(self.dest_port);
+        }
+        true
+    }
+}
+
+/// A packet without a destination port. A sentinel rather than `Option<u16>`:
+/// LLVM may leave the payload of a `None` undefined and still compare it,
+/// and the verifier rejects the stale pointer it can find there.
+pub const NO_PORT: u32 = u32::MAX;
+
+/// The value of an LPM trie entry: every rule whose source prefix covers
+/// this entry's prefix, most specific first (longer prefix, then protocol
+/// and port, then protocol only, then neither). The first that matches the
+/// packet's protocol and port applies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Candidates {
+    pub len: u32,
+    pub _pad: u32,
+    pub entries: [Candidate; MAX_CANDIDATES],
+}
+
+/// Key of the per-key state map: a rule and a masked source address
+/// (IPv4 as `::ffff:a.b.c.d`), so one source has separate budgets per rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub rule: u32,
+    pub addr: [u8; 16],
+}
+
+impl FlowKey {
+    /// The key of an IPv4 source under a rule's mask.
+    #[inline(always)]
+    pub fn v4(rule: u32, src: [u8; 4], mask: [u8; 4]) -> Self {
+        let mut addr = [0u8; 16];
+        addr[10] = 0xff;
+        addr[11] = 0xff;
+        addr[12] = src[0] & mask[0];
+        addr[13] = src[1] & mask[1];
+        addr[14] = src[2] & mask[2];
+        addr[15] = src[3] & mask[3];
+        Self { rule, addr }
+    }
+
+    /// The key of an IPv6 source under a rule's mask.
+    #[inline(always)]
+    pub fn v6(rule: u32, src: [u8; 16], mask: [u8; 16]) -> Self {
+        let mut addr = [0u8; 16];
+        let mut i = 0;
+        while i < 16 {
+            addr[i] = src[i] & mask[i];
+            i += 1;
+        }
+        Self { rule, addr }
+    }
+}
+
+/// Per-key state: one GCRA TAT per meter, in ns of `CLOCK_MONOTONIC`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyState {
+    pub packets_tat: u64,
+    pub bytes_tat: u64,
+}
+
+/// Per-rule counters, one per CPU: each CPU only writes its own copy, so
+/// plain increments are exact without atomics; readers sum the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
+pub struct RuleCounters {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    /// Excess under `shadow`: would have been dropped, was passed.
+    pub shadow_packets: u64,
+    pub shadow_bytes: u64,
+    /// Keys this rule added to the state map.
+    pub new_keys: u64,
+    /// Packets treated as excess because every compare-and-swap lost.
+    pub contended: u64,
+}
+
+/// Counters for every packet, one per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
+pub struct GlobalCounters {
+    pub packets: u64,
+    pub ipv4: u64,
+    pub ipv6: u64,
+    /// Not IP (ARP, LLDP, ...): always passed.
+    pub non_ip: u64,
+    /// Rejected by the parser: truncated or malformed headers.
+    pub malformed: u64,
+    /// Non-first IP fragments (no transport header to match ports on).
+    pub fragments: u64,
+    /// State entries that could not be created (treated as excess).
+    pub key_alloc_failed: u64,
+    #[cfg_attr(feature = "user", serde(skip))]
+    pub _reserved: u64,
+}
+
+macro_rules! impl_rule_counters_add {
+    ($($t:ident { $($f:ident),* })*) => {$(
+        impl $t {
+            /// Field-wise sum, for adding up the per-CPU copies.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$f = self.$f.wrapping_add(other.$f);)*
+            }
+        }
+    )*};
+}
+
+impl_rule_counters_add! {
+    RuleCounters { passed_packets, passed_bytes, dropped_packets, dropped_bytes,
+                   shadow_packets, shadow_bytes, new_keys, contended }
+    GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<GlobalConfig>() == 8);
+    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 24 + 24 + RULE_NAME_LEN);
+    assert!(core::mem::size_of::<Candidate>() == 8);
+    assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
+    assert!(core::mem::size_of::<FlowKey>() == 20);
+    assert!(core::mem::size_of::<KeyState>() == 16);
+    assert!(core::mem::size_of::<RuleCounters>() == 64);
+    assert!(core::mem::size_of::<GlobalCounters>() == 64);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are repr(C), Copy, with explicit padding fields, so every
+    // bit pattern is valid and none has uninitialised bytes.
+    unsafe impl aya::Pod for super::GlobalConfig {}
+    unsafe impl aya::Pod for super::RuleConfig {}
+    unsafe impl aya::Pod for super::Candidates {}
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::KeyState {}
+    unsafe impl aya::Pod for super::RuleCounters {}
+    unsafe impl aya::Pod for super::GlobalCounters {}
+}

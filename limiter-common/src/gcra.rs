@@ -1,0 +1,210 @@
+//! GCRA (the generic cell rate algorithm): a token bucket kept as one `u64`
+//! per key, the theoretical arrival time (TAT), in integer nanoseconds.
+//!
+//! With emission interval `T` (nanoseconds one unit of cost is worth) and
+//! burst `B`, a request of cost `c` arriving at `now` conforms when
+//! `max(TAT, now) + c·T − now ≤ B·T`; it then moves TAT there. In any
+//! interval of length `t` at most `B + floor(t/T)` units of cost conform.
+//!
+//! The per-packet path has no division and no floating point: everything
+//! that needs either is computed once, when a rule is loaded ([`Gcra::new`]),
+//! which also rejects parameters whose arithmetic could overflow.
+
+/// Horizon that keeps `now + B·T` well inside `u64` for any monotonic clock
+/// reading below 2^63 ns (292 years of uptime). A cost so large that
+/// `cost·T` still overflows is denied by [`Gcra::check`].
+const MAX_CAPACITY_NS: u64 = 1 << 61;
+
+/// One meter: emission interval and bucket capacity, both in nanoseconds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gcra {
+    /// `T = ceil(period / rate)`: nanoseconds one unit of cost is worth.
+    pub emission_ns: u64,
+    /// `B × T`: how far past `now` the TAT may run.
+    pub capacity_ns: u64,
+    /// `B`: no request costing more can ever conform, so [`Gcra::check`]
+    /// denies it before multiplying (which keeps `cost × T` within `B × T`).
+    pub burst: u64,
+}
+
+/// Why a limit cannot be represented; reported when the rule is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitError {
+    ZeroRate,
+    ZeroBurst,
+    ZeroPeriod,
+    /// More than one unit per nanosecond: `T` would round to zero.
+    RateTooHigh,
+    /// `B × T` beyond the representable horizon.
+    BurstTooLarge,
+}
+
+impl core::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::ZeroRate => "rate must be at least 1",
+            Self::ZeroBurst => "burst must be at least 1",
+            Self::ZeroPeriod => "the unit must be at least 1 ns long",
+            Self::RateTooHigh => "rate exceeds one per nanosecond (the clock's resolution)",
+            Self::BurstTooLarge => "burst × (unit / rate) overflows the 2^61 ns horizon",
+        })
+    }
+}
+
+/// The outcome of checking one request against a meter's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Conforms; store this TAT.
+    Allow { new_tat: u64 },
+    /// Does not conform; the state is left as it was (denials are not charged).
+    Deny,
+}
+
+impl Gcra {
+    /// A meter admitting `rate` units per `period_ns`, with `burst` units of
+    /// headroom. `T` is rounded up, so the meter never admits more than asked.
+    pub const fn new(rate: u64, period_ns: u64, burst: u64) -> Result<Self, LimitError> {
+        if rate == 0 {
+            return Err(LimitError::ZeroRate);
+        }
+        if burst == 0 {
+            return Err(LimitError::ZeroBurst);
+        }
+        if period_ns == 0 {
+            return Err(LimitError::ZeroPeriod);
+        }
+        if period_ns < rate {
+            return Err(LimitError::RateTooHigh);
+        }
+        let emission_ns = period_ns.div_ceil(rate);
+        let capacity_ns = match burst.checked_mul(emission_ns) {
+            Some(c) if c <= MAX_CAPACITY_NS => c,
+            _ => return Err(LimitError::BurstTooLarge),
+        };
+        Ok(Self {
+            emission_ns,
+            capacity_ns,
+            burst,
+        })
+    }
+
+    /// Checks a request of `cost` units at `now` against state `tat`.
+    ///
+    /// Time going backwards is harmless: a TAT further ahead than a full
+    /// bucket (`now + B·T`) can only come from an earlier, later-running
+    /// clock, and is clamped to a full bucket instead of locking the key out.
+    #[inline(always)]
+    pub fn check(&self, tat: u64, now: u64, cost: u64) -> Decision {
+        let horizon = now.saturating_add(self.capacity_ns);
+        let tat = if tat > horizon { horizon } else { tat };
+        let base = if tat > now { tat } else { now };
+        if cost > self.burst {
+            return Decision::Deny;
+        }
+        // cost ≤ B, so cost × T ≤ B × T, which `new` proved fits. The sum
+        // overflows only with a clock near 2^64; fail closed then.
+        let Some(new_tat) = base.checked_add(cost * self.emission_ns) else {
+            return Decision::Deny;
+        };
+        if new_tat - now <= self.capacity_ns {
+            Decision::Allow { new_tat }
+        } else {
+            Decision::Deny
+        }
+    }
+
+    /// The state after handing back a charge of `cost` made at or before
+    /// `now`, or `None` when there is nothing to hand back. Any TAT at or
+    /// before `now` means "full bucket", so a refund never goes below `now`.
+    #[inline(always)]
+    pub fn refunded(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
+        if tat <= now {
+            return None;
+        }
+        let charge = if cost > self.burst { self.capacity_ns } else { cost * self.emission_ns };
+        let back = tat.saturating_sub(charge);
+        Some(if back > now { back } else { now })
+    }
+
+    /// How long until a request of `cost` would conform, given state `tat`.
+    /// `u64::MAX` when it never will (the cost exceeds the burst).
+    pub fn wait_ns(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        if cost > self.burst {
+            return u64::MAX;
+        }
+        let base = if tat > now { tat } else { now };
+        let new_tat = base.saturating_add(cost * self.emission_ns);
+        (new_tat - now).saturating_sub(self.capacity_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn rejects_unrepresentable_limits() {
+        assert_eq!(Gcra::new(0, SEC, 1), Err(LimitError::ZeroRate));
+        assert_eq!(Gcra::new(1, SEC, 0), Err(LimitError::ZeroBurst));
+        assert_eq!(Gcra::new(1, 0, 1), Err(LimitError::ZeroPeriod));
+        assert_eq!(Gcra::new(SEC + 1, SEC, 1), Err(LimitError::RateTooHigh));
+        assert_eq!(Gcra::new(1, 86_400 * SEC, u64::MAX), Err(LimitError::BurstTooLarge));
+        assert_eq!(Gcra::new(1, u64::MAX, 1), Err(LimitError::BurstTooLarge));
+    }
+
+    #[test]
+    fn emission_rounds_up() {
+        let g = Gcra::new(3, SEC, 1).unwrap();
+        assert_eq!(g.emission_ns, 333_333_334);
+        assert_eq!(g.capacity_ns, 333_333_334);
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        let g = Gcra::new(10, SEC, 5).unwrap();
+        let now = 1_000 * SEC;
+        let mut tat = 0;
+        let mut admitted = 0;
+        for _ in 0..20 {
+            if let Decision::Allow { new_tat } = g.check(tat, now, 1) {
+                tat = new_tat;
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5);
+        // 100 ms later exactly one more unit has accrued.
+        assert!(matches!(g.check(tat, now + SEC / 10, 1), Decision::Allow { .. }));
+        assert_eq!(g.check(tat, now + SEC / 10 - 1, 1), Decision::Deny);
+    }
+
+    #[test]
+    fn clock_going_backwards_is_clamped() {
+        let g = Gcra::new(10, SEC, 5).unwrap();
+        // State written by a clock far ahead of ours: treated as a full bucket, not a lockout.
+        let tat = u64::MAX - 7;
+        assert_eq!(g.check(tat, 1_000, 1), Decision::Deny);
+        assert_eq!(g.wait_ns(1_000 + g.capacity_ns, 1_000, 1), g.emission_ns);
+    }
+
+    #[test]
+    fn fails_closed_at_extremes() {
+        let g = Gcra::new(1, SEC, 1).unwrap();
+        assert_eq!(g.check(0, u64::MAX, 1), Decision::Deny);
+        assert_eq!(g.check(0, u64::MAX - SEC, 1), Decision::Allow { new_tat: u64::MAX });
+        assert_eq!(g.check(0, 0, u64::MAX), Decision::Deny);
+    }
+
+    #[test]
+    fn refund_restores_budget() {
+        let g = Gcra::new(10, SEC, 2).unwrap();
+        let now = 50 * SEC;
+        let Decision::Allow { new_tat } = g.check(0, now, 1) else {
+            panic!("first request must conform")
+        };
+        assert_eq!(g.refunded(new_tat, now, 1), Some(now));
+        assert_eq!(g.refunded(now - 1, now, 1), None);
+    }
+}

@@ -1,0 +1,7 @@
+//! What the XDP program and userspace share: the rate-limiting algorithm
+//! (one implementation, compiled for both) and the layout of the maps.
+#![no_std]
+
+pub mod abi;
+pub mod gcra;
+pub mod meter;

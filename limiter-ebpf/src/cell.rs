@@ -1,0 +1,25 @@
+//! The kernel side of `limiter_common::meter::AtomicCell`.
+
+use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+use limiter_common::meter::AtomicCell;
+
+/// A `u64` inside a map value, updated with the BPF `cmpxchg` instruction.
+pub struct MapCell(pub *mut u64);
+
+impl AtomicCell for MapCell {
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        // An aligned 64-bit load is atomic on BPF.
+        unsafe { core::ptr::read_volatile(self.0) }
+    }
+
+    #[inline(always)]
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<(), u64> {
+        let (seen, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                self.0, current, new,
+            )
+        };
+        if swapped { Ok(()) } else { Err(seen) }
+    }
+}

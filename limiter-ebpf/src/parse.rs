@@ -1,0 +1,193 @@
+//! Header parsing: a cursor moves through the frame, one bounds-checked step
+//! per header. Every read is checked against `data_end` before it happens,
+//! which is also what the verifier demands. Multi-byte fields are read as
+//! byte arrays in network byte order.
+
+use aya_ebpf::programs::XdpContext;
+use core::mem;
+use limiter_common::abi::{MAX_IPV6_EXT_HEADERS, NO_PORT};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    vlan::VlanHdr,
+};
+
+/// Protocol numbers the parser looks inside.
+mod proto {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const AUTH: u8 = 51;
+    pub const ICMPV6: u8 = 58;
+    pub const DEST_OPTS: u8 = 60;
+    pub const SCTP: u8 = 132;
+}
+
+/// Far enough for two VLAN tags, IPv4 options or a full IPv6 extension
+/// chain; bounding the cursor keeps the verifier's offset ranges finite.
+const MAX_OFFSET: usize = 16 * 1024;
+
+/// The frame cannot be parsed: truncated, malformed, or deeper than we walk.
+pub struct Malformed;
+
+/// Source address of an IP packet.
+pub enum Source {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+/// What the limiter needs from an IP packet.
+pub struct Packet {
+    pub source: Source,
+    /// IP protocol number of the transport header.
+    pub protocol: u8,
+    /// Destination port for TCP, UDP and SCTP; [`NO_PORT`] for other
+    /// protocols and for later fragments, which carry no transport header.
+    pub dest_port: u32,
+    pub fragment: bool,
+}
+
+/// Reads a `T` at `offset` into the frame, if the frame is long enough.
+#[inline(always)]
+fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, Malformed> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if offset > MAX_OFFSET || start + offset + mem::size_of::<T>() > end {
+        return Err(Malformed);
+    }
+    Ok((start + offset) as *const T)
+}
+
+/// Parses a frame: `Ok(None)` for non-IP frames, which pass untouched.
+#[inline(always)]
+pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let mut ether_type = unsafe { (*eth).ether_type };
+    let mut offset = EthHdr::LEN;
+    // Up to two tags: 802.1Q, or an 802.1ad outer tag over an 802.1Q one.
+    for _ in 0..2 {
+        if ether_type != EtherType::Ieee8021q as u16 && ether_type != EtherType::Ieee8021ad as u16 {
+            break;
+        }
+        let vlan: *const VlanHdr = ptr_at(ctx, offset)?;
+        ether_type = unsafe { (*vlan).ether_type };
+        offset += VlanHdr::LEN;
+    }
+    if ether_type == EtherType::Ipv4 as u16 {
+        parse_ipv4(ctx, offset).map(Some)
+    } else if ether_type == EtherType::Ipv6 as u16 {
+        parse_ipv6(ctx, offset).map(Some)
+    } else if ether_type == EtherType::Ieee8021q as u16 || ether_type == EtherType::Ieee8021ad as u16 {
+        // A third tag: deeper than we look, so we cannot tell what it carries.
+        Err(Malformed)
+    } else {
+        Ok(None)
+    }
+}
+
+#[inline(always)]
+fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
+    let (vihl, frags, protocol, source) =
+        unsafe { ((*ip).vihl, (*ip).frags, (*ip).proto, (*ip).src_addr) };
+    let ihl = (vihl & 0x0f) as usize;
+    if vihl >> 4 != 4 || ihl < 5 {
+        return Err(Malformed);
+    }
+    // Fragment offset in 8-byte units, below the three flag bits.
+    let fragment_offset = u16::from_be_bytes(frags) & 0x1fff;
+    let more_fragments = frags[0] & 0x20 != 0;
+    let mut packet = Packet {
+        source: Source::V4(source),
+        protocol,
+        dest_port: NO_PORT,
+        fragment: fragment_offset != 0 || more_fragments,
+    };
+    if fragment_offset == 0 {
+        packet.dest_port = parse_transport(ctx, offset + ihl * 4, protocol)?;
+    }
+    Ok(packet)
+}
+
+#[inline(always)]
+fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
+    let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
+    let (vcf, mut next, source) = unsafe { ((*ip).vcf, (*ip).next_hdr, (*ip).src_addr) };
+    if vcf[0] >> 4 != 6 {
+        return Err(Malformed);
+    }
+    let mut offset = offset + Ipv6Hdr::LEN;
+    let mut fragment = false;
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match next {
+            proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS => {
+                // Next header, then length in 8-byte units not counting the first 8.
+                let ext: *const [u8; 2] = ptr_at(ctx, offset)?;
+                let [following, len] = unsafe { *ext };
+                next = following;
+                offset += (len as usize + 1) * 8;
+            }
+            proto::AUTH => {
+                // AH counts its length in 4-byte units, not counting the first 8.
+                let ext: *const [u8; 2] = ptr_at(ctx, offset)?;
+                let [following, len] = unsafe { *ext };
+                next = following;
+                offset += (len as usize + 2) * 4;
+            }
+            proto::FRAGMENT => {
+                let ext: *const [u8; 4] = ptr_at(ctx, offset)?;
+                let [following, _, offset_hi, offset_lo] = unsafe { *ext };
+                fragment = true;
+                next = following;
+                offset += 8;
+                if u16::from_be_bytes([offset_hi, offset_lo]) >> 3 != 0 {
+                    // A later fragment: no transport header to look at.
+                    return Ok(Packet {
+                        source: Source::V6(source),
+                        protocol: next,
+                        dest_port: NO_PORT,
+                        fragment,
+                    });
+                }
+            }
+            _ => {
+                return Ok(Packet {
+                    source: Source::V6(source),
+                    protocol: next,
+                    dest_port: parse_transport(ctx, offset, next)?,
+                    fragment,
+                });
+            }
+        }
+    }
+    // Still inside the extension-header chain: longer than we walk.
+    Err(Malformed)
+}
+
+/// The destination port of a transport header at `offset`, requiring the
+/// protocol's whole fixed header to be present.
+#[inline(always)]
+fn parse_transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Result<u32, Malformed> {
+    let header_len = match protocol {
+        proto::TCP => 20,
+        proto::UDP => 8,
+        proto::SCTP => 12,
+        proto::ICMP | proto::ICMPV6 => {
+            ptr_at::<[u8; 4]>(ctx, offset)?;
+            return Ok(NO_PORT);
+        }
+        _ => return Ok(NO_PORT),
+    };
+    if offset > MAX_OFFSET || ctx.data() + offset + header_len > ctx.data_end() {
+        return Err(Malformed);
+    }
+    // All three start with source port, destination port. The volatile read
+    // keeps LLVM from carrying the packet pointer around instead of the
+    // value, which the verifier cannot follow across merged paths.
+    let port: *const [u8; 2] = ptr_at(ctx, offset + 2)?;
+    let port = unsafe { core::ptr::read_volatile(port) };
+    Ok(u32::from(u16::from_be_bytes(port)))
+}

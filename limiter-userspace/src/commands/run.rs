@@ -1,0 +1,50 @@
+//! `limiter run`: enforce until told to stop.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use limiter::{config::RuleSet, datapath::Mode, limiter::Limiter, report};
+use tokio::signal::unix::{SignalKind, signal};
+
+pub fn run(ifaces: &[String], config: &Path, mode: Mode, pin_dir: &Path, interval: Duration) -> Result<()> {
+    // Validate before touching anything.
+    let rules = RuleSet::load(config)?;
+    let limiter = Limiter::start(&rules, ifaces, mode, pin_dir)?;
+    let attached: Vec<String> = limiter
+        .attachments
+        .iter()
+        .map(|a| format!("{} ({:?})", a.iface, a.mode).to_lowercase())
+        .collect();
+    println!(
+        "limiter: enforcing {} rules from {} on {}; maps pinned at {}",
+        rules.rules.len(),
+        config.display(),
+        attached.join(", "),
+        limiter.pin_dir().display()
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        let mut previous = limiter.snapshot()?;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    let now = limiter.snapshot()?;
+                    println!("{}", report::summary_line(&previous, &now, interval));
+                    previous = now;
+                }
+                _ = interrupt.recv() => break,
+                _ = terminate.recv() => break,
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let last = limiter.snapshot()?;
+    drop(limiter);
+    print!("{}", report::stats_table(&last));
+    println!("limiter: detached from {} and removed the pins", attached.join(", "));
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The rule file exactly as written: serde shapes with no cross-field
+//! checks. Unknown fields are errors, so a typo never silently disables a
+//! limit. `validate` turns this into a [`super::RuleSet`].
+
+use std::fmt;
+
+use ipnet::IpNet;
+use serde::{
+    Deserialize, Deserializer,
+    de::{self, MapAccess, Visitor, value::MapAccessDeserializer},
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    #[serde(default)]
+    pub default: Verdict,
+    #[serde(default)]
+    pub malformed: Verdict,
+    pub max_keys: Option<u32>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    #[default]
+    Pass,
+    Drop,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub name: String,
+    #[serde(default, rename = "match")]
+    pub matches: Match,
+    pub key: Option<String>,
+    pub limit: Limit,
+    pub action: Option<Excess>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    pub source: Option<IpNet>,
+    pub protocol: Option<Protocol>,
+    pub dest_port: Option<u16>,
+}
+
+/// `tcp`, `udp`, `icmp`, `icmpv6`, `sctp`, or an IP protocol number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Protocol(pub u8);
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ProtocolVisitor;
+        impl Visitor<'_> for ProtocolVisitor {
+            type Value = Protocol;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("tcp, udp, icmp, icmpv6, sctp or a protocol number 0-255")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Protocol, E> {
+                u8::try_from(v)
+                    .map(Protocol)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Protocol, E> {
+                Ok(Protocol(match v {
+                    "tcp" => 6,
+                    "udp" => 17,
+                    "icmp" => 1,
+                    "icmpv6" => 58,
+                    "sctp" => 132,
+                    _ => return Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }))
+            }
+        }
+        deserializer.deserialize_any(ProtocolVisitor)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Excess {
+    Drop,
+    Shadow,
+}
+
+/// `unlimited`, or a mapping of rates.
+#[derive(Debug)]
+pub enum Limit {
+    Unlimited,
+    Rates(Rates),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rates {
+    /// Packets per unit.
+    pub rate: Option<u64>,
+    /// Bytes per unit.
+    pub bytes: Option<u64>,
+    pub unit: String,
+    pub burst: Option<u64>,
+    pub burst_bytes: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LimitVisitor;
+        impl<'de> Visitor<'de> for LimitVisitor {
+            type Value = Limit;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`unlimited` or a mapping such as { rate: 100, unit: second }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Limit, E> {
+                if v == "unlimited" {
+                    Ok(Limit::Unlimited)
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Limit, A::Error> {
+                Rates::deserialize(MapAccessDeserializer::new(map)).map(Limit::Rates)
+            }
+        }
+        deserializer.deserialize_any(LimitVisitor)
+    }
+}

@@ -1,0 +1,11 @@
+//! The limiter's userspace: rule files, the kernel datapath's loader and
+//! counters, and the lab used by the demo and the tests.
+
+pub mod config;
+pub mod datapath;
+pub mod pins;
+pub mod stats;
+pub mod tables;
+pub mod lab;
+pub mod limiter;
+pub mod report;

@@ -1,0 +1,238 @@
+//! Compiles a validated rule set into the kernel's tables: one rule slot per
+//! rule (slot 0 is the default) and, per source prefix, the ordered list of
+//! rules that may apply to it.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use limiter_common::abi::{
+    Candidate, Candidates, DEFAULT_RULE, GlobalConfig, MAX_CANDIDATES, RULE_NAME_LEN, RuleConfig,
+    action, candidate_flag, rule_flag,
+};
+
+use crate::config::{Limit, Rule, RuleSet, Verdict};
+
+/// Everything the kernel needs for one rule set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tables {
+    pub global: GlobalConfig,
+    /// Indexed by rule id; slot [`DEFAULT_RULE`] is the default.
+    pub rules: Vec<RuleConfig>,
+    pub v4: Vec<(u32, [u8; 4], Candidates)>,
+    pub v6: Vec<(u32, [u8; 16], Candidates)>,
+}
+
+/// The kernel id of the rule at `index` in the file.
+pub fn rule_id(index: usize) -> u32 {
+    DEFAULT_RULE + 1 + index as u32
+}
+
+pub fn build(set: &RuleSet) -> Tables {
+    let default = RuleConfig {
+        flags: match set.default {
+            Verdict::Pass => rule_flag::UNLIMITED,
+            Verdict::Drop => rule_flag::BLOCK,
+        },
+        name: name_bytes("default"),
+        ..RuleConfig::default()
+    };
+    let mut rules = vec![default];
+    rules.extend(set.rules.iter().map(rule_config));
+    let (v4, v6) = prefixes(set);
+    Tables {
+        global: GlobalConfig {
+            malformed_action: match set.malformed {
+                Verdict::Pass => action::PASS,
+                Verdict::Drop => action::DROP,
+            },
+            _pad: 0,
+        },
+        rules,
+        v4: v4
+            .into_iter()
+            .map(|(net, c)| match net.addr() {
+                IpAddr::V4(a) => (u32::from(net.prefix_len()), a.octets(), c),
+                IpAddr::V6(_) => unreachable!("IPv6 prefix in the IPv4 table"),
+            })
+            .collect(),
+        v6: v6
+            .into_iter()
+            .map(|(net, c)| match net.addr() {
+                IpAddr::V6(a) => (u32::from(net.prefix_len()), a.octets(), c),
+                IpAddr::V4(_) => unreachable!("IPv4 prefix in the IPv6 table"),
+            })
+            .collect(),
+    }
+}
+
+/// Checks that no source prefix is covered by more rules than a trie entry
+/// holds; the error names the rule whose prefix overflows.
+pub fn check_fits(set: &RuleSet) -> Result<(), (usize, String)> {
+    for net in all_prefixes(set) {
+        let covering = covering_rules(set, net);
+        if covering.len() > MAX_CANDIDATES {
+            let owner = covering[0];
+            return Err((
+                owner,
+                format!(
+                    "{} rules cover {net}; at most {MAX_CANDIDATES} may cover one prefix",
+                    covering.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn rule_config(rule: &Rule) -> RuleConfig {
+    let mut config = RuleConfig {
+        name: name_bytes(&rule.name),
+        v4_key_mask: (u32::MAX.checked_shl(32 - u32::from(rule.key.v4)).unwrap_or(0)).to_be_bytes(),
+        v6_key_mask: (u128::MAX.checked_shl(128 - u32::from(rule.key.v6)).unwrap_or(0)).to_be_bytes(),
+        ..RuleConfig::default()
+    };
+    if rule.shadow {
+        config.flags |= rule_flag::SHADOW;
+    }
+    match rule.limit {
+        Limit::Unlimited => config.flags |= rule_flag::UNLIMITED,
+        Limit::Metered { packets, bytes } => {
+            if let Some(meter) = packets {
+                config.flags |= rule_flag::LIMIT_PACKETS;
+                config.packets = meter.gcra;
+            }
+            if let Some(meter) = bytes {
+                config.flags |= rule_flag::LIMIT_BYTES;
+                config.bytes = meter.gcra;
+            }
+        }
+    }
+    config
+}
+
+fn name_bytes(name: &str) -> [u8; RULE_NAME_LEN] {
+    let mut bytes = [0; RULE_NAME_LEN];
+    let len = name.len().min(RULE_NAME_LEN - 1);
+    bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+    bytes
+}
+
+/// Every prefix that needs a trie entry: each rule's source, and /0 of both
+/// families when a rule matches any source.
+fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
+    let mut nets: Vec<IpNet> = Vec::new();
+    for rule in &set.rules {
+        let sources = match rule.matches.source {
+            Some(net) => vec![net],
+            None => vec!["0.0.0.0/0".parse().expect("literal"), "::/0".parse().expect("literal")],
+        };
+        for net in sources {
+            if !nets.contains(&net) {
+                nets.push(net);
+            }
+        }
+    }
+    nets
+}
+
+fn prefixes(set: &RuleSet) -> (Vec<(IpNet, Candidates)>, Vec<(IpNet, Candidates)>) {
+    let entries = all_prefixes(set).into_iter().map(|net| {
+        let mut candidates = Candidates::default();
+        for (slot, &i) in covering_rules(set, net).iter().take(MAX_CANDIDATES).enumerate() {
+            candidates.entries[slot] = candidate(i, &set.rules[i]);
+            candidates.len = slot as u32 + 1;
+        }
+        (net, candidates)
+    });
+    entries.partition(|(net, _)| matches!(net, IpNet::V4(_)))
+}
+
+/// Indexes of the rules whose source covers `net`, most specific first:
+/// longer source prefix, then protocol and port, then protocol, then file order.
+fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
+    let mut covering: Vec<usize> = (0..set.rules.len())
+        .filter(|&i| match set.rules[i].matches.source {
+            None => true,
+            Some(source) => source.contains(&net),
+        })
+        .collect();
+    covering.sort_by_key(|&i| {
+        let m = &set.rules[i].matches;
+        let prefix = m.source.map_or(0, |s| s.prefix_len());
+        let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
+        (std::cmp::Reverse(prefix), std::cmp::Reverse(specificity), i)
+    });
+    covering
+}
+
+/// The index of the rule the kernel applies to a packet from `source` with
+/// this protocol and destination port, or `None` for the default. Uses the
+/// same ordering as the trie entries the kernel searches.
+pub fn matching_rule(set: &RuleSet, source: IpAddr, protocol: u8, dest_port: Option<u16>) -> Option<usize> {
+    covering_rules(set, IpNet::from(source)).into_iter().find(|&i| {
+        let m = &set.rules[i].matches;
+        m.protocol.is_none_or(|p| p == protocol) && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+    })
+}
+
+fn candidate(index: usize, rule: &Rule) -> Candidate {
+    let mut flags = 0;
+    if rule.matches.protocol.is_some() {
+        flags |= candidate_flag::MATCH_PROTOCOL;
+    }
+    if rule.matches.dest_port.is_some() {
+        flags |= candidate_flag::MATCH_DEST_PORT;
+    }
+    Candidate {
+        rule: u16::try_from(rule_id(index)).expect("MAX_RULES fits u16"),
+        dest_port: rule.matches.dest_port.unwrap_or(0),
+        protocol: rule.matches.protocol.unwrap_or(0),
+        flags,
+        _pad: [0; 2],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn tables(text: &str) -> Tables {
+        build(&RuleSet::parse(text, Path::new("t.yaml")).unwrap())
+    }
+
+    #[test]
+    fn most_specific_candidate_first() {
+        let t = tables(
+            "rules:
+  - { name: all, limit: { rate: 1, unit: second } }
+  - { name: net8, match: { source: 10.0.0.0/8 }, limit: { rate: 2, unit: second } }
+  - { name: dns, match: { source: 10.0.0.0/8, protocol: udp, dest_port: 53 }, limit: { rate: 3, unit: second } }
+  - { name: udp, match: { source: 10.0.0.0/8, protocol: udp }, limit: { rate: 4, unit: second } }
+  - { name: net16, match: { source: 10.1.0.0/16 }, limit: unlimited }
+",
+        );
+        let (_, _, net16) = t.v4.iter().find(|e| e.0 == 16).unwrap();
+        let order: Vec<u16> = net16.entries[..net16.len as usize].iter().map(|c| c.rule).collect();
+        // net16, then dns, udp, net8 of the covering /8, then the catch-all.
+        assert_eq!(order, vec![5, 3, 4, 2, 1]);
+        // The catch-all is in the IPv6 table too, alone.
+        assert_eq!(t.v6.len(), 1);
+        assert_eq!(t.v6[0].2.len, 1);
+        assert_eq!(t.rules[5].flags, rule_flag::UNLIMITED);
+        assert_eq!(t.rules[0].flags, rule_flag::UNLIMITED);
+    }
+
+    #[test]
+    fn key_masks_follow_the_key() {
+        let t = tables(
+            "rules:
+  - { name: a, match: { source: 2001:db8::/32 }, limit: { rate: 1, unit: second } }
+  - { name: b, match: { source: 10.0.0.0/8 }, key: source/24, limit: { rate: 1, unit: second } }
+",
+        );
+        assert_eq!(t.rules[1].v6_key_mask, u128::from(u64::MAX).rotate_left(64).to_be_bytes());
+        assert_eq!(t.rules[2].v4_key_mask, [255, 255, 255, 0]);
+    }
+}
