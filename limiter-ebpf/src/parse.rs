@@ -121,7 +121,8 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     }
     let mut offset = offset + Ipv6Hdr::LEN;
     let mut fragment = false;
-    for _ in 0..MAX_IPV6_EXT_HEADERS {
+    // Up to MAX extension headers, then one more turn for the transport header.
+    for _ in 0..=MAX_IPV6_EXT_HEADERS {
         match next {
             proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS => {
                 // Next header, then length in 8-byte units not counting the first 8.

@@ -1,1 +1,207 @@
+//! Helpers for the root-only integration tests: rule files, crafted frames,
+//! the `limiter` binary run as a child process, and the bounds the tests
+//! hold the limiter to.
 
+pub mod frames;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use limiter::{
+    config::RuleSet,
+    datapath::Datapath,
+    stats::{CounterMaps, Snapshot},
+    tables,
+};
+
+/// Parses rule-file text (panicking with the error: a test bug).
+pub fn rules(text: &str) -> RuleSet {
+    RuleSet::parse(text, Path::new("test.yaml")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Loads the program with `text`'s rules, unattached (for BPF_PROG_TEST_RUN).
+pub fn loaded(text: &str) -> Datapath {
+    let set = rules(text);
+    let mut datapath = Datapath::load(set.max_keys).expect("loading the XDP program");
+    datapath.write_tables(&tables::build(&set)).expect("writing tables");
+    datapath
+}
+
+pub fn snapshot(datapath: &Datapath) -> Snapshot {
+    CounterMaps::from_datapath(datapath).and_then(|m| m.read()).expect("reading counters")
+}
+
+/// A scratch directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("limiter-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("creating a temp dir");
+        Self(dir)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        fs::write(&path, text).expect("writing a temp file");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `limiter` binary under test (`cargo xtask test` says where).
+pub fn limiter_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("LIMITER_BIN") {
+        return path.into();
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter");
+    assert!(path.exists(), "no limiter binary: run the tests with `cargo xtask test`");
+    path
+}
+
+/// Runs `limiter` with `args` in the network namespace `netns` (if any),
+/// sharing our mount namespace so its pins are visible to us.
+pub fn limiter_command(netns: Option<&str>, args: &[&str]) -> Command {
+    let mut command = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg(limiter_bin());
+            c
+        }
+        None => Command::new(limiter_bin()),
+    };
+    command.args(args).stdin(Stdio::null());
+    command
+}
+
+/// A `limiter run` child process; interrupted (SIGINT) and reaped on drop.
+pub struct RunningLimiter {
+    child: Option<Child>,
+    pub pin_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl RunningLimiter {
+    /// Starts `limiter run` and waits until its maps are pinned.
+    pub fn start(netns: &str, iface: &str, config: &Path, pin_dir: &Path, log: PathBuf) -> Result<Self> {
+        let log_file = fs::File::create(&log)?;
+        let child = limiter_command(
+            Some(netns),
+            &[
+                "run", "--iface", iface, "--config", &config.to_string_lossy(), "--mode", "native",
+                "--pin-dir", &pin_dir.to_string_lossy(), "--interval", "1s",
+            ],
+        )
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+        .context("spawning limiter run")?;
+        let mut running = Self { child: Some(child), pin_dir: pin_dir.to_owned(), log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pin_dir.join("GLOBAL_STATS").exists() {
+            if let Some(status) = running.child.as_mut().expect("child").try_wait()? {
+                bail!("limiter run exited ({status}) before attaching:\n{}", running.output());
+            }
+            if Instant::now() > deadline {
+                bail!("limiter run did not pin its maps within 20 s:\n{}", running.output());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(running)
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGINT and waits for a clean exit; returns its output.
+    pub fn stop(mut self) -> Result<String> {
+        let status = self.interrupt()?;
+        if !status.success() {
+            bail!("limiter run exited with {status}:\n{}", self.output());
+        }
+        Ok(self.output())
+    }
+
+    fn interrupt(&mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("limiter run ignored SIGINT for 10 s");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RunningLimiter {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.interrupt();
+        }
+    }
+}
+
+/// Asserts `got` is within `percent` % of `expected`.
+#[track_caller]
+pub fn assert_within(got: u64, expected: f64, percent: f64, what: &str) {
+    let error = (got as f64 - expected).abs() / expected * 100.0;
+    assert!(
+        error <= percent,
+        "{what}: got {got}, expected {expected:.0} ± {percent}% (off by {error:.1}%)"
+    );
+}
+
+/// Sources flooding at `pps` each with UDP frames of `payload` bytes.
+pub fn sources(lab: &limiter::lab::Lab, addrs: &[std::net::IpAddr], pps: u64, payload: usize) -> Vec<limiter::lab::FloodSource> {
+    let target = lab.target();
+    addrs
+        .iter()
+        .map(|&addr| limiter::lab::FloodSource { addr, frame: limiter::lab::udp_frame(&target, addr, payload), pps })
+        .collect()
+}
+
+/// Floods for `duration`, lets the last frames land, and returns what was
+/// sent and what the receiver counted per source.
+pub fn flood(
+    lab: &limiter::lab::Lab,
+    sources: &[limiter::lab::FloodSource],
+    duration: Duration,
+) -> (limiter::lab::FloodReport, std::collections::HashMap<std::net::IpAddr, u64>) {
+    let socket = lab.sender().expect("opening the sender");
+    let report = limiter::lab::flood(&socket, sources, duration, |_| {}).expect("flooding");
+    thread::sleep(Duration::from_millis(300));
+    (report, lab.received().expect("reading the receiver's counters"))
+}
+
+/// Whether any XDP program is attached to `iface` in `netns`.
+pub fn xdp_attached(netns: &str, iface: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-j", "link", "show", iface])
+        .output()
+        .expect("running ip");
+    assert!(out.status.success(), "ip link show {iface} failed");
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j output");
+    links[0].get("xdp").is_some()
+}

@@ -1,1 +1,171 @@
-fn main() {}
+//! `cargo xtask`: set-up, build, demo and tests.
+//!
+//! - `cargo xtask`          installs what is missing, builds, runs the lab demo
+//! - `cargo xtask test`     installs what is missing, builds, runs every test
+//! - `cargo xtask build`    builds the XDP object and the `limiter` binary
+//! - `cargo xtask setup`    only installs what is missing
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Build, set-up, demo and test orchestration for the limiter")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Task>,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the nightly rust-src, bpf-linker and the Debian packages needed.
+    Setup,
+    /// Build the XDP object and the `limiter` binary with it embedded.
+    Build {
+        /// Build userspace in release mode (target/release/limiter).
+        #[arg(long)]
+        release: bool,
+    },
+    /// Set up, build, and run the lab demo (the default task; needs root).
+    Demo {
+        /// Extra arguments for `limiter lab`, e.g. `-- --duration 20s`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build, lint, and run every test (the root-only ones included).
+    Test {
+        /// Only run integration tests whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    match Cli::parse().command.unwrap_or(Task::Demo { args: Vec::new() }) {
+        Task::Setup => setup::all(),
+        Task::Build { release } => {
+            setup::toolchain()?;
+            build(release).map(drop)
+        }
+        Task::Demo { args } => {
+            require_root("the demo attaches XDP programs and creates network namespaces")?;
+            setup::all()?;
+            let limiter = build(true)?;
+            step("running the lab demo: `limiter lab`");
+            let mut command = Command::new(limiter);
+            command.arg("lab").args(args);
+            status(&mut command)
+        }
+        Task::Test { filter } => test(filter),
+    }
+}
+
+fn test(filter: Option<String>) -> Result<()> {
+    require_root("the integration tests attach XDP programs to veth pairs in namespaces")?;
+    setup::all()?;
+    let limiter = build(false)?;
+    step("lint: cargo fmt --check, cargo clippy -D warnings");
+    status(cargo().args(["fmt", "--all", "--check"]))?;
+    status(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    status(cargo().current_dir(root().join("limiter-ebpf")).args([
+        "+nightly", "clippy", "--release", "--", "-D", "warnings",
+    ]))?;
+    step("unit and property tests");
+    status(cargo().args(["test", "--workspace", "--exclude", "limiter-tests"]))?;
+    step("integration tests: the real XDP program on veth pairs in network namespaces");
+    let mut command = cargo();
+    command
+        .args(["test", "--package", "limiter-tests", "--"])
+        .args(filter)
+        .args(["--test-threads=1"])
+        .env("LIMITER_BIN", &limiter);
+    status(&mut command)
+}
+
+/// Builds the kernel object, then `limiter` with it embedded; returns the binary.
+fn build(release: bool) -> Result<PathBuf> {
+    step("building the XDP program (nightly, bpfel-unknown-none)");
+    let ebpf = root().join("limiter-ebpf");
+    status(nightly_cargo().current_dir(&ebpf).args(["build", "--release"]))?;
+    let object = ebpf.join("target/bpfel-unknown-none/release/limiter");
+    step("building the limiter binary");
+    let mut command = cargo();
+    command
+        .args(["build", "--package", "limiter-userspace"])
+        .env("LIMITER_EBPF_OBJECT", &object);
+    if release {
+        command.arg("--release");
+    }
+    status(&mut command)?;
+    let binary = root()
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join("limiter");
+    println!("xtask: built {}", binary.display());
+    Ok(binary)
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+/// `cargo` for the workspace (stable), from the workspace root.
+fn cargo() -> Command {
+    let mut command = Command::new("cargo");
+    command.current_dir(root());
+    command
+}
+
+/// `cargo +nightly`, without the variables the outer (stable) cargo set,
+/// which would otherwise pin the stable toolchain.
+fn nightly_cargo() -> Command {
+    let mut command = Command::new("cargo");
+    for var in ["RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN", "CARGO", "RUSTC_WRAPPER", "CARGO_TARGET_DIR"] {
+        command.env_remove(var);
+    }
+    command.arg("+nightly");
+    command
+}
+
+pub fn step(what: &str) {
+    println!("\n==> {what}");
+}
+
+pub fn status(command: &mut Command) -> Result<()> {
+    let shown = format!("{command:?}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+fn require_root(why: &str) -> Result<()> {
+    // The same test as `id -u`, without a libc dependency.
+    let uid = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_default();
+    if uid != "0" {
+        bail!("this needs root: {why}. Run it as root (e.g. `sudo -E cargo xtask ...`).");
+    }
+    Ok(())
+}

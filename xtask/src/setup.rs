@@ -1,0 +1,178 @@
+//! Installs what a fresh machine lacks, and nothing that is already there:
+//! the nightly's rust-src, bpf-linker built against the nightly's own LLVM,
+//! and the Debian packages the lab and the tests use.
+
+use std::{
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{status, step};
+
+/// Debian packages: (a command it provides, the package).
+const PACKAGES: [(&str, &str); 2] = [("ip", "iproute2"), ("nft", "nftables")];
+
+/// bpf-linker releases that build with the toolchains here.
+const BPF_LINKER_VERSION: &str = "0.13";
+
+pub fn all() -> Result<()> {
+    toolchain()?;
+    packages()
+}
+
+/// The nightly with rust-src and clippy, and a bpf-linker that matches its LLVM.
+pub fn toolchain() -> Result<()> {
+    if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        step("installing the nightly toolchain");
+        status(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+    }
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))?;
+    for component in ["rust-src", "clippy"] {
+        if !installed.lines().any(|l| l.starts_with(component)) {
+            step(&format!("adding {component} to the nightly toolchain"));
+            status(Command::new("rustup").args(["component", "add", component, "--toolchain", "nightly"]))?;
+        }
+    }
+    let llvm = NightlyLlvm::find()?;
+    if bpf_linker_matches(&llvm) {
+        return Ok(());
+    }
+    step(&format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {} (about a minute)",
+        llvm.major
+    ));
+    let prefix = llvm.prefix_dir()?;
+    status(
+        Command::new("cargo")
+            .args(["install", "--force", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", &format!("llvm-{}", llvm.major)])
+            .env("LLVM_PREFIX", &prefix)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTC"),
+    )?;
+    if !bpf_linker_matches(&llvm) {
+        bail!("bpf-linker was installed but does not run; is ~/.cargo/bin on PATH?");
+    }
+    Ok(())
+}
+
+/// The LLVM library shipped inside the nightly toolchain.
+struct NightlyLlvm {
+    major: String,
+    /// e.g. `libLLVM.so.22.1-rust-1.97.0-nightly`
+    library: PathBuf,
+}
+
+impl NightlyLlvm {
+    fn find() -> Result<Self> {
+        let version = output(Command::new("rustc").args(["+nightly", "-vV"]))?;
+        let major = version
+            .lines()
+            .find_map(|l| l.strip_prefix("LLVM version: "))
+            .and_then(|v| v.split('.').next())
+            .context("`rustc +nightly -vV` names no LLVM version")?
+            .to_owned();
+        let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+        let lib = Path::new(sysroot.trim()).join("lib");
+        let library = std::fs::read_dir(&lib)
+            .with_context(|| format!("reading {}", lib.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
+            })
+            .with_context(|| format!("no libLLVM.so.*-rust-* in {}", lib.display()))?;
+        Ok(Self { major, library })
+    }
+
+    /// A folder laid out like an LLVM install (`lib/libLLVM.so` and the
+    /// soname), pointing at the nightly's library. bpf-linker keeps an rpath
+    /// to it, so it lives in CARGO_HOME, not in a temporary folder.
+    fn prefix_dir(&self) -> Result<PathBuf> {
+        let file_name = self.library.file_name().expect("a file").to_owned();
+        let dir = cargo_home()?.join("limiter-llvm").join(&file_name);
+        let lib = dir.join("lib");
+        std::fs::create_dir_all(&lib)?;
+        for link in [lib.join("libLLVM.so"), lib.join(&file_name)] {
+            let _ = std::fs::remove_file(&link);
+            symlink(&self.library, &link).with_context(|| format!("linking {}", link.display()))?;
+        }
+        Ok(dir)
+    }
+}
+
+/// Whether the installed bpf-linker runs and was built for this LLVM.
+fn bpf_linker_matches(llvm: &NightlyLlvm) -> bool {
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        return false;
+    }
+    // It must load the very libLLVM of this nightly: one built for another
+    // nightly would emit objects this rustc's bitcode does not fit.
+    let Some(path) = which("bpf-linker") else { return false };
+    let Ok(libraries) = output(Command::new("ldd").arg(path)) else { return false };
+    let name = llvm.library.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+    libraries.lines().any(|l| l.contains(name) && l.contains("=> /"))
+}
+
+fn which(command: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|dir| dir.join(command))
+        .find(|p| p.is_file())
+}
+
+fn cargo_home() -> Result<PathBuf> {
+    if let Some(home) = std::env::var_os("CARGO_HOME") {
+        return Ok(home.into());
+    }
+    let home = std::env::var_os("HOME").context("neither CARGO_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cargo"))
+}
+
+/// Installs the Debian packages whose commands are missing.
+pub fn packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(command, _)| !on_path(command))
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    step(&format!("installing Debian packages: {}", missing.join(" ")));
+    status(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn on_path(command: &str) -> bool {
+    which(command).is_some()
+}
+
+fn succeeds(command: &mut Command) -> bool {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn output(command: &mut Command) -> Result<String> {
+    let out = command
+        .stderr(Stdio::null())
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    if !out.status.success() {
+        bail!("{command:?} failed");
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
