@@ -8,12 +8,15 @@ use std::{env, fs, path::PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIMITER_EBPF_OBJECT");
-    let object = env::var_os("LIMITER_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../limiter-ebpf/target/bpfel-unknown-none/release/limiter")
-    });
+    let object = env::var_os("LIMITER_EBPF_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../limiter-ebpf/target/bpfel-unknown-none/release/limiter")
+        });
     println!("cargo:rerun-if-changed={}", object.display());
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("limiter.bpf.o");
+    let out =
+        PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("limiter.bpf.o");
     match fs::read(&object) {
         Ok(bytes) => fs::write(&out, bytes).expect("writing OUT_DIR"),
         Err(_) => {

@@ -122,7 +122,11 @@ impl Gcra {
         if tat <= now {
             return None;
         }
-        let charge = if cost > self.burst { self.capacity_ns } else { cost * self.emission_ns };
+        let charge = if cost > self.burst {
+            self.capacity_ns
+        } else {
+            cost * self.emission_ns
+        };
         let back = tat.saturating_sub(charge);
         Some(if back > now { back } else { now })
     }
@@ -151,7 +155,10 @@ mod tests {
         assert_eq!(Gcra::new(1, SEC, 0), Err(LimitError::ZeroBurst));
         assert_eq!(Gcra::new(1, 0, 1), Err(LimitError::ZeroPeriod));
         assert_eq!(Gcra::new(SEC + 1, SEC, 1), Err(LimitError::RateTooHigh));
-        assert_eq!(Gcra::new(1, 86_400 * SEC, u64::MAX), Err(LimitError::BurstTooLarge));
+        assert_eq!(
+            Gcra::new(1, 86_400 * SEC, u64::MAX),
+            Err(LimitError::BurstTooLarge)
+        );
         assert_eq!(Gcra::new(1, u64::MAX, 1), Err(LimitError::BurstTooLarge));
     }
 
@@ -176,7 +183,10 @@ mod tests {
         }
         assert_eq!(admitted, 5);
         // 100 ms later exactly one more unit has accrued.
-        assert!(matches!(g.check(tat, now + SEC / 10, 1), Decision::Allow { .. }));
+        assert!(matches!(
+            g.check(tat, now + SEC / 10, 1),
+            Decision::Allow { .. }
+        ));
         assert_eq!(g.check(tat, now + SEC / 10 - 1, 1), Decision::Deny);
     }
 
@@ -193,7 +203,10 @@ mod tests {
     fn fails_closed_at_extremes() {
         let g = Gcra::new(1, SEC, 1).unwrap();
         assert_eq!(g.check(0, u64::MAX, 1), Decision::Deny);
-        assert_eq!(g.check(0, u64::MAX - SEC, 1), Decision::Allow { new_tat: u64::MAX });
+        assert_eq!(
+            g.check(0, u64::MAX - SEC, 1),
+            Decision::Allow { new_tat: u64::MAX }
+        );
         assert_eq!(g.check(0, 0, u64::MAX), Decision::Deny);
     }
 

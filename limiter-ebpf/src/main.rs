@@ -2,7 +2,10 @@
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
-#![expect(internal_features, reason = "atomic_cxchg is the only CAS the BPF target offers")]
+#![expect(
+    internal_features,
+    reason = "atomic_cxchg is the only CAS the BPF target offers"
+)]
 
 mod cell;
 mod maps;
@@ -40,7 +43,11 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         }
     };
     count_global(|c| c.packets += 1);
-    if verdict == action::DROP { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
+    if verdict == action::DROP {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
 }
 
 /// Applies the rule that matches `packet` and counts the verdict.
@@ -84,7 +91,11 @@ fn limit(packet: &Packet, len: u64) -> u32 {
     if outcome == Outcome::Contended {
         count_rule(rule_id, |c| c.contended += 1);
     }
-    if outcome == Outcome::Allowed || shadow { action::PASS } else { action::DROP }
+    if outcome == Outcome::Allowed || shadow {
+        action::PASS
+    } else {
+        action::DROP
+    }
 }
 
 /// The first candidate of the longest source prefix that matches the
@@ -140,7 +151,10 @@ fn key_state(rule_id: u32, key: &FlowKey) -> Option<*mut KeyState> {
     }
     // BPF_NOEXIST: when two CPUs see a new key at once, one creates it and
     // the other finds it on the lookup below.
-    if KEYS.insert(key, KeyState::default(), u64::from(BPF_NOEXIST)).is_ok() {
+    if KEYS
+        .insert(key, KeyState::default(), u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
         count_rule(rule_id, |c| c.new_keys += 1);
     }
     KEYS.get_ptr_mut(key)

@@ -80,7 +80,9 @@ pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
         parse_ipv4(ctx, offset).map(Some)
     } else if ether_type == EtherType::Ipv6 as u16 {
         parse_ipv6(ctx, offset).map(Some)
-    } else if ether_type == EtherType::Ieee8021q as u16 || ether_type == EtherType::Ieee8021ad as u16 {
+    } else if ether_type == EtherType::Ieee8021q as u16
+        || ether_type == EtherType::Ieee8021ad as u16
+    {
         // A third tag: deeper than we look, so we cannot tell what it carries.
         Err(Malformed)
     } else {

@@ -129,7 +129,9 @@ impl Datapath {
             .map_err(|_| DatapathError::NoObject)?;
         program.load().map_err(|e| match e {
             // EPERM is a missing capability; EACCES and EINVAL are the verifier.
-            ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
+            ProgramError::LoadError { io_error, .. }
+                if io_error.raw_os_error() == Some(libc::EPERM) =>
+            {
                 DatapathError::NotPermitted
             }
             ProgramError::LoadError { verifier_log, .. } => {
@@ -144,20 +146,26 @@ impl Datapath {
     pub fn write_tables(&mut self, tables: &Tables) -> Result<(), DatapathError> {
         let mut config: Array<_, GlobalConfig> = Array::try_from(self.map_mut(map_name::CONFIG)?)
             .map_err(map_error(map_name::CONFIG))?;
-        config.set(0, tables.global, 0).map_err(map_error(map_name::CONFIG))?;
-        let mut rules: Array<_, RuleConfig> = Array::try_from(self.map_mut(map_name::RULES)?)
-            .map_err(map_error(map_name::RULES))?;
+        config
+            .set(0, tables.global, 0)
+            .map_err(map_error(map_name::CONFIG))?;
+        let mut rules: Array<_, RuleConfig> =
+            Array::try_from(self.map_mut(map_name::RULES)?).map_err(map_error(map_name::RULES))?;
         for (id, rule) in tables.rules.iter().enumerate() {
-            rules.set(id as u32, rule, 0).map_err(map_error(map_name::RULES))?;
+            rules
+                .set(id as u32, rule, 0)
+                .map_err(map_error(map_name::RULES))?;
         }
         let mut v4: LpmTrie<_, [u8; 4], Candidates> =
-            LpmTrie::try_from(self.map_mut(map_name::LPM_V4)?).map_err(map_error(map_name::LPM_V4))?;
+            LpmTrie::try_from(self.map_mut(map_name::LPM_V4)?)
+                .map_err(map_error(map_name::LPM_V4))?;
         for (prefix, addr, candidates) in &tables.v4 {
             v4.insert(&Key::new(*prefix, *addr), candidates, 0)
                 .map_err(map_error(map_name::LPM_V4))?;
         }
         let mut v6: LpmTrie<_, [u8; 16], Candidates> =
-            LpmTrie::try_from(self.map_mut(map_name::LPM_V6)?).map_err(map_error(map_name::LPM_V6))?;
+            LpmTrie::try_from(self.map_mut(map_name::LPM_V6)?)
+                .map_err(map_error(map_name::LPM_V6))?;
         for (prefix, addr, candidates) in &tables.v6 {
             v6.insert(&Key::new(*prefix, *addr), candidates, 0)
                 .map_err(map_error(map_name::LPM_V6))?;
@@ -203,7 +211,10 @@ impl Datapath {
                 }
                 Err(source) => {
                     if mode == Mode::Auto {
-                        tracing::warn!(iface, "native XDP attach failed ({source}); trying skb mode");
+                        tracing::warn!(
+                            iface,
+                            "native XDP attach failed ({source}); trying skb mode"
+                        );
                     }
                     last = Some(DatapathError::Attach {
                         iface: iface.to_owned(),

@@ -3,9 +3,9 @@
 
 pub mod config;
 pub mod datapath;
-pub mod pins;
-pub mod stats;
-pub mod tables;
 pub mod lab;
 pub mod limiter;
+pub mod pins;
 pub mod report;
+pub mod stats;
+pub mod tables;

@@ -48,7 +48,10 @@ impl Limiter {
         let lock = PinLock::acquire(pin_dir)?;
         // We hold the lock, so pins left here belong to a limiter that died.
         if pin_dir.exists() {
-            tracing::warn!("removing stale pins of a limiter that died: {}", pin_dir.display());
+            tracing::warn!(
+                "removing stale pins of a limiter that died: {}",
+                pin_dir.display()
+            );
             pins::remove_pins(pin_dir)?;
         }
         let mut datapath = Datapath::load(rules.max_keys)?;

@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 use limiter::{datapath::Mode, pins::DEFAULT_PIN_DIR};
 
 #[derive(Parser)]
-#[command(version, about = "Per-source rate limits in XDP, before the kernel allocates anything")]
+#[command(
+    version,
+    about = "Per-source rate limits in XDP, before the kernel allocates anything"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -74,12 +77,20 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let result = match Cli::parse().command {
-        Command::Run { ifaces, config, mode, pin_dir, interval } => {
-            commands::run::run(&ifaces, &config, mode, &pin_dir, interval)
-        }
+        Command::Run {
+            ifaces,
+            config,
+            mode,
+            pin_dir,
+            interval,
+        } => commands::run::run(&ifaces, &config, mode, &pin_dir, interval),
         Command::Stats { pin_dir, json } => commands::stats(&pin_dir, json),
         Command::Check { config, json } => commands::check(&config, json),
-        Command::Lab { config, duration, mode } => commands::lab::run(config.as_deref(), duration, mode),
+        Command::Lab {
+            config,
+            duration,
+            mode,
+        } => commands::lab::run(config.as_deref(), duration, mode),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -29,7 +29,13 @@ pub fn ensure_bpffs() -> Result<()> {
     let fstype = CString::new("bpf").expect("no NUL");
     // SAFETY: valid NUL-terminated strings; no data argument.
     let rc = unsafe {
-        libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error()).context(format!("mounting bpffs at {BPFFS}"));

@@ -12,7 +12,7 @@ pub fn count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -29,7 +29,22 @@ pub fn bytes(n: u64) -> String {
         value /= 1000.0;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A unit of time as a rate's denominator: `s`, `min`, `h`, `day`, or `30s`.
+pub fn per(period: Duration) -> String {
+    match period.as_secs() {
+        1 if period.subsec_nanos() == 0 => "s".into(),
+        60 if period.subsec_nanos() == 0 => "min".into(),
+        3600 if period.subsec_nanos() == 0 => "h".into(),
+        86_400 if period.subsec_nanos() == 0 => "day".into(),
+        _ => humantime::format_duration(period).to_string(),
+    }
 }
 
 /// Renders rows as columns: the first left-aligned, the rest right-aligned.
@@ -77,7 +92,15 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
         .collect();
     let g = &snapshot.global;
     let mut out = table(
-        &["RULE", "PASSED pkts", "PASSED", "DROPPED pkts", "DROPPED", "SHADOW pkts", "NEW KEYS"],
+        &[
+            "RULE",
+            "PASSED pkts",
+            "PASSED",
+            "DROPPED pkts",
+            "DROPPED",
+            "SHADOW pkts",
+            "NEW KEYS",
+        ],
         &rows,
     );
     let _ = writeln!(
@@ -90,6 +113,14 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
         count(g.malformed),
         count(g.fragments),
         count(g.key_alloc_failed),
+    );
+    let k = &snapshot.keys;
+    let _ = writeln!(
+        out,
+        "key map: capacity {} keys, {} of kernel memory ({} B per key)",
+        count(k.capacity),
+        bytes(k.memory_bytes),
+        k.memory_bytes.checked_div(k.capacity).unwrap_or(0),
     );
     out
 }
@@ -149,13 +180,21 @@ fn rule_row(rule: &Rule) -> Vec<String> {
         Limit::Unlimited => "unlimited".to_owned(),
         Limit::Metered { packets, bytes } => {
             let meter = |m: Meter, what: &str| {
-                format!("{} {what}/{} burst {}", m.rate, humantime::format_duration(m.period), m.burst)
+                format!(
+                    "{} {what}/{}, burst {}",
+                    count(m.rate),
+                    per(m.period),
+                    count(m.burst)
+                )
             };
-            [packets.map(|m| meter(m, "pkts")), bytes.map(|m| meter(m, "bytes"))]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(" + ")
+            [
+                packets.map(|m| meter(m, "pkts")),
+                bytes.map(|m| meter(m, "bytes")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" + ")
         }
     };
     vec![
@@ -181,6 +220,8 @@ mod tests {
         assert_eq!(count(1234567), "1,234,567");
         assert_eq!(bytes(999), "999 B");
         assert_eq!(bytes(1_500_000), "1.5 MB");
+        assert_eq!(per(Duration::from_secs(60)), "min");
+        assert_eq!(per(Duration::from_secs(30)), "30s");
     }
 
     #[test]

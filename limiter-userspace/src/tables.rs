@@ -87,8 +87,14 @@ pub fn check_fits(set: &RuleSet) -> Result<(), (usize, String)> {
 fn rule_config(rule: &Rule) -> RuleConfig {
     let mut config = RuleConfig {
         name: name_bytes(&rule.name),
-        v4_key_mask: (u32::MAX.checked_shl(32 - u32::from(rule.key.v4)).unwrap_or(0)).to_be_bytes(),
-        v6_key_mask: (u128::MAX.checked_shl(128 - u32::from(rule.key.v6)).unwrap_or(0)).to_be_bytes(),
+        v4_key_mask: (u32::MAX
+            .checked_shl(32 - u32::from(rule.key.v4))
+            .unwrap_or(0))
+        .to_be_bytes(),
+        v6_key_mask: (u128::MAX
+            .checked_shl(128 - u32::from(rule.key.v6))
+            .unwrap_or(0))
+        .to_be_bytes(),
         ..RuleConfig::default()
     };
     if rule.shadow {
@@ -124,7 +130,10 @@ fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
     for rule in &set.rules {
         let sources = match rule.matches.source {
             Some(net) => vec![net],
-            None => vec!["0.0.0.0/0".parse().expect("literal"), "::/0".parse().expect("literal")],
+            None => vec![
+                "0.0.0.0/0".parse().expect("literal"),
+                "::/0".parse().expect("literal"),
+            ],
         };
         for net in sources {
             if !nets.contains(&net) {
@@ -135,10 +144,18 @@ fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
     nets
 }
 
-fn prefixes(set: &RuleSet) -> (Vec<(IpNet, Candidates)>, Vec<(IpNet, Candidates)>) {
+/// Trie entries: a source prefix and the rules that may apply under it.
+type Entries = Vec<(IpNet, Candidates)>;
+
+/// The IPv4 and the IPv6 trie entries.
+fn prefixes(set: &RuleSet) -> (Entries, Entries) {
     let entries = all_prefixes(set).into_iter().map(|net| {
         let mut candidates = Candidates::default();
-        for (slot, &i) in covering_rules(set, net).iter().take(MAX_CANDIDATES).enumerate() {
+        for (slot, &i) in covering_rules(set, net)
+            .iter()
+            .take(MAX_CANDIDATES)
+            .enumerate()
+        {
             candidates.entries[slot] = candidate(i, &set.rules[i]);
             candidates.len = slot as u32 + 1;
         }
@@ -168,11 +185,19 @@ fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
 /// The index of the rule the kernel applies to a packet from `source` with
 /// this protocol and destination port, or `None` for the default. Uses the
 /// same ordering as the trie entries the kernel searches.
-pub fn matching_rule(set: &RuleSet, source: IpAddr, protocol: u8, dest_port: Option<u16>) -> Option<usize> {
-    covering_rules(set, IpNet::from(source)).into_iter().find(|&i| {
-        let m = &set.rules[i].matches;
-        m.protocol.is_none_or(|p| p == protocol) && m.dest_port.is_none_or(|p| Some(p) == dest_port)
-    })
+pub fn matching_rule(
+    set: &RuleSet,
+    source: IpAddr,
+    protocol: u8,
+    dest_port: Option<u16>,
+) -> Option<usize> {
+    covering_rules(set, IpNet::from(source))
+        .into_iter()
+        .find(|&i| {
+            let m = &set.rules[i].matches;
+            m.protocol.is_none_or(|p| p == protocol)
+                && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+        })
 }
 
 fn candidate(index: usize, rule: &Rule) -> Candidate {
@@ -214,7 +239,10 @@ mod tests {
 ",
         );
         let (_, _, net16) = t.v4.iter().find(|e| e.0 == 16).unwrap();
-        let order: Vec<u16> = net16.entries[..net16.len as usize].iter().map(|c| c.rule).collect();
+        let order: Vec<u16> = net16.entries[..net16.len as usize]
+            .iter()
+            .map(|c| c.rule)
+            .collect();
         // net16, then dns, udp, net8 of the covering /8, then the catch-all.
         assert_eq!(order, vec![5, 3, 4, 2, 1]);
         // The catch-all is in the IPv6 table too, alone.
@@ -232,7 +260,10 @@ mod tests {
   - { name: b, match: { source: 10.0.0.0/8 }, key: source/24, limit: { rate: 1, unit: second } }
 ",
         );
-        assert_eq!(t.rules[1].v6_key_mask, u128::from(u64::MAX).rotate_left(64).to_be_bytes());
+        assert_eq!(
+            t.rules[1].v6_key_mask,
+            u128::from(u64::MAX).rotate_left(64).to_be_bytes()
+        );
         assert_eq!(t.rules[2].v4_key_mask, [255, 255, 255, 0]);
     }
 }

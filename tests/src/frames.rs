@@ -90,7 +90,10 @@ pub enum Ext {
     Routing,
     DestOpts,
     /// A fragment header with this offset (8-byte units) and more-fragments flag.
-    Fragment { offset: u16, more: bool },
+    Fragment {
+        offset: u16,
+        more: bool,
+    },
 }
 
 /// A UDP datagram to `dest_port` behind a chain of IPv6 extension headers.

@@ -29,12 +29,16 @@ pub fn rules(text: &str) -> RuleSet {
 pub fn loaded(text: &str) -> Datapath {
     let set = rules(text);
     let mut datapath = Datapath::load(set.max_keys).expect("loading the XDP program");
-    datapath.write_tables(&tables::build(&set)).expect("writing tables");
+    datapath
+        .write_tables(&tables::build(&set))
+        .expect("writing tables");
     datapath
 }
 
 pub fn snapshot(datapath: &Datapath) -> Snapshot {
-    CounterMaps::from_datapath(datapath).and_then(|m| m.read()).expect("reading counters")
+    CounterMaps::from_datapath(datapath)
+        .and_then(|m| m.read())
+        .expect("reading counters")
 }
 
 /// A scratch directory, removed on drop.
@@ -67,7 +71,10 @@ pub fn limiter_bin() -> PathBuf {
         return path.into();
     }
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter");
-    assert!(path.exists(), "no limiter binary: run the tests with `cargo xtask test`");
+    assert!(
+        path.exists(),
+        "no limiter binary: run the tests with `cargo xtask test`"
+    );
     path
 }
 
@@ -95,27 +102,52 @@ pub struct RunningLimiter {
 
 impl RunningLimiter {
     /// Starts `limiter run` and waits until its maps are pinned.
-    pub fn start(netns: &str, iface: &str, config: &Path, pin_dir: &Path, log: PathBuf) -> Result<Self> {
+    pub fn start(
+        netns: &str,
+        iface: &str,
+        config: &Path,
+        pin_dir: &Path,
+        log: PathBuf,
+    ) -> Result<Self> {
         let log_file = fs::File::create(&log)?;
         let child = limiter_command(
             Some(netns),
             &[
-                "run", "--iface", iface, "--config", &config.to_string_lossy(), "--mode", "native",
-                "--pin-dir", &pin_dir.to_string_lossy(), "--interval", "1s",
+                "run",
+                "--iface",
+                iface,
+                "--config",
+                &config.to_string_lossy(),
+                "--mode",
+                "native",
+                "--pin-dir",
+                &pin_dir.to_string_lossy(),
+                "--interval",
+                "1s",
             ],
         )
         .stdout(log_file.try_clone()?)
         .stderr(log_file)
         .spawn()
         .context("spawning limiter run")?;
-        let mut running = Self { child: Some(child), pin_dir: pin_dir.to_owned(), log };
+        let mut running = Self {
+            child: Some(child),
+            pin_dir: pin_dir.to_owned(),
+            log,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !pin_dir.join("GLOBAL_STATS").exists() {
             if let Some(status) = running.child.as_mut().expect("child").try_wait()? {
-                bail!("limiter run exited ({status}) before attaching:\n{}", running.output());
+                bail!(
+                    "limiter run exited ({status}) before attaching:\n{}",
+                    running.output()
+                );
             }
             if Instant::now() > deadline {
-                bail!("limiter run did not pin its maps within 20 s:\n{}", running.output());
+                bail!(
+                    "limiter run did not pin its maps within 20 s:\n{}",
+                    running.output()
+                );
             }
             thread::sleep(Duration::from_millis(50));
         }
@@ -174,11 +206,20 @@ pub fn assert_within(got: u64, expected: f64, percent: f64, what: &str) {
 }
 
 /// Sources flooding at `pps` each with UDP frames of `payload` bytes.
-pub fn sources(lab: &limiter::lab::Lab, addrs: &[std::net::IpAddr], pps: u64, payload: usize) -> Vec<limiter::lab::FloodSource> {
+pub fn sources(
+    lab: &limiter::lab::Lab,
+    addrs: &[std::net::IpAddr],
+    pps: u64,
+    payload: usize,
+) -> Vec<limiter::lab::FloodSource> {
     let target = lab.target();
     addrs
         .iter()
-        .map(|&addr| limiter::lab::FloodSource { addr, frame: limiter::lab::udp_frame(&target, addr, payload), pps })
+        .map(|&addr| limiter::lab::FloodSource {
+            addr,
+            frame: limiter::lab::udp_frame(&target, addr, payload),
+            pps,
+        })
         .collect()
 }
 
@@ -188,11 +229,17 @@ pub fn flood(
     lab: &limiter::lab::Lab,
     sources: &[limiter::lab::FloodSource],
     duration: Duration,
-) -> (limiter::lab::FloodReport, std::collections::HashMap<std::net::IpAddr, u64>) {
+) -> (
+    limiter::lab::FloodReport,
+    std::collections::HashMap<std::net::IpAddr, u64>,
+) {
     let socket = lab.sender().expect("opening the sender");
     let report = limiter::lab::flood(&socket, sources, duration, |_| {}).expect("flooding");
     thread::sleep(Duration::from_millis(300));
-    (report, lab.received().expect("reading the receiver's counters"))
+    (
+        report,
+        lab.received().expect("reading the receiver's counters"),
+    )
 }
 
 /// Whether any XDP program is attached to `iface` in `netns`.

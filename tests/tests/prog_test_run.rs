@@ -36,7 +36,10 @@ fn run(datapath: &Datapath, frame: &[u8]) -> (u32, Option<String>, GlobalCounter
     let before = snapshot(datapath);
     let result = datapath
         .program()
-        .test_run(TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() })
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ..TestRunOptions::default()
+        })
         .expect("BPF_PROG_TEST_RUN");
     let after = snapshot(datapath);
     let moved: Vec<String> = after
@@ -46,7 +49,10 @@ fn run(datapath: &Datapath, frame: &[u8]) -> (u32, Option<String>, GlobalCounter
         .filter(|(a, b)| a.counters != b.counters)
         .map(|(a, _)| a.name.clone())
         .collect();
-    assert!(moved.len() <= 1, "one packet moved several rules' counters: {moved:?}");
+    assert!(
+        moved.len() <= 1,
+        "one packet moved several rules' counters: {moved:?}"
+    );
     let mut global = after.global;
     global.packets -= before.global.packets;
     global.ipv4 -= before.global.ipv4;
@@ -67,15 +73,27 @@ fn rule_of(datapath: &Datapath, frame: &[u8]) -> Option<String> {
 #[test]
 fn ipv4_rules_by_protocol_port_and_prefix() {
     let dp = loaded(RULES);
-    assert_eq!(rule_of(&dp, &frames::udp4(SRC4, 53, 20)).as_deref(), Some("dns"));
-    assert_eq!(rule_of(&dp, &frames::udp4(SRC4, 54, 20)).as_deref(), Some("v4-any"));
-    assert_eq!(rule_of(&dp, &frames::tcp4(SRC4, 53)).as_deref(), Some("v4-tcp"));
+    assert_eq!(
+        rule_of(&dp, &frames::udp4(SRC4, 53, 20)).as_deref(),
+        Some("dns")
+    );
+    assert_eq!(
+        rule_of(&dp, &frames::udp4(SRC4, 54, 20)).as_deref(),
+        Some("v4-any")
+    );
+    assert_eq!(
+        rule_of(&dp, &frames::tcp4(SRC4, 53)).as_deref(),
+        Some("v4-tcp")
+    );
     // The longer prefix wins even over a rule naming the port.
     assert_eq!(
         rule_of(&dp, &frames::udp4(Ipv4Addr::new(198, 18, 7, 9), 53, 20)).as_deref(),
         Some("office")
     );
-    assert_eq!(rule_of(&dp, &frames::udp4(Ipv4Addr::new(203, 0, 113, 1), 53, 20)).as_deref(), Some("default"));
+    assert_eq!(
+        rule_of(&dp, &frames::udp4(Ipv4Addr::new(203, 0, 113, 1), 53, 20)).as_deref(),
+        Some("default")
+    );
 }
 
 #[test]
@@ -83,7 +101,11 @@ fn ipv4_options_are_skipped() {
     let dp = loaded(RULES);
     for words in [1, 10] {
         let frame = frames::with_ipv4_options(&frames::udp4(SRC4, 53, 20), words);
-        assert_eq!(rule_of(&dp, &frame).as_deref(), Some("dns"), "{words} option words");
+        assert_eq!(
+            rule_of(&dp, &frame).as_deref(),
+            Some("dns"),
+            "{words} option words"
+        );
     }
 }
 
@@ -95,7 +117,11 @@ fn vlan_and_qinq() {
     assert_eq!(rule_of(&dp, &single).as_deref(), Some("dns"));
     let qinq = frames::tagged(&single, 0x88a8, 20);
     assert_eq!(rule_of(&dp, &qinq).as_deref(), Some("dns"));
-    let v6 = frames::tagged(&frames::tagged(&frames::udp6(SRC6, 53, 0), 0x8100, 5), 0x8100, 6);
+    let v6 = frames::tagged(
+        &frames::tagged(&frames::udp6(SRC6, 53, 0), 0x8100, 5),
+        0x8100,
+        6,
+    );
     assert_eq!(rule_of(&dp, &v6).as_deref(), Some("v6-dns"));
     // A third tag is deeper than the parser looks: malformed, passed by policy.
     let (verdict, rule, global) = run(&dp, &frames::tagged(&qinq, 0x8100, 30));
@@ -105,13 +131,32 @@ fn vlan_and_qinq() {
 #[test]
 fn ipv6_extension_headers() {
     let dp = loaded(RULES);
-    assert_eq!(rule_of(&dp, &frames::udp6(SRC6, 53, 10)).as_deref(), Some("v6-dns"));
+    assert_eq!(
+        rule_of(&dp, &frames::udp6(SRC6, 53, 10)).as_deref(),
+        Some("v6-dns")
+    );
     let chain = [Ext::HopByHop, Ext::Routing, Ext::DestOpts];
-    assert_eq!(rule_of(&dp, &frames::ipv6_chain(SRC6, &chain, 53)).as_deref(), Some("v6-dns"));
-    assert_eq!(rule_of(&dp, &frames::ipv6_chain(SRC6, &chain, 80)).as_deref(), Some("v6-any"));
+    assert_eq!(
+        rule_of(&dp, &frames::ipv6_chain(SRC6, &chain, 53)).as_deref(),
+        Some("v6-dns")
+    );
+    assert_eq!(
+        rule_of(&dp, &frames::ipv6_chain(SRC6, &chain, 80)).as_deref(),
+        Some("v6-any")
+    );
     // Six extension headers are walked; a seventh is too deep.
-    let six = [Ext::HopByHop, Ext::DestOpts, Ext::Routing, Ext::Routing, Ext::Routing, Ext::DestOpts];
-    assert_eq!(rule_of(&dp, &frames::ipv6_chain(SRC6, &six, 53)).as_deref(), Some("v6-dns"));
+    let six = [
+        Ext::HopByHop,
+        Ext::DestOpts,
+        Ext::Routing,
+        Ext::Routing,
+        Ext::Routing,
+        Ext::DestOpts,
+    ];
+    assert_eq!(
+        rule_of(&dp, &frames::ipv6_chain(SRC6, &six, 53)).as_deref(),
+        Some("v6-dns")
+    );
     let seven = [six.as_slice(), &[Ext::DestOpts]].concat();
     let (verdict, rule, global) = run(&dp, &frames::ipv6_chain(SRC6, &seven, 53));
     assert_eq!((verdict, rule, global.malformed), (XDP_PASS, None, 1));
@@ -123,24 +168,53 @@ fn fragments() {
     // First fragments carry the transport header: ports still match.
     let first4 = frames::ipv4_fragment(&frames::udp4(SRC4, 53, 20), true, 0);
     let (verdict, rule, global) = run(&dp, &first4);
-    assert_eq!((verdict, rule.as_deref(), global.fragments), (XDP_PASS, Some("dns"), 1));
+    assert_eq!(
+        (verdict, rule.as_deref(), global.fragments),
+        (XDP_PASS, Some("dns"), 1)
+    );
     // Later fragments have no ports: only rules without a port apply.
     let later4 = frames::ipv4_fragment(&frames::udp4(SRC4, 53, 20), false, 185);
     let (verdict, rule, global) = run(&dp, &later4);
-    assert_eq!((verdict, rule.as_deref(), global.fragments), (XDP_PASS, Some("v4-any"), 1));
-    let first6 = frames::ipv6_chain(SRC6, &[Ext::Fragment { offset: 0, more: true }], 53);
+    assert_eq!(
+        (verdict, rule.as_deref(), global.fragments),
+        (XDP_PASS, Some("v4-any"), 1)
+    );
+    let first6 = frames::ipv6_chain(
+        SRC6,
+        &[Ext::Fragment {
+            offset: 0,
+            more: true,
+        }],
+        53,
+    );
     let (_, rule, global) = run(&dp, &first6);
     assert_eq!((rule.as_deref(), global.fragments), (Some("v6-dns"), 1));
-    let later6 = frames::ipv6_chain(SRC6, &[Ext::HopByHop, Ext::Fragment { offset: 100, more: false }], 53);
+    let later6 = frames::ipv6_chain(
+        SRC6,
+        &[
+            Ext::HopByHop,
+            Ext::Fragment {
+                offset: 100,
+                more: false,
+            },
+        ],
+        53,
+    );
     let (_, rule, global) = run(&dp, &later6);
-    assert_eq!((rule.as_deref(), global.fragments, global.malformed), (Some("v6-any"), 1, 0));
+    assert_eq!(
+        (rule.as_deref(), global.fragments, global.malformed),
+        (Some("v6-any"), 1, 0)
+    );
 }
 
 #[test]
 fn non_ip_passes_untouched() {
     let dp = loaded(RULES);
     let (verdict, rule, global) = run(&dp, &frames::arp());
-    assert_eq!((verdict, rule, global.non_ip, global.ipv4), (XDP_PASS, None, 1, 0));
+    assert_eq!(
+        (verdict, rule, global.non_ip, global.ipv4),
+        (XDP_PASS, None, 1, 0)
+    );
 }
 
 #[test]
@@ -157,13 +231,20 @@ fn malformed_frames_are_counted_and_follow_the_policy() {
         ("IHL below 5", short_ihl),
         ("truncated UDP header", good[..frames::L3 + 20 + 4].to_vec()),
         ("truncated TCP header", tcp[..frames::L3 + 20 + 12].to_vec()),
-        ("truncated IPv6 header", frames::udp6(SRC6, 53, 0)[..frames::L3 + 30].to_vec()),
+        (
+            "truncated IPv6 header",
+            frames::udp6(SRC6, 53, 0)[..frames::L3 + 30].to_vec(),
+        ),
     ];
     let passing = loaded(RULES);
     let dropping = loaded(&RULES.replace("malformed: pass", "malformed: drop"));
     for (what, frame) in &cases {
         let (verdict, rule, global) = run(&passing, frame);
-        assert_eq!((verdict, rule, global.malformed), (XDP_PASS, None, 1), "{what}");
+        assert_eq!(
+            (verdict, rule, global.malformed),
+            (XDP_PASS, None, 1),
+            "{what}"
+        );
         let (verdict, _, global) = run(&dropping, frame);
         assert_eq!((verdict, global.malformed), (XDP_DROP, 1), "{what}");
     }
@@ -174,7 +255,10 @@ fn default_drop() {
     let dp = loaded(&RULES.replace("default: pass", "default: drop"));
     let (verdict, rule, _) = run(&dp, &frames::udp4(Ipv4Addr::new(203, 0, 113, 1), 53, 20));
     assert_eq!((verdict, rule.as_deref()), (XDP_DROP, Some("default")));
-    assert_eq!(rule_of(&dp, &frames::udp4(SRC4, 53, 20)).as_deref(), Some("dns"));
+    assert_eq!(
+        rule_of(&dp, &frames::udp4(SRC4, 53, 20)).as_deref(),
+        Some("dns")
+    );
 }
 
 fn counters(dp: &Datapath, rule: &str) -> RuleCounters {
@@ -189,17 +273,25 @@ fn burst_then_drop_and_shadow() {
   - { name: dry, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: day, burst: 3 }, action: shadow }
 ",
     );
-    let verdicts: Vec<u32> = (0..5).map(|_| run(&dp, &frames::udp4(SRC4, 9, 0)).0).collect();
+    let verdicts: Vec<u32> = (0..5)
+        .map(|_| run(&dp, &frames::udp4(SRC4, 9, 0)).0)
+        .collect();
     assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
     // Another source has its own bucket.
-    assert_eq!(run(&dp, &frames::udp4(Ipv4Addr::new(198, 18, 0, 2), 9, 0)).0, XDP_PASS);
+    assert_eq!(
+        run(&dp, &frames::udp4(Ipv4Addr::new(198, 18, 0, 2), 9, 0)).0,
+        XDP_PASS
+    );
     let c = counters(&dp, "tiny");
     assert_eq!((c.passed_packets, c.dropped_packets, c.new_keys), (4, 2, 2));
     let shadowed = frames::udp4(Ipv4Addr::new(198, 19, 1, 1), 9, 0);
     let verdicts: Vec<u32> = (0..5).map(|_| run(&dp, &shadowed).0).collect();
     assert_eq!(verdicts, [XDP_PASS; 5]);
     let c = counters(&dp, "dry");
-    assert_eq!((c.passed_packets, c.shadow_packets, c.dropped_packets), (5, 2, 0));
+    assert_eq!(
+        (c.passed_packets, c.shadow_packets, c.dropped_packets),
+        (5, 2, 0)
+    );
     assert_eq!(c.shadow_bytes, 2 * shadowed.len() as u64);
 }
 
@@ -218,16 +310,24 @@ fn bytes_and_packets_together_charge_only_what_passes() {
     assert_eq!(run(&dp, &small).0, XDP_PASS); // so the second packet still fits
     assert_eq!(run(&dp, &small).0, XDP_DROP); // packets exhausted
     let c = counters(&dp, "both");
-    assert_eq!((c.passed_packets, c.passed_bytes, c.dropped_packets), (2, 960, 2));
+    assert_eq!(
+        (c.passed_packets, c.passed_bytes, c.dropped_packets),
+        (2, 960, 2)
+    );
 }
 
 #[test]
 fn ipv6_keys_default_to_the_64() {
-    let dp = loaded("rules:\n  - { name: v6, match: { source: \"2001:db8::/32\" }, limit: { rate: 1, unit: day, burst: 2 } }\n");
+    let dp = loaded(
+        "rules:\n  - { name: v6, match: { source: \"2001:db8::/32\" }, limit: { rate: 1, unit: day, burst: 2 } }\n",
+    );
     let a = frames::udp6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1), 9, 0);
     let b = frames::udp6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0xffff, 0, 0, 2), 9, 0);
     let other = frames::udp6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1), 9, 0);
-    assert_eq!([run(&dp, &a).0, run(&dp, &b).0, run(&dp, &a).0], [XDP_PASS, XDP_PASS, XDP_DROP]);
+    assert_eq!(
+        [run(&dp, &a).0, run(&dp, &b).0, run(&dp, &a).0],
+        [XDP_PASS, XDP_PASS, XDP_DROP]
+    );
     assert_eq!(run(&dp, &other).0, XDP_PASS);
     assert_eq!(counters(&dp, "v6").new_keys, 2);
 }

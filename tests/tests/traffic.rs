@@ -15,7 +15,9 @@ use limiter::{
     limiter::Limiter,
     stats::Snapshot,
 };
-use limiter_tests::{RunningLimiter, TempDir, assert_within, flood, limiter_command, rules, sources, xdp_attached};
+use limiter_tests::{
+    RunningLimiter, TempDir, assert_within, flood, limiter_command, rules, sources, xdp_attached,
+};
 
 const RATE: f64 = 200.0;
 const BURST: f64 = 20.0;
@@ -23,12 +25,16 @@ const FLOOD_PPS: u64 = 1000; // 5x the limit
 const DURATION: Duration = Duration::from_secs(3);
 
 fn v4_sources(n: u8) -> Vec<IpAddr> {
-    (1..=n).map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, 1, i))).collect()
+    (1..=n)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, 1, i)))
+        .collect()
 }
 
 /// One address in each of `n` different /64s.
 fn v6_sources(n: u16) -> Vec<IpAddr> {
-    (1..=n).map(|i| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, i, 0, 0, 0, 0, 1))).collect()
+    (1..=n)
+        .map(|i| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, i, 0, 0, 0, 0, 1)))
+        .collect()
 }
 
 fn sum_of(addrs: &[IpAddr], counts: impl Fn(&IpAddr) -> u64) -> u64 {
@@ -47,8 +53,14 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
 ",
     );
     let pin_dir = Path::new("/sys/fs/bpf/limiter-test-flood");
-    let running = RunningLimiter::start(lab.rx.name(), RX_IFACE, &config, pin_dir, dir.0.join("run.log"))
-        .expect("limiter run");
+    let running = RunningLimiter::start(
+        lab.rx.name(),
+        RX_IFACE,
+        &config,
+        pin_dir,
+        dir.0.join("run.log"),
+    )
+    .expect("limiter run");
     assert!(xdp_attached(lab.rx.name(), RX_IFACE));
 
     let (v4, v6) = (v4_sources(16), v6_sources(8));
@@ -57,42 +69,87 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     let expected = BURST + RATE * report.elapsed.as_secs_f64();
     for (i, addr) in all.iter().enumerate() {
         let got = received.get(addr).copied().unwrap_or(0);
-        assert!(report.sent[i] as f64 > 4.0 * expected, "{addr} was not flooded hard enough");
-        assert_within(got, expected, 5.0, &format!("packets from {addr} that arrived"));
+        assert!(
+            report.sent[i] as f64 > 4.0 * expected,
+            "{addr} was not flooded hard enough"
+        );
+        assert_within(
+            got,
+            expected,
+            5.0,
+            &format!("packets from {addr} that arrived"),
+        );
     }
 
     // The program's counters, read by `limiter stats --json` from another
     // process, agree exactly with the receiver and the sender.
-    let out = limiter_command(None, &["stats", "--json", "--pin-dir", &pin_dir.to_string_lossy()])
-        .output()
-        .expect("limiter stats");
-    assert!(out.status.success(), "limiter stats: {}", String::from_utf8_lossy(&out.stderr));
+    let out = limiter_command(
+        None,
+        &["stats", "--json", "--pin-dir", &pin_dir.to_string_lossy()],
+    )
+    .output()
+    .expect("limiter stats");
+    assert!(
+        out.status.success(),
+        "limiter stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
-    let rule = |name: &str| stats["rules"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap().clone();
-    let sent = |addrs: &[IpAddr]| sum_of(addrs, |a| report.sent[all.iter().position(|x| x == a).unwrap()]);
+    let rule = |name: &str| {
+        stats["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let sent = |addrs: &[IpAddr]| {
+        sum_of(addrs, |a| {
+            report.sent[all.iter().position(|x| x == a).unwrap()]
+        })
+    };
     let arrived = |addrs: &[IpAddr]| sum_of(addrs, |a| received.get(a).copied().unwrap_or(0));
     for (name, addrs) in [("v4", &v4), ("v6", &v6)] {
         let r = rule(name);
-        assert_eq!(r["passed_packets"].as_u64(), Some(arrived(addrs)), "{name}: passed = arrived");
+        assert_eq!(
+            r["passed_packets"].as_u64(),
+            Some(arrived(addrs)),
+            "{name}: passed = arrived"
+        );
         assert_eq!(
             r["passed_packets"].as_u64().unwrap() + r["dropped_packets"].as_u64().unwrap(),
             sent(addrs),
             "{name}: passed + dropped = sent"
         );
-        assert_eq!(r["new_keys"].as_u64(), Some(addrs.len() as u64), "{name}: one key per source");
+        assert_eq!(
+            r["new_keys"].as_u64(),
+            Some(addrs.len() as u64),
+            "{name}: one key per source"
+        );
     }
 
     // SIGINT detaches and removes every pin.
     let output = running.stop().expect("clean exit");
     assert!(output.contains("detached from veth-rx"), "{output}");
-    assert!(!xdp_attached(lab.rx.name(), RX_IFACE), "program left attached");
+    assert!(
+        !xdp_attached(lab.rx.name(), RX_IFACE),
+        "program left attached"
+    );
     assert!(!pin_dir.exists(), "pins left behind");
 }
 
 fn in_process(lab: &Lab, text: &str, pin_dir: &str) -> Limiter {
     let set = rules(text);
     lab.rx
-        .enter(|| Limiter::start(&set, &[RX_IFACE.to_owned()], Mode::Native, Path::new(pin_dir)))
+        .enter(|| {
+            Limiter::start(
+                &set,
+                &[RX_IFACE.to_owned()],
+                Mode::Native,
+                Path::new(pin_dir),
+            )
+        })
         .expect("entering the namespace")
         .expect("starting the limiter")
 }
@@ -108,7 +165,11 @@ fn shadow_mode_drops_nothing_and_counts_the_excess() {
     let addrs = v4_sources(4);
     let (report, received) = flood(&lab, &sources(&lab, &addrs, FLOOD_PPS, 64), DURATION);
     for (i, addr) in addrs.iter().enumerate() {
-        assert_eq!(received.get(addr).copied(), Some(report.sent[i]), "{addr}: everything arrives");
+        assert_eq!(
+            received.get(addr).copied(),
+            Some(report.sent[i]),
+            "{addr}: everything arrives"
+        );
     }
     let snapshot: Snapshot = limiter.snapshot().expect("counters");
     let dry = snapshot.rule("dry").expect("rule");
@@ -137,8 +198,21 @@ fn addresses_of_one_64_share_one_budget() {
     let expected = BURST + RATE * report.elapsed.as_secs_f64();
     let shared = received[&same_64[0]] + received[&same_64[1]];
     assert_within(shared, expected, 5.0, "two addresses of one /64 together");
-    assert_within(received[&other_64], expected, 5.0, "an address of another /64");
-    assert_eq!(limiter.snapshot().expect("counters").rule("v6").expect("rule").new_keys, 2);
+    assert_within(
+        received[&other_64],
+        expected,
+        5.0,
+        "an address of another /64",
+    );
+    assert_eq!(
+        limiter
+            .snapshot()
+            .expect("counters")
+            .rule("v6")
+            .expect("rule")
+            .new_keys,
+        2
+    );
 }
 
 #[test]
@@ -149,21 +223,43 @@ fn bad_input_is_rejected_and_changes_nothing() {
         "bad.yaml",
         "rules:\n  - name: web\n    match: { source: 10.0.0.0/33 }\n    limit: { rate: 5, unit: second }\n",
     );
-    let good = dir.write("good.yaml", "rules:\n  - { name: a, limit: { rate: 5, unit: second } }\n");
+    let good = dir.write(
+        "good.yaml",
+        "rules:\n  - { name: a, limit: { rate: 5, unit: second } }\n",
+    );
     let pin_dir = "/sys/fs/bpf/limiter-test-reject";
 
-    let out = limiter_command(None, &["check", "--config", &bad.to_string_lossy()]).output().expect("check");
+    let out = limiter_command(None, &["check", "--config", &bad.to_string_lossy()])
+        .output()
+        .expect("check");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("bad.yaml:3: rules[0].match.source: "), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml:3: rules[0].match.source: "),
+        "{stderr}"
+    );
 
-    let out = limiter_command(None, &["check", "--config", &good.to_string_lossy()]).output().expect("check");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = limiter_command(None, &["check", "--config", &good.to_string_lossy()])
+        .output()
+        .expect("check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let run = |config: &Path, iface: &str| {
         limiter_command(
             Some(lab.rx.name()),
-            &["run", "--iface", iface, "--config", &config.to_string_lossy(), "--pin-dir", pin_dir],
+            &[
+                "run",
+                "--iface",
+                iface,
+                "--config",
+                &config.to_string_lossy(),
+                "--pin-dir",
+                pin_dir,
+            ],
         )
         .output()
         .expect("limiter run")
@@ -171,13 +267,25 @@ fn bad_input_is_rejected_and_changes_nothing() {
     let out = run(&bad, RX_IFACE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("bad.yaml:3: rules[0].match.source: "), "{stderr}");
-    assert!(!xdp_attached(lab.rx.name(), RX_IFACE), "a rejected file attached something");
-    assert!(!Path::new(pin_dir).exists(), "a rejected file pinned something");
+    assert!(
+        stderr.contains("bad.yaml:3: rules[0].match.source: "),
+        "{stderr}"
+    );
+    assert!(
+        !xdp_attached(lab.rx.name(), RX_IFACE),
+        "a rejected file attached something"
+    );
+    assert!(
+        !Path::new(pin_dir).exists(),
+        "a rejected file pinned something"
+    );
 
     let out = run(&good, "nosuch0");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert_eq!(stderr.trim(), "error: no network interface named \"nosuch0\"");
+    assert_eq!(
+        stderr.trim(),
+        "error: no network interface named \"nosuch0\""
+    );
     assert!(!Path::new(pin_dir).exists());
 }

@@ -25,7 +25,10 @@ fn pin_to_cpu(cpu: usize) {
 #[test]
 fn concurrent_packets_of_one_key_lose_no_update() {
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-    assert!(cpus >= 2, "this test needs two CPUs, the machine has {cpus}");
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
     // One token per hour: only the burst can pass during the test.
     let dp = loaded(&format!(
         "rules:\n  - {{ name: hot, limit: {{ rate: 1, unit: hour, burst: {BURST} }} }}\n"
@@ -39,22 +42,38 @@ fn concurrent_packets_of_one_key_lose_no_update() {
                 pin_to_cpu(cpu);
                 start.wait();
                 dp.program()
-                    .test_run(TestRunOptions { data_in: Some(frame), repeat: PER_CPU, ..TestRunOptions::default() })
+                    .test_run(TestRunOptions {
+                        data_in: Some(frame),
+                        repeat: PER_CPU,
+                        ..TestRunOptions::default()
+                    })
                     .expect("BPF_PROG_TEST_RUN");
             });
         }
     });
     let hot = *snapshot(&dp).rule("hot").expect("rule");
     assert_eq!(hot.new_keys, 1, "one key");
-    assert_eq!(hot.passed_packets + hot.dropped_packets, 2 * u64::from(PER_CPU));
-    assert_eq!(hot.passed_packets, BURST, "admitted exactly the burst (contended: {})", hot.contended);
+    assert_eq!(
+        hot.passed_packets + hot.dropped_packets,
+        2 * u64::from(PER_CPU)
+    );
+    assert_eq!(
+        hot.passed_packets, BURST,
+        "admitted exactly the burst (contended: {})",
+        hot.contended
+    );
 
     // Both CPUs really admitted packets of that key, so the updates raced.
     use aya::maps::PerCpuArray;
     use limiter_common::abi::{RuleCounters, map_name};
     let per_cpu: PerCpuArray<_, RuleCounters> =
         PerCpuArray::try_from(dp.map(map_name::RULE_STATS).expect("map")).expect("per-CPU array");
-    let rule_id = snapshot(&dp).rules.iter().find(|r| r.name == "hot").expect("rule").id;
+    let rule_id = snapshot(&dp)
+        .rules
+        .iter()
+        .find(|r| r.name == "hot")
+        .expect("rule")
+        .id;
     let values = per_cpu.get(&rule_id, 0).expect("read");
     assert!(
         values[0].passed_packets > 0 && values[1].passed_packets > 0,

@@ -53,7 +53,10 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    match Cli::parse().command.unwrap_or(Task::Demo { args: Vec::new() }) {
+    match Cli::parse()
+        .command
+        .unwrap_or(Task::Demo { args: Vec::new() })
+    {
         Task::Setup => setup::all(),
         Task::Build { release } => {
             setup::toolchain()?;
@@ -78,9 +81,21 @@ fn test(filter: Option<String>) -> Result<()> {
     let limiter = build(false)?;
     step("lint: cargo fmt --check, cargo clippy -D warnings");
     status(cargo().args(["fmt", "--all", "--check"]))?;
-    status(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    status(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     status(cargo().current_dir(root().join("limiter-ebpf")).args([
-        "+nightly", "clippy", "--release", "--", "-D", "warnings",
+        "+nightly",
+        "clippy",
+        "--release",
+        "--",
+        "-D",
+        "warnings",
     ]))?;
     step("unit and property tests");
     status(cargo().args(["test", "--workspace", "--exclude", "limiter-tests"]))?;
@@ -98,7 +113,11 @@ fn test(filter: Option<String>) -> Result<()> {
 fn build(release: bool) -> Result<PathBuf> {
     step("building the XDP program (nightly, bpfel-unknown-none)");
     let ebpf = root().join("limiter-ebpf");
-    status(nightly_cargo().current_dir(&ebpf).args(["build", "--release"]))?;
+    status(
+        nightly_cargo()
+            .current_dir(&ebpf)
+            .args(["build", "--release"]),
+    )?;
     let object = ebpf.join("target/bpfel-unknown-none/release/limiter");
     step("building the limiter binary");
     let mut command = cargo();
@@ -135,7 +154,14 @@ fn cargo() -> Command {
 /// which would otherwise pin the stable toolchain.
 fn nightly_cargo() -> Command {
     let mut command = Command::new("cargo");
-    for var in ["RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN", "CARGO", "RUSTC_WRAPPER", "CARGO_TARGET_DIR"] {
+    for var in [
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+    ] {
         command.env_remove(var);
     }
     command.arg("+nightly");

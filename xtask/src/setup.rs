@@ -27,13 +27,31 @@ pub fn all() -> Result<()> {
 pub fn toolchain() -> Result<()> {
     if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
         step("installing the nightly toolchain");
-        status(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+        status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
     }
-    let installed = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))?;
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))?;
     for component in ["rust-src", "clippy"] {
         if !installed.lines().any(|l| l.starts_with(component)) {
             step(&format!("adding {component} to the nightly toolchain"));
-            status(Command::new("rustup").args(["component", "add", component, "--toolchain", "nightly"]))?;
+            status(Command::new("rustup").args([
+                "component",
+                "add",
+                component,
+                "--toolchain",
+                "nightly",
+            ]))?;
         }
     }
     let llvm = NightlyLlvm::find()?;
@@ -47,8 +65,18 @@ pub fn toolchain() -> Result<()> {
     let prefix = llvm.prefix_dir()?;
     status(
         Command::new("cargo")
-            .args(["install", "--force", "bpf-linker", "--version", BPF_LINKER_VERSION])
-            .args(["--no-default-features", "--features", &format!("llvm-{}", llvm.major)])
+            .args([
+                "install",
+                "--force",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{}", llvm.major),
+            ])
             .env("LLVM_PREFIX", &prefix)
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("RUSTC"),
@@ -112,10 +140,20 @@ fn bpf_linker_matches(llvm: &NightlyLlvm) -> bool {
     }
     // It must load the very libLLVM of this nightly: one built for another
     // nightly would emit objects this rustc's bitcode does not fit.
-    let Some(path) = which("bpf-linker") else { return false };
-    let Ok(libraries) = output(Command::new("ldd").arg(path)) else { return false };
-    let name = llvm.library.file_name().and_then(|n| n.to_str()).unwrap_or("?");
-    libraries.lines().any(|l| l.contains(name) && l.contains("=> /"))
+    let Some(path) = which("bpf-linker") else {
+        return false;
+    };
+    let Ok(libraries) = output(Command::new("ldd").arg(path)) else {
+        return false;
+    };
+    let name = llvm
+        .library
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("?");
+    libraries
+        .lines()
+        .any(|l| l.contains(name) && l.contains("=> /"))
 }
 
 fn which(command: &str) -> Option<PathBuf> {
@@ -144,8 +182,15 @@ pub fn packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    step(&format!("installing Debian packages: {}", missing.join(" ")));
-    status(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    step(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
+    status(
+        Command::new("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
     status(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])

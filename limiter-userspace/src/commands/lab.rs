@@ -43,12 +43,17 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     println!("lab: creating namespaces {LAB_NAME}-tx and {LAB_NAME}-rx joined by a veth pair");
     let lab = Lab::create(LAB_NAME)?;
     let limiter = lab.rx.enter(|| {
-        Limiter::start(&rules, &[lab::RX_IFACE.to_owned()], mode, Path::new(PIN_DIR))
+        Limiter::start(
+            &rules,
+            &[lab::RX_IFACE.to_owned()],
+            mode,
+            Path::new(PIN_DIR),
+        )
     })??;
     println!(
-        "lab: limiter attached to {} ({:?} mode) in {LAB_NAME}-rx with these rules:\n",
+        "lab: limiter attached to {} ({} mode) in {LAB_NAME}-rx with these rules:\n",
         lab::RX_IFACE,
-        limiter.attachments[0].mode
+        format!("{:?}", limiter.attachments[0].mode).to_lowercase()
     );
     print!("{}", report::rules_table(&rules));
 
@@ -57,16 +62,26 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         .iter()
         .map(|&(addr, pps, payload)| {
             let addr: IpAddr = addr.parse().expect("literal address");
-            FloodSource { addr, frame: lab::udp_frame(&target, addr, payload), pps }
+            FloodSource {
+                addr,
+                frame: lab::udp_frame(&target, addr, payload),
+                pps,
+            }
         })
         .collect();
-    println!("\nlab: flooding for {} from {} sources\n", humantime::format_duration(duration), sources.len());
+    println!(
+        "\nlab: flooding for {} from {} sources\n",
+        humantime::format_duration(duration),
+        sources.len()
+    );
     let socket = lab.sender()?;
     let sent = Arc::new(Mutex::new(vec![0u64; sources.len()]));
     let flood = {
         let (sources, sent) = (sources.clone(), Arc::clone(&sent));
         thread::spawn(move || {
-            lab::flood(&socket, &sources, duration, |now| sent.lock().expect("lock").clone_from_slice(now))
+            lab::flood(&socket, &sources, duration, |now| {
+                sent.lock().expect("lock").clone_from_slice(now)
+            })
         })
     };
     let start = Instant::now();
@@ -86,12 +101,24 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         println!("t = {:>4.1} s", start.elapsed().as_secs_f64());
         print!(
             "{}",
-            report::table(&["SOURCE", "RULE", "LIMIT", "SENT pkt/s", "ARRIVED pkt/s", "DROPPED pkt/s"], &rows)
+            report::table(
+                &[
+                    "SOURCE",
+                    "RULE",
+                    "LIMIT",
+                    "SENT pkt/s",
+                    "ARRIVED pkt/s",
+                    "DROPPED pkt/s"
+                ],
+                &rows
+            )
         );
         println!();
         previous = (now_sent, received, Instant::now());
     }
-    let report = flood.join().map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
+    let report = flood
+        .join()
+        .map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
     thread::sleep(Duration::from_millis(100));
     let received = lab.received()?;
     let mut total_rows = Vec::new();
@@ -108,7 +135,10 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         "totals over {:.2} s, counted at the receiver (nftables), not by the limiter:",
         report.elapsed.as_secs_f64()
     );
-    print!("{}", report::table(&["SOURCE", "SENT", "ARRIVED", "DROPPED"], &total_rows));
+    print!(
+        "{}",
+        report::table(&["SOURCE", "SENT", "ARRIVED", "DROPPED"], &total_rows)
+    );
     println!("\nthe limiter's own counters:");
     print!("{}", report::stats_table(&limiter.snapshot()?));
     drop(limiter);
@@ -127,17 +157,21 @@ fn rows(
         .iter()
         .enumerate()
         .map(|(i, source)| {
-            let rule = tables::matching_rule(rules, source.addr, 17, Some(9)).map(|i| &rules.rules[i]);
-            let limit = match rule.map(|r| r.limit) {
-                None => format!("default: {:?}", rules.default).to_lowercase(),
-                Some(Limit::Unlimited) => "unlimited".into(),
-                Some(Limit::Metered { packets, bytes }) => packets
-                    .map(|m| format!("{} pkt/{}", m.rate, humantime::format_duration(m.period)))
-                    .into_iter()
-                    .chain(bytes.map(|m| format!("{} B/{}", m.rate, humantime::format_duration(m.period))))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-            };
+            let rule =
+                tables::matching_rule(rules, source.addr, 17, Some(9)).map(|i| &rules.rules[i]);
+            let limit =
+                match rule.map(|r| r.limit) {
+                    None => format!("default: {:?}", rules.default).to_lowercase(),
+                    Some(Limit::Unlimited) => "unlimited".into(),
+                    Some(Limit::Metered { packets, bytes }) => packets
+                        .map(|m| format!("{} pkt/{}", count(m.rate), report::per(m.period)))
+                        .into_iter()
+                        .chain(bytes.map(|m| {
+                            format!("{}/{}", report::bytes(m.rate), report::per(m.period))
+                        }))
+                        .collect::<Vec<_>>()
+                        .join(" + "),
+                };
             let (sent, arrived) = rates(i, &source.addr);
             vec![
                 source.addr.to_string(),

@@ -20,15 +20,24 @@ pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
 pub fn check(path: &Path, json: bool) -> Result<()> {
     let set = RuleSet::load(path)?;
     if json {
-        let rules: Vec<_> = set.rules.iter().map(|r| serde_json::json!({
-            "name": r.name,
-            "source": r.matches.source.map(|s| s.to_string()),
-            "protocol": r.matches.protocol,
-            "dest_port": r.matches.dest_port,
-            "key": { "ipv4": r.key.v4, "ipv6": r.key.v6 },
-            "shadow": r.shadow,
-        })).collect();
-        println!("{}", serde_json::json!({ "file": path, "valid": true, "rules": rules }));
+        let rules: Vec<_> = set
+            .rules
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "name": r.name,
+                    "source": r.matches.source.map(|s| s.to_string()),
+                    "protocol": r.matches.protocol,
+                    "dest_port": r.matches.dest_port,
+                    "key": { "ipv4": r.key.v4, "ipv6": r.key.v6 },
+                    "shadow": r.shadow,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "file": path, "valid": true, "rules": rules })
+        );
     } else {
         println!("{}: valid, {} rules\n", path.display(), set.rules.len());
         print!("{}", report::rules_table(&set));

@@ -6,7 +6,13 @@ use anyhow::{Context, Result};
 use limiter::{config::RuleSet, datapath::Mode, limiter::Limiter, report};
 use tokio::signal::unix::{SignalKind, signal};
 
-pub fn run(ifaces: &[String], config: &Path, mode: Mode, pin_dir: &Path, interval: Duration) -> Result<()> {
+pub fn run(
+    ifaces: &[String],
+    config: &Path,
+    mode: Mode,
+    pin_dir: &Path,
+    interval: Duration,
+) -> Result<()> {
     // Validate before touching anything.
     let rules = RuleSet::load(config)?;
     let limiter = Limiter::start(&rules, ifaces, mode, pin_dir)?;
@@ -22,10 +28,13 @@ pub fn run(ifaces: &[String], config: &Path, mode: Mode, pin_dir: &Path, interva
         attached.join(", "),
         limiter.pin_dir().display()
     );
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
         let mut previous = limiter.snapshot()?;
@@ -45,6 +54,9 @@ pub fn run(ifaces: &[String], config: &Path, mode: Mode, pin_dir: &Path, interva
     let last = limiter.snapshot()?;
     drop(limiter);
     print!("{}", report::stats_table(&last));
-    println!("limiter: detached from {} and removed the pins", attached.join(", "));
+    println!(
+        "limiter: detached from {} and removed the pins",
+        attached.join(", ")
+    );
     Ok(())
 }

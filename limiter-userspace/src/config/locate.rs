@@ -64,13 +64,13 @@ impl Walker {
 
     /// A node starts at `mark`: either a mapping key or a value.
     fn node(&mut self, mark: Marker, scalar: Option<&str>) -> bool {
-        if let Some(Frame::Mapping { key }) = self.stack.last_mut() {
-            if key.is_none() {
-                *key = Some(scalar.unwrap_or_default().to_owned());
-                let path = self.path();
-                self.lines.entry(path).or_insert(mark.line());
-                return true;
-            }
+        if let Some(Frame::Mapping { key }) = self.stack.last_mut()
+            && key.is_none()
+        {
+            *key = Some(scalar.unwrap_or_default().to_owned());
+            let path = self.path();
+            self.lines.entry(path).or_insert(mark.line());
+            return true;
         }
         let path = self.path();
         self.lines.entry(path).or_insert(mark.line());
@@ -92,7 +92,8 @@ impl MarkedEventReceiver for Walker {
     fn on_event(&mut self, event: Event, mark: Marker) {
         match event {
             Event::Scalar(value, ..) => {
-                if !self.node(mark, Some(&value)) {
+                let was_key = self.node(mark, Some(&value));
+                if !was_key {
                     self.value_done();
                 }
             }

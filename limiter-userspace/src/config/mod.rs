@@ -147,7 +147,8 @@ fn split_serde_message(message: &str) -> (String, String) {
     let message = message.split(" at line ").next().unwrap_or(message);
     match message.split_once(": ") {
         Some((path, rest))
-            if !path.contains(' ') && path.chars().next().is_some_and(|c| c.is_ascii_alphabetic()) =>
+            if !path.contains(' ')
+                && path.chars().next().is_some_and(|c| c.is_ascii_alphabetic()) =>
         {
             (path.to_owned(), rest.to_owned())
         }
@@ -201,26 +202,33 @@ fn validate(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         max_keys,
         rules,
     };
-    crate::tables::check_fits(&rule_set).map_err(|(i, message)| invalid(format!("rules[{i}].match"), message))?;
+    crate::tables::check_fits(&rule_set)
+        .map_err(|(i, message)| invalid(format!("rules[{i}].match"), message))?;
     Ok(rule_set)
 }
 
 fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
     if raw.name.is_empty() || raw.name.len() >= RULE_NAME_LEN {
-        return Err(invalid("name", format!("must be 1 to {} bytes long", RULE_NAME_LEN - 1)));
+        return Err(invalid(
+            "name",
+            format!("must be 1 to {} bytes long", RULE_NAME_LEN - 1),
+        ));
     }
     let source = raw.matches.source.map(|net| net.trunc());
-    if let (Some(given), Some(net)) = (raw.matches.source, source) {
-        if given != net {
-            return Err(invalid(
-                "match.source",
-                format!("{given} has host bits set; did you mean {net}?"),
-            ));
-        }
+    if let (Some(given), Some(net)) = (raw.matches.source, source)
+        && given != net
+    {
+        return Err(invalid(
+            "match.source",
+            format!("{given} has host bits set; did you mean {net}?"),
+        ));
     }
     let protocol = raw.matches.protocol.map(|p| p.0);
     if raw.matches.dest_port.is_some() && !matches!(protocol, Some(6 | 17 | 132)) {
-        return Err(invalid("match.dest_port", "needs protocol tcp, udp or sctp"));
+        return Err(invalid(
+            "match.dest_port",
+            "needs protocol tcp, udp or sctp",
+        ));
     }
     let matches = Match {
         source,
@@ -235,7 +243,9 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
             }
             Limit::Unlimited
         }
-        raw::Limit::Rates(rates) => validate_rates(rates).map_err(|(f, m)| (format!("limit.{f}"), m))?,
+        raw::Limit::Rates(rates) => {
+            validate_rates(rates).map_err(|(f, m)| (format!("limit.{f}"), m))?
+        }
     };
     Ok(Rule {
         name: raw.name.clone(),
@@ -248,23 +258,36 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
 
 fn validate_rates(rates: &raw::Rates) -> Result<Limit, Invalid> {
     let period = parse_unit(&rates.unit).map_err(|m| invalid("unit", m))?;
-    let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| {
-        match (rate, burst) {
-            (None, None) => Ok(None),
-            (None, Some(_)) => Err(invalid(burst_field, format!("given without `{rate_field}`"))),
-            (Some(rate), burst) => {
-                let burst = burst.unwrap_or(rate);
-                let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
-                Gcra::new(rate, period_ns, burst)
-                    .map(|gcra| Some(Meter { rate, period, burst, gcra }))
-                    .map_err(|e| invalid(rate_field, e.to_string()))
-            }
+    let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| match (
+        rate, burst,
+    ) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(invalid(
+            burst_field,
+            format!("given without `{rate_field}`"),
+        )),
+        (Some(rate), burst) => {
+            let burst = burst.unwrap_or(rate);
+            let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+            Gcra::new(rate, period_ns, burst)
+                .map(|gcra| {
+                    Some(Meter {
+                        rate,
+                        period,
+                        burst,
+                        gcra,
+                    })
+                })
+                .map_err(|e| invalid(rate_field, e.to_string()))
         }
     };
     let packets = meter("rate", rates.rate, "burst", rates.burst)?;
     let bytes = meter("bytes", rates.bytes, "burst_bytes", rates.burst_bytes)?;
     if packets.is_none() && bytes.is_none() {
-        return Err(invalid("rate", "a limit needs `rate` (packets), `bytes`, or both"));
+        return Err(invalid(
+            "rate",
+            "a limit needs `rate` (packets), `bytes`, or both",
+        ));
     }
     Ok(Limit::Metered { packets, bytes })
 }
@@ -300,8 +323,14 @@ fn parse_key(key: Option<&str>, source: Option<IpNet>) -> Result<KeyPrefix, Stri
         .and_then(|n| n.parse::<u8>().ok())
         .ok_or_else(|| format!("{key:?}: expected `source` or `source/N`"))?;
     match source.map(|net| net.addr()) {
-        Some(IpAddr::V4(_)) if bits <= 32 => Ok(KeyPrefix { v4: bits, v6: KeyPrefix::DEFAULT.v6 }),
-        Some(IpAddr::V6(_)) if bits <= 128 => Ok(KeyPrefix { v4: KeyPrefix::DEFAULT.v4, v6: bits }),
+        Some(IpAddr::V4(_)) if bits <= 32 => Ok(KeyPrefix {
+            v4: bits,
+            v6: KeyPrefix::DEFAULT.v6,
+        }),
+        Some(IpAddr::V6(_)) if bits <= 128 => Ok(KeyPrefix {
+            v4: KeyPrefix::DEFAULT.v4,
+            v6: bits,
+        }),
         Some(IpAddr::V4(_)) => Err(format!("/{bits} is longer than an IPv4 address")),
         Some(IpAddr::V6(_)) => Err(format!("/{bits} is longer than an IPv6 address")),
         None => Err(format!(

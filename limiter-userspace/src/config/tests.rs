@@ -15,10 +15,17 @@ fn example_is_valid() {
     let set = parse(EXAMPLE).unwrap();
     assert_eq!(set.rules.len(), 4);
     assert_eq!(set.rules[1].key, KeyPrefix { v4: 32, v6: 64 });
-    let Limit::Metered { packets: Some(m), bytes: None } = set.rules[0].limit else {
+    let Limit::Metered {
+        packets: Some(m),
+        bytes: None,
+    } = set.rules[0].limit
+    else {
         panic!("rule 0 limits packets")
     };
-    assert_eq!((m.rate, m.burst, m.gcra.emission_ns), (1000, 100, 1_000_000));
+    assert_eq!(
+        (m.rate, m.burst, m.gcra.emission_ns),
+        (1000, 100, 1_000_000)
+    );
     assert!(set.rules[2].shadow);
 }
 
@@ -49,38 +56,67 @@ rules:
 #[test]
 fn burst_defaults_to_rate_and_units_accept_durations() {
     let set = parse("rules:\n  - { name: a, limit: { rate: 10, unit: 30s } }\n").unwrap();
-    let Limit::Metered { packets: Some(m), .. } = set.rules[0].limit else { panic!() };
+    let Limit::Metered {
+        packets: Some(m), ..
+    } = set.rules[0].limit
+    else {
+        panic!()
+    };
     assert_eq!((m.burst, m.gcra.emission_ns), (10, 3_000_000_000));
 }
 
 #[test]
 fn bad_cidr_names_line_and_field() {
     let e = error("rules:\n  - name: a\n    match: { source: 10.0.0/8 }\n    limit: unlimited\n");
-    assert!(e.starts_with("rules.yaml:3: rules[0].match.source: "), "{e}");
+    assert!(
+        e.starts_with("rules.yaml:3: rules[0].match.source: "),
+        "{e}"
+    );
 }
 
 #[test]
 fn host_bits_are_rejected() {
-    let e = error("rules:\n  - name: a\n    match:\n      source: 10.0.0.1/8\n    limit: unlimited\n");
-    assert_eq!(e, "rules.yaml:4: rules[0].match.source: 10.0.0.1/8 has host bits set; did you mean 10.0.0.0/8?");
+    let e =
+        error("rules:\n  - name: a\n    match:\n      source: 10.0.0.1/8\n    limit: unlimited\n");
+    assert_eq!(
+        e,
+        "rules.yaml:4: rules[0].match.source: 10.0.0.1/8 has host bits set; did you mean 10.0.0.0/8?"
+    );
 }
 
 #[test]
 fn zero_and_overflowing_rates() {
     let e = error("rules:\n  - name: a\n    limit:\n      rate: 0\n      unit: second\n");
-    assert_eq!(e, "rules.yaml:4: rules[0].limit.rate: rate must be at least 1");
+    assert_eq!(
+        e,
+        "rules.yaml:4: rules[0].limit.rate: rate must be at least 1"
+    );
     let e = error("rules:\n  - name: a\n    limit: { rate: 2000000000, unit: second }\n");
-    assert!(e.contains("rules[0].limit.rate: rate exceeds one per nanosecond"), "{e}");
-    let e = error("rules:\n  - name: a\n    limit: { rate: 1, burst: 18446744073709551615, unit: day }\n");
-    assert!(e.starts_with("rules.yaml:3: rules[0].limit.rate: burst"), "{e}");
+    assert!(
+        e.contains("rules[0].limit.rate: rate exceeds one per nanosecond"),
+        "{e}"
+    );
+    let e = error(
+        "rules:\n  - name: a\n    limit: { rate: 1, burst: 18446744073709551615, unit: day }\n",
+    );
+    assert!(
+        e.starts_with("rules.yaml:3: rules[0].limit.rate: burst"),
+        "{e}"
+    );
 }
 
 #[test]
 fn unknown_field_is_rejected() {
     let e = error("rules:\n  - name: a\n    limit: { rate: 1, unit: second, brust: 5 }\n");
-    assert!(e.starts_with("rules.yaml:3: rules[0].limit: unknown field `brust`"), "{e}");
+    assert!(
+        e.starts_with("rules.yaml:3: rules[0].limit: unknown field `brust`"),
+        "{e}"
+    );
     let e = error("defualt: drop\n");
-    assert!(e.starts_with("rules.yaml:1: unknown field `defualt`"), "{e}");
+    assert!(
+        e.starts_with("rules.yaml:1: unknown field `defualt`"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -88,40 +124,67 @@ fn duplicate_name_and_match() {
     let e = error(
         "rules:\n  - { name: a, limit: unlimited }\n  - name: a\n    match: { source: 10.0.0.0/8 }\n    limit: unlimited\n",
     );
-    assert_eq!(e, "rules.yaml:3: rules[1].name: duplicate name \"a\" (also rules[0])");
+    assert_eq!(
+        e,
+        "rules.yaml:3: rules[1].name: duplicate name \"a\" (also rules[0])"
+    );
     let e = error(
         "rules:\n  - { name: a, match: { source: 10.0.0.0/8 }, limit: unlimited }\n  - name: b\n    match: { source: 10.0.0.0/8 }\n    limit: { rate: 1, unit: second }\n",
     );
-    assert!(e.starts_with("rules.yaml:4: rules[1].match: same match as rules[0]"), "{e}");
+    assert!(
+        e.starts_with("rules.yaml:4: rules[1].match: same match as rules[0]"),
+        "{e}"
+    );
 }
 
 #[test]
 fn ambiguous_and_oversized_keys() {
     let e = error("rules:\n  - { name: a, key: source/24, limit: { rate: 1, unit: second } }\n");
-    assert!(e.contains("rules[0].key: source/24 needs match.source"), "{e}");
-    let e = error("rules:\n  - { name: a, match: { source: 10.0.0.0/8 }, key: source/33, limit: { rate: 1, unit: second } }\n");
-    assert!(e.contains("rules[0].key: /33 is longer than an IPv4 address"), "{e}");
+    assert!(
+        e.contains("rules[0].key: source/24 needs match.source"),
+        "{e}"
+    );
+    let e = error(
+        "rules:\n  - { name: a, match: { source: 10.0.0.0/8 }, key: source/33, limit: { rate: 1, unit: second } }\n",
+    );
+    assert!(
+        e.contains("rules[0].key: /33 is longer than an IPv4 address"),
+        "{e}"
+    );
 }
 
 #[test]
 fn port_needs_a_port_protocol() {
-    let e = error("rules:\n  - { name: a, match: { protocol: icmp, dest_port: 1 }, limit: unlimited }\n");
-    assert!(e.contains("rules[0].match.dest_port: needs protocol tcp, udp or sctp"), "{e}");
+    let e = error(
+        "rules:\n  - { name: a, match: { protocol: icmp, dest_port: 1 }, limit: unlimited }\n",
+    );
+    assert!(
+        e.contains("rules[0].match.dest_port: needs protocol tcp, udp or sctp"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_unit_and_missing_rate() {
     let e = error("rules:\n  - { name: a, limit: { rate: 1, unit: fortnight } }\n");
-    assert!(e.contains("rules[0].limit.unit: \"fortnight\": expected second"), "{e}");
+    assert!(
+        e.contains("rules[0].limit.unit: \"fortnight\": expected second"),
+        "{e}"
+    );
     let e = error("rules:\n  - { name: a, limit: { burst: 5, unit: second } }\n");
-    assert!(e.contains("rules[0].limit.burst: given without `rate`"), "{e}");
+    assert!(
+        e.contains("rules[0].limit.burst: given without `rate`"),
+        "{e}"
+    );
 }
 
 #[test]
 fn too_many_rules_cover_one_prefix() {
     let mut text = String::from("rules:\n");
     for port in 1..=9 {
-        text += &format!("  - {{ name: p{port}, match: {{ source: 10.0.0.0/8, protocol: tcp, dest_port: {port} }}, limit: unlimited }}\n");
+        text += &format!(
+            "  - {{ name: p{port}, match: {{ source: 10.0.0.0/8, protocol: tcp, dest_port: {port} }}, limit: unlimited }}\n"
+        );
     }
     let e = error(&text);
     assert!(e.contains("9 rules cover 10.0.0.0/8; at most 8"), "{e}");

@@ -46,8 +46,22 @@ impl Lab {
         netns::run(
             "ip",
             &[
-                "link", "add", TX_IFACE, "netns", tx.name(), "address", &mac(TX_MAC), "type",
-                "veth", "peer", "name", RX_IFACE, "netns", rx.name(), "address", &mac(RX_MAC),
+                "link",
+                "add",
+                TX_IFACE,
+                "netns",
+                tx.name(),
+                "address",
+                &mac(TX_MAC),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                RX_IFACE,
+                "netns",
+                rx.name(),
+                "address",
+                &mac(RX_MAC),
             ],
         )?;
         for (ns, iface, v4, v6) in [
@@ -75,7 +89,8 @@ impl Lab {
 
     /// A packet socket on the sending side of the veth pair.
     pub fn sender(&self) -> Result<FrameSocket> {
-        self.tx.enter(|| FrameSocket::open(crate::datapath::if_index(TX_IFACE)?))?
+        self.tx
+            .enter(|| FrameSocket::open(crate::datapath::if_index(TX_IFACE)?))?
     }
 
     /// Counts every frame that reaches the receiver's ingress (that is, what
@@ -104,12 +119,21 @@ impl Lab {
     pub fn received(&self) -> Result<HashMap<IpAddr, u64>> {
         let mut counts = HashMap::new();
         for set in ["v4", "v6"] {
-            let json = self.rx.exec("nft", &["-j", "list", "set", "netdev", COUNTER_TABLE, set])?;
+            let json = self
+                .rx
+                .exec("nft", &["-j", "list", "set", "netdev", COUNTER_TABLE, set])?;
             let parsed: serde_json::Value =
                 serde_json::from_str(&json).context("parsing `nft -j` output")?;
-            let items = parsed["nftables"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let items = parsed["nftables"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             // [{"metainfo": ..}, {"set": {"elem": [{"elem": {"val": A, "counter": {"packets": N}}}]}}]
-            for elem in items.iter().filter_map(|i| i["set"]["elem"].as_array()).flatten() {
+            for elem in items
+                .iter()
+                .filter_map(|i| i["set"]["elem"].as_array())
+                .flatten()
+            {
                 let elem = &elem["elem"];
                 let addr: IpAddr = elem["val"]
                     .as_str()
@@ -126,5 +150,9 @@ impl Lab {
 }
 
 fn mac(bytes: [u8; 6]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }

@@ -38,7 +38,9 @@ impl Netns {
     pub fn create(name: &str) -> Result<Self> {
         let _ = run("ip", &["netns", "del", name]);
         run("ip", &["netns", "add", name])?;
-        let ns = Self { name: name.to_owned() };
+        let ns = Self {
+            name: name.to_owned(),
+        };
         ns.exec("ip", &["link", "set", "lo", "up"])?;
         Ok(ns)
     }

@@ -28,8 +28,14 @@ pub fn udp_frame(target: &Target, source: IpAddr, payload: usize) -> Vec<u8> {
     let data = vec![0x5a; payload];
     let mut frame = Vec::with_capacity(payload + 70);
     let result = match source {
-        IpAddr::V4(src) => eth.ipv4(src.octets(), target.v4.octets(), 64).udp(40000, 9).write(&mut frame, &data),
-        IpAddr::V6(src) => eth.ipv6(src.octets(), target.v6.octets(), 64).udp(40000, 9).write(&mut frame, &data),
+        IpAddr::V4(src) => eth
+            .ipv4(src.octets(), target.v4.octets(), 64)
+            .udp(40000, 9)
+            .write(&mut frame, &data),
+        IpAddr::V6(src) => eth
+            .ipv6(src.octets(), target.v6.octets(), 64)
+            .udp(40000, 9)
+            .write(&mut frame, &data),
     };
     result.expect("writing to a Vec cannot fail");
     frame
