@@ -214,8 +214,14 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
             format!("must be 1 to {} bytes long", RULE_NAME_LEN - 1),
         ));
     }
-    let source = raw.matches.source.map(|net| net.trunc());
-    if let (Some(given), Some(net)) = (raw.matches.source, source)
+    let given = raw
+        .matches
+        .source
+        .as_deref()
+        .map(parse_prefix)
+        .transpose()?;
+    let source = given.map(|net| net.trunc());
+    if let (Some(given), Some(net)) = (given, source)
         && given != net
     {
         return Err(invalid(
@@ -290,6 +296,18 @@ fn validate_rates(rates: &raw::Rates) -> Result<Limit, Invalid> {
         ));
     }
     Ok(Limit::Metered { packets, bytes })
+}
+
+/// An address prefix (`10.0.0.0/8`), or a single address (`/32`, `/128`).
+fn parse_prefix(text: &str) -> Result<IpNet, Invalid> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            invalid(
+                "match.source",
+                format!("{text:?} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32"),
+            )
+        })
 }
 
 /// `second`, `minute`, `hour`, `day`, or a duration such as `30s` or `250ms`.

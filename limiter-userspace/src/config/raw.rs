@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-use ipnet::IpNet;
 use serde::{
     Deserialize, Deserializer,
     de::{self, MapAccess, Visitor, value::MapAccessDeserializer},
@@ -44,7 +43,8 @@ pub struct Rule {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Match {
-    pub source: Option<IpNet>,
+    /// Parsed by `validate`, for a message that shows what is expected.
+    pub source: Option<String>,
     pub protocol: Option<Protocol>,
     pub dest_port: Option<u16>,
 }
