@@ -16,7 +16,7 @@ use crate::{status, step};
 const PACKAGES: [(&str, &str); 2] = [("ip", "iproute2"), ("nft", "nftables")];
 
 /// bpf-linker releases that build with the toolchains here.
-const BPF_LINKER_VERSION: &str = "0.13";
+const BPF_LINKER_VERSION: &str = "^0.13";
 
 pub fn all() -> Result<()> {
     toolchain()?;
