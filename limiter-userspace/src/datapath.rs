@@ -53,7 +53,10 @@ pub enum DatapathError {
     NotPermitted,
     #[error("the kernel rejected the XDP program: {0}")]
     Load(#[source] Box<aya::EbpfError>),
-    #[error("the kernel's verifier rejected the XDP program:\n{0}")]
+    #[error(
+        "the kernel's verifier rejected the XDP program (it needs Linux 5.12 or newer): {0} \
+         (LIMITER_LOG=debug prints the whole verifier log)"
+    )]
     Verifier(String),
     #[error("no network interface named {0:?}")]
     NoInterface(String),
@@ -135,7 +138,9 @@ impl Datapath {
                 DatapathError::NotPermitted
             }
             ProgramError::LoadError { verifier_log, .. } => {
-                DatapathError::Verifier(verifier_log.to_string())
+                let log = verifier_log.to_string();
+                tracing::debug!("verifier log:\n{log}");
+                DatapathError::Verifier(verifier_verdict(&log).to_owned())
             }
             other => DatapathError::Load(Box::new(aya::EbpfError::ProgramError(other))),
         })?;
@@ -250,6 +255,21 @@ impl Datapath {
     }
 }
 
+/// The line of a verifier log that says why it refused: the last one
+/// before the statistics it ends with.
+fn verifier_verdict(log: &str) -> &str {
+    log.lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
+                && !l.starts_with("processed ")
+        })
+        .last()
+        .unwrap_or("no verifier log")
+}
+
 /// The index of `iface` in the calling thread's network namespace.
 pub fn if_index(iface: &str) -> Result<u32, DatapathError> {
     let name = CString::new(iface).map_err(|_| DatapathError::NoInterface(iface.to_owned()))?;
@@ -257,5 +277,15 @@ pub fn if_index(iface: &str) -> Result<u32, DatapathError> {
     match unsafe { libc::if_nametoindex(name.as_ptr()) } {
         0 => Err(DatapathError::NoInterface(iface.to_owned())),
         index => Ok(index),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn verifier_verdict_is_the_reason_line() {
+        let log = "683: (79) r4 = *(u64 *)(r10 -64)\n684: (54) w4 &= 65535\nR4 32-bit pointer arithmetic prohibited\nverification time 97473 usec\nstack depth 192+0\nprocessed 9597 insns (limit 1000000)\n";
+        assert_eq!(super::verifier_verdict(log), "R4 32-bit pointer arithmetic prohibited");
+        assert_eq!(super::verifier_verdict(""), "no verifier log");
     }
 }

@@ -13,12 +13,14 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use limiter::lab::{self, FloodReport, FloodSource, Lab, udp_frame};
 use limiter::{
     config::RuleSet,
     datapath::Datapath,
     stats::{CounterMaps, Snapshot},
     tables,
 };
+use std::{collections::HashMap, net::IpAddr};
 
 /// Parses rule-file text (panicking with the error: a test bug).
 pub fn rules(text: &str) -> RuleSet {
@@ -104,32 +106,32 @@ impl RunningLimiter {
     /// Starts `limiter run` and waits until its maps are pinned.
     pub fn start(
         netns: &str,
-        iface: &str,
+        ifaces: &[&str],
         config: &Path,
         pin_dir: &Path,
         log: PathBuf,
     ) -> Result<Self> {
         let log_file = fs::File::create(&log)?;
-        let child = limiter_command(
-            Some(netns),
-            &[
-                "run",
-                "--iface",
-                iface,
-                "--config",
-                &config.to_string_lossy(),
-                "--mode",
-                "native",
-                "--pin-dir",
-                &pin_dir.to_string_lossy(),
-                "--interval",
-                "1s",
-            ],
-        )
-        .stdout(log_file.try_clone()?)
-        .stderr(log_file)
-        .spawn()
-        .context("spawning limiter run")?;
+        let (config, pins) = (config.to_string_lossy(), pin_dir.to_string_lossy());
+        let mut args = vec![
+            "run",
+            "--config",
+            &config,
+            "--mode",
+            "native",
+            "--pin-dir",
+            &pins,
+            "--interval",
+            "1s",
+        ];
+        for iface in ifaces {
+            args.extend(["--iface", iface]);
+        }
+        let child = limiter_command(Some(netns), &args)
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("spawning limiter run")?;
         let mut running = Self {
             child: Some(child),
             pin_dir: pin_dir.to_owned(),
@@ -205,41 +207,64 @@ pub fn assert_within(got: u64, expected: f64, percent: f64, what: &str) {
     );
 }
 
-/// Sources flooding at `pps` each with UDP frames of `payload` bytes.
+/// Sources flooding at `pps` each with UDP frames of `payload` bytes, over
+/// veth pair `pair`.
 pub fn sources(
-    lab: &limiter::lab::Lab,
-    addrs: &[std::net::IpAddr],
+    lab: &Lab,
+    pair: u8,
+    addrs: &[IpAddr],
     pps: u64,
     payload: usize,
-) -> Vec<limiter::lab::FloodSource> {
-    let target = lab.target();
+) -> Vec<FloodSource> {
+    let target = lab.target(pair);
     addrs
         .iter()
-        .map(|&addr| limiter::lab::FloodSource {
+        .map(|&addr| FloodSource {
             addr,
-            frame: limiter::lab::udp_frame(&target, addr, payload),
+            frame: udp_frame(&target, addr, payload),
             pps,
         })
         .collect()
 }
 
-/// Floods for `duration`, lets the last frames land, and returns what was
-/// sent and what the receiver counted per source.
-pub fn flood(
-    lab: &limiter::lab::Lab,
-    sources: &[limiter::lab::FloodSource],
+/// Floods over every given veth pair at once for `duration`, lets the last
+/// frames land, and returns what was sent on each pair and what the
+/// receiver counted per source (over all pairs).
+pub fn flood_pairs(
+    lab: &Lab,
+    per_pair: &[(u8, Vec<FloodSource>)],
     duration: Duration,
-) -> (
-    limiter::lab::FloodReport,
-    std::collections::HashMap<std::net::IpAddr, u64>,
-) {
-    let socket = lab.sender().expect("opening the sender");
-    let report = limiter::lab::flood(&socket, sources, duration, |_| {}).expect("flooding");
+) -> (Vec<FloodReport>, HashMap<IpAddr, u64>) {
+    let reports = thread::scope(|scope| {
+        let floods: Vec<_> = per_pair
+            .iter()
+            .map(|(pair, sources)| {
+                let socket = lab.sender(*pair).expect("opening the sender");
+                scope.spawn(move || {
+                    lab::flood(&socket, sources, duration, |_| {}).expect("flooding")
+                })
+            })
+            .collect();
+        floods
+            .into_iter()
+            .map(|f| f.join().expect("flood thread"))
+            .collect()
+    });
     thread::sleep(Duration::from_millis(300));
     (
-        report,
+        reports,
         lab.received().expect("reading the receiver's counters"),
     )
+}
+
+/// [`flood_pairs`] over the first pair only.
+pub fn flood(
+    lab: &Lab,
+    sources: &[FloodSource],
+    duration: Duration,
+) -> (FloodReport, HashMap<IpAddr, u64>) {
+    let (mut reports, received) = flood_pairs(lab, &[(0, sources.to_vec())], duration);
+    (reports.remove(0), received)
 }
 
 /// Whether any XDP program is attached to `iface` in `netns`.

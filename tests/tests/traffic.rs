@@ -11,12 +11,13 @@ use std::{
 
 use limiter::{
     datapath::Mode,
-    lab::{Lab, RX_IFACE},
+    lab::{Lab, RX_IFACE, pair_ifaces},
     limiter::Limiter,
     stats::Snapshot,
 };
 use limiter_tests::{
-    RunningLimiter, TempDir, assert_within, flood, limiter_command, rules, sources, xdp_attached,
+    RunningLimiter, TempDir, assert_within, flood, flood_pairs, limiter_command, rules, sources,
+    xdp_attached,
 };
 
 const RATE: f64 = 200.0;
@@ -55,7 +56,7 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     let pin_dir = Path::new("/sys/fs/bpf/limiter-test-flood");
     let running = RunningLimiter::start(
         lab.rx.name(),
-        RX_IFACE,
+        &[RX_IFACE],
         &config,
         pin_dir,
         dir.0.join("run.log"),
@@ -65,7 +66,7 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
 
     let (v4, v6) = (v4_sources(16), v6_sources(8));
     let all: Vec<IpAddr> = v4.iter().chain(&v6).copied().collect();
-    let (report, received) = flood(&lab, &sources(&lab, &all, FLOOD_PPS, 64), DURATION);
+    let (report, received) = flood(&lab, &sources(&lab, 0, &all, FLOOD_PPS, 64), DURATION);
     let expected = BURST + RATE * report.elapsed.as_secs_f64();
     for (i, addr) in all.iter().enumerate() {
         let got = received.get(addr).copied().unwrap_or(0);
@@ -139,6 +140,46 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     assert!(!pin_dir.exists(), "pins left behind");
 }
 
+#[test]
+fn interfaces_share_one_set_of_buckets() {
+    let lab = Lab::with_pairs("lt-twoif", 2).expect("lab");
+    let dir = TempDir::new("twoif");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: v4, match: { source: 198.18.0.0/16 }, limit: { rate: 200, unit: second, burst: 20 } }\n",
+    );
+    let (_, second_rx) = pair_ifaces(1);
+    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-twoif");
+    let running = RunningLimiter::start(
+        lab.rx.name(),
+        &[RX_IFACE, second_rx.as_str()],
+        &config,
+        pin_dir,
+        dir.0.join("run.log"),
+    )
+    .expect("limiter run");
+    assert!(xdp_attached(lab.rx.name(), RX_IFACE) && xdp_attached(lab.rx.name(), &second_rx));
+    // The same source arrives over both interfaces at once, each at 5x the limit.
+    let addr = [IpAddr::V4(Ipv4Addr::new(198, 18, 3, 3))];
+    let (reports, received) = flood_pairs(
+        &lab,
+        &[
+            (0, sources(&lab, 0, &addr, FLOOD_PPS, 64)),
+            (1, sources(&lab, 1, &addr, FLOOD_PPS, 64)),
+        ],
+        DURATION,
+    );
+    let elapsed = reports.iter().map(|r| r.elapsed).max().expect("two floods");
+    assert_within(
+        received[&addr[0]],
+        BURST + RATE * elapsed.as_secs_f64(),
+        5.0,
+        "arrivals over both interfaces",
+    );
+    running.stop().expect("clean exit");
+    assert!(!xdp_attached(lab.rx.name(), RX_IFACE) && !xdp_attached(lab.rx.name(), &second_rx));
+}
+
 fn in_process(lab: &Lab, text: &str, pin_dir: &str) -> Limiter {
     let set = rules(text);
     lab.rx
@@ -163,7 +204,7 @@ fn shadow_mode_drops_nothing_and_counts_the_excess() {
         "/sys/fs/bpf/limiter-test-shadow",
     );
     let addrs = v4_sources(4);
-    let (report, received) = flood(&lab, &sources(&lab, &addrs, FLOOD_PPS, 64), DURATION);
+    let (report, received) = flood(&lab, &sources(&lab, 0, &addrs, FLOOD_PPS, 64), DURATION);
     for (i, addr) in addrs.iter().enumerate() {
         assert_eq!(
             received.get(addr).copied(),
@@ -194,7 +235,7 @@ fn addresses_of_one_64_share_one_budget() {
     ];
     let other_64 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1));
     let all = [same_64[0], same_64[1], other_64];
-    let (report, received) = flood(&lab, &sources(&lab, &all, FLOOD_PPS, 64), DURATION);
+    let (report, received) = flood(&lab, &sources(&lab, 0, &all, FLOOD_PPS, 64), DURATION);
     let expected = BURST + RATE * report.elapsed.as_secs_f64();
     let shared = received[&same_64[0]] + received[&same_64[1]];
     assert_within(shared, expected, 5.0, "two addresses of one /64 together");

@@ -57,7 +57,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     );
     print!("{}", report::rules_table(&rules));
 
-    let target = lab.target();
+    let target = lab.target(0);
     let sources: Vec<FloodSource> = SOURCES
         .iter()
         .map(|&(addr, pps, payload)| {
@@ -74,7 +74,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         humantime::format_duration(duration),
         sources.len()
     );
-    let socket = lab.sender()?;
+    let socket = lab.sender(0)?;
     let sent = Arc::new(Mutex::new(vec![0u64; sources.len()]));
     let flood = {
         let (sources, sent) = (sources.clone(), Arc::clone(&sent));

@@ -19,94 +19,128 @@ use anyhow::{Context, Result};
 pub use netns::Netns;
 pub use traffic::{FloodReport, FloodSource, FrameSocket, Target, flood, udp_frame};
 
-/// Interface names inside the namespaces.
+/// Interface names of the first veth pair; pair `n > 0` adds `n` to both.
 pub const TX_IFACE: &str = "veth-tx";
 pub const RX_IFACE: &str = "veth-rx";
-/// The receiver's addresses.
-pub const RX_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
-pub const RX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 2);
-const TX_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const RX_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 
 /// The nftables table that counts arrivals in the receiver.
 const COUNTER_TABLE: &str = "limiter_lab";
 
 pub struct Lab {
-    // Namespaces go last: deleting them removes the veth pair and any XDP
-    // program attached to it.
+    // Deleting the namespaces removes the veth pairs and any XDP program
+    // attached to them.
     pub tx: Netns,
     pub rx: Netns,
+    pairs: u8,
+}
+
+/// Names of the sending and receiving interface of pair `n`.
+pub fn pair_ifaces(n: u8) -> (String, String) {
+    if n == 0 {
+        (TX_IFACE.to_owned(), RX_IFACE.to_owned())
+    } else {
+        (format!("{TX_IFACE}{n}"), format!("{RX_IFACE}{n}"))
+    }
+}
+
+fn pair_macs(n: u8) -> ([u8; 6], [u8; 6]) {
+    ([0x02, 0, 0, 0, n, 0x01], [0x02, 0, 0, 0, n, 0x02])
 }
 
 impl Lab {
-    /// Builds the lab (replacing a leftover one of the same name).
+    /// Builds the lab with one veth pair (replacing a leftover of the same name).
     pub fn create(name: &str) -> Result<Self> {
+        Self::with_pairs(name, 1)
+    }
+
+    /// Builds the lab with `pairs` veth pairs between the two namespaces.
+    pub fn with_pairs(name: &str, pairs: u8) -> Result<Self> {
         let tx = Netns::create(&format!("{name}-tx"))?;
         let rx = Netns::create(&format!("{name}-rx"))?;
-        netns::run(
-            "ip",
-            &[
-                "link",
-                "add",
-                TX_IFACE,
-                "netns",
-                tx.name(),
-                "address",
-                &mac(TX_MAC),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                RX_IFACE,
-                "netns",
-                rx.name(),
-                "address",
-                &mac(RX_MAC),
-            ],
-        )?;
-        for (ns, iface, v4, v6) in [
-            (&tx, TX_IFACE, "198.19.0.1/24", "2001:db8:ffff::1/64"),
-            (&rx, RX_IFACE, "198.19.0.2/24", "2001:db8:ffff::2/64"),
-        ] {
-            ns.exec("ip", &["addr", "add", v4, "dev", iface])?;
-            ns.exec("ip", &["addr", "add", v6, "dev", iface, "nodad"])?;
-            ns.exec("ip", &["link", "set", iface, "up"])?;
+        for n in 0..pairs {
+            let (tx_if, rx_if) = pair_ifaces(n);
+            let (tx_mac, rx_mac) = pair_macs(n);
+            netns::run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &tx_if,
+                    "netns",
+                    tx.name(),
+                    "address",
+                    &mac(tx_mac),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &rx_if,
+                    "netns",
+                    rx.name(),
+                    "address",
+                    &mac(rx_mac),
+                ],
+            )?;
+            for (ns, iface, host) in [(&tx, &tx_if, 1), (&rx, &rx_if, 2)] {
+                ns.exec(
+                    "ip",
+                    &[
+                        "addr",
+                        "add",
+                        &format!("198.19.{n}.{host}/24"),
+                        "dev",
+                        iface,
+                    ],
+                )?;
+                let v6 = format!("2001:db8:ffff:{n}::{host}/64");
+                ns.exec("ip", &["addr", "add", &v6, "dev", iface, "nodad"])?;
+                ns.exec("ip", &["link", "set", iface, "up"])?;
+            }
         }
-        let lab = Self { tx, rx };
+        let lab = Self { tx, rx, pairs };
         lab.install_counters()?;
         Ok(lab)
     }
 
-    /// Where frames must be addressed to reach the receiver's stack.
-    pub fn target(&self) -> Target {
+    /// Where frames must be addressed to reach the receiver's stack over pair `n`.
+    pub fn target(&self, n: u8) -> Target {
+        let (src_mac, dst_mac) = pair_macs(n);
         Target {
-            src_mac: TX_MAC,
-            dst_mac: RX_MAC,
-            v4: RX_V4,
-            v6: RX_V6,
+            src_mac,
+            dst_mac,
+            v4: Ipv4Addr::new(198, 19, n, 2),
+            v6: Ipv6Addr::new(0x2001, 0xdb8, 0xffff, u16::from(n), 0, 0, 0, 2),
         }
     }
 
-    /// A packet socket on the sending side of the veth pair.
-    pub fn sender(&self) -> Result<FrameSocket> {
+    /// A packet socket on the sending side of pair `n`.
+    pub fn sender(&self, n: u8) -> Result<FrameSocket> {
+        let (tx_if, _) = pair_ifaces(n);
         self.tx
-            .enter(|| FrameSocket::open(crate::datapath::if_index(TX_IFACE)?))?
+            .enter(|| FrameSocket::open(crate::datapath::if_index(&tx_if)?))?
     }
 
-    /// Counts every frame that reaches the receiver's ingress (that is, what
-    /// XDP passed) per source address, then drops it.
+    /// Counts every frame that reaches a receiving interface's ingress (that
+    /// is, what XDP passed) per source address, over all pairs, then drops it.
     fn install_counters(&self) -> Result<()> {
-        let ruleset = format!(
+        let mut ruleset = format!(
             "table netdev {COUNTER_TABLE} {{
   set v4 {{ type ipv4_addr; size 65536; flags dynamic; counter; }}
   set v6 {{ type ipv6_addr; size 65536; flags dynamic; counter; }}
-  chain ingress {{
-    type filter hook ingress device \"{RX_IFACE}\" priority 0; policy accept;
+"
+        );
+        for n in 0..self.pairs {
+            let (_, rx_if) = pair_ifaces(n);
+            ruleset += &format!(
+                "  chain ingress{n} {{
+    type filter hook ingress device \"{rx_if}\" priority 0; policy accept;
     meta protocol ip update @v4 {{ ip saddr }} drop
     meta protocol ip6 update @v6 {{ ip6 saddr }} drop
   }}
-}}"
-        );
+"
+            );
+        }
+        ruleset += "}\n";
         let path = std::env::temp_dir().join(format!("{}.nft", self.rx.name()));
         std::fs::write(&path, ruleset)?;
         let result = self.rx.exec("nft", &["-f", &path.to_string_lossy()]);

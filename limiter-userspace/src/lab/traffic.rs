@@ -107,7 +107,7 @@ pub struct FloodReport {
 
 /// Sends every source at its rate for `duration`, interleaved, paced in
 /// ~200 µs steps; the first frame of each source leaves at time zero.
-/// `progress` is called about every 100 ms with the counts so far.
+/// `progress` is called about every 10 ms with the counts so far.
 pub fn flood(
     socket: &FrameSocket,
     sources: &[FloodSource],
@@ -131,7 +131,7 @@ pub fn flood(
                 last = Instant::now();
             }
         }
-        if now.duration_since(last_progress) >= Duration::from_millis(100) {
+        if now.duration_since(last_progress) >= Duration::from_millis(10) {
             progress(&sent);
             last_progress = now;
         }
