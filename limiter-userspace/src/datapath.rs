@@ -259,14 +259,14 @@ impl Datapath {
 /// before the statistics it ends with.
 fn verifier_verdict(log: &str) -> &str {
     log.lines()
+        .rev()
         .map(str::trim)
-        .filter(|l| {
+        .find(|l| {
             !l.is_empty()
                 && !l.starts_with("verification time")
                 && !l.starts_with("stack depth")
                 && !l.starts_with("processed ")
         })
-        .last()
         .unwrap_or("no verifier log")
 }
 
@@ -285,7 +285,10 @@ mod tests {
     #[test]
     fn verifier_verdict_is_the_reason_line() {
         let log = "683: (79) r4 = *(u64 *)(r10 -64)\n684: (54) w4 &= 65535\nR4 32-bit pointer arithmetic prohibited\nverification time 97473 usec\nstack depth 192+0\nprocessed 9597 insns (limit 1000000)\n";
-        assert_eq!(super::verifier_verdict(log), "R4 32-bit pointer arithmetic prohibited");
+        assert_eq!(
+            super::verifier_verdict(log),
+            "R4 32-bit pointer arithmetic prohibited"
+        );
         assert_eq!(super::verifier_verdict(""), "no verifier log");
     }
 }
