@@ -133,6 +133,8 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     // SIGINT detaches and removes every pin.
     let output = running.stop().expect("clean exit");
     assert!(output.contains("detached from veth-rx"), "{output}");
+    // A summary line per second while it ran.
+    assert!(output.matches("pkt/s").count() >= 3, "{output}");
     assert!(
         !xdp_attached(lab.rx.name(), RX_IFACE),
         "program left attached"
