@@ -12,13 +12,27 @@ pub mod map_name {
     pub const LPM_V4: &str = "LPM_V4";
     pub const LPM_V6: &str = "LPM_V6";
     pub const KEYS: &str = "KEYS";
+    pub const AGGREGATES: &str = "AGGREGATES";
+    pub const BLOCKS_V4: &str = "BLOCKS_V4";
+    pub const BLOCKS_V6: &str = "BLOCKS_V6";
+    pub const IFACES: &str = "IFACES";
     pub const RULE_STATS: &str = "RULE_STATS";
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
 }
 
-/// Rule slots, including slot 0, which holds the default for traffic that
-/// matches no rule.
+/// Rule ids, including id 0, the default for traffic that matches no rule.
 pub const MAX_RULES: u32 = 1024;
+/// Rule tables exist twice, one per generation: userspace fills the
+/// inactive one, then flips `GlobalConfig::generation`, so every packet is
+/// judged entirely by the old rules or entirely by the new ones.
+pub const GENERATIONS: u32 = 2;
+/// Entries of each LPM trie: both generations' prefixes.
+pub const MAX_PREFIXES: u32 = GENERATIONS * (MAX_RULES + 2);
+/// Interfaces counted apart; slot 0 counts every interface not registered
+/// in `IFACES` (and BPF_PROG_TEST_RUN).
+pub const MAX_IFACES: u32 = 16;
+/// Manual blocks per address family.
+pub const MAX_BLOCKS: u32 = 65_536;
 /// The slot of the default rule.
 pub const DEFAULT_RULE: u32 = 0;
 /// How many rules may cover one source prefix (see [`Candidates`]).
@@ -42,7 +56,31 @@ pub mod action {
 pub struct GlobalConfig {
     /// [`action`] for frames the parser rejects (truncated or malformed).
     pub malformed_action: u32,
-    pub _pad: u32,
+    /// The active generation of the rule tables (0 or 1).
+    pub generation: u32,
+    /// [`global_flag`] bits.
+    pub flags: u32,
+    /// Where userspace continues allocating rule ids (kept here so that it
+    /// survives restarts along with the tables).
+    pub next_rule_id: u32,
+}
+
+/// `GlobalConfig::flags` bits.
+pub mod global_flag {
+    /// Dry run for everything: every drop is counted as shadow and passed.
+    pub const SHADOW: u32 = 1 << 0;
+}
+
+/// The index in `RULE_STATS` of rule `id`'s counters on interface slot `iface`.
+#[inline(always)]
+pub fn counter_slot(iface: u32, id: u32) -> u32 {
+    iface * MAX_RULES + id
+}
+
+/// The index in `RULES` of rule `id` in `generation`.
+#[inline(always)]
+pub fn rule_slot(generation: u32, id: u32) -> u32 {
+    (generation & 1) * MAX_RULES + id
 }
 
 /// `RuleConfig::flags` bits.
@@ -57,9 +95,13 @@ pub mod rule_flag {
     pub const LIMIT_BYTES: u32 = 1 << 3;
     /// Every packet is dropped (the default rule with `default: drop`).
     pub const BLOCK: u32 = 1 << 4;
+    /// `RuleConfig::aggregate_packets` is in force (one budget for the rule).
+    pub const AGGREGATE_PACKETS: u32 = 1 << 5;
+    /// `RuleConfig::aggregate_bytes` is in force.
+    pub const AGGREGATE_BYTES: u32 = 1 << 6;
 }
 
-/// One rule, as the kernel applies it. Array map indexed by rule id.
+/// One rule, as the kernel applies it. Array map indexed by [`rule_slot`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleConfig {
@@ -73,6 +115,12 @@ pub struct RuleConfig {
     pub packets: Gcra,
     /// Meter for bytes (cost = frame length, Ethernet header included).
     pub bytes: Gcra,
+    /// Meters shared by every key of the rule (hierarchical limits).
+    pub aggregate_packets: Gcra,
+    pub aggregate_bytes: Gcra,
+    /// Identifies the rule's match, key and limits: a reload keeps the id,
+    /// and so the buckets, of a rule whose fingerprint did not change.
+    pub fingerprint: u64,
     /// The rule's name, NUL-padded, so pinned maps describe themselves.
     pub name: [u8; RULE_NAME_LEN],
 }
@@ -131,6 +179,26 @@ pub struct Candidates {
     pub entries: [Candidate; MAX_CANDIDATES],
 }
 
+/// Key of an LPM trie: the generation, then the source address, so both
+/// generations live side by side in one trie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixKey<const N: usize> {
+    pub generation: u8,
+    pub addr: [u8; N],
+}
+
+/// A manual block (`limiter block`). The kernel stops applying it at
+/// `expires_ns` by itself.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Block {
+    /// `CLOCK_MONOTONIC` ns after which the block no longer applies; 0: never.
+    pub expires_ns: u64,
+    /// Packets it dropped (atomic adds from every CPU).
+    pub dropped_packets: u64,
+}
+
 /// Key of the per-key state map: a rule and a masked source address
 /// (IPv4 as `::ffff:a.b.c.d`), so one source has separate budgets per rule.
 #[repr(C)]
@@ -167,12 +235,16 @@ impl FlowKey {
     }
 }
 
-/// Per-key state: one GCRA TAT per meter, in ns of `CLOCK_MONOTONIC`.
+/// Per-key state: one GCRA TAT per meter, in ns of `CLOCK_MONOTONIC`, and
+/// what the key passed and dropped (atomic adds; read by `limiter top`).
+/// The same layout holds a rule's aggregate state in `AGGREGATES`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyState {
     pub packets_tat: u64,
     pub bytes_tat: u64,
+    pub passed_packets: u64,
+    pub dropped_packets: u64,
 }
 
 /// Per-rule counters, one per CPU: each CPU only writes its own copy, so
@@ -192,6 +264,9 @@ pub struct RuleCounters {
     pub new_keys: u64,
     /// Packets treated as excess because every compare-and-swap lost.
     pub contended: u64,
+    /// Of `dropped_packets`/`shadow_packets`: those the rule's aggregate
+    /// limit refused although their key's own budget allowed them.
+    pub aggregate_excess: u64,
 }
 
 /// Counters for every packet, one per CPU.
@@ -210,8 +285,8 @@ pub struct GlobalCounters {
     pub fragments: u64,
     /// State entries that could not be created (treated as excess).
     pub key_alloc_failed: u64,
-    #[cfg_attr(feature = "user", serde(skip))]
-    pub _reserved: u64,
+    /// Dropped (or shadow-passed) by a manual block.
+    pub blocked: u64,
 }
 
 macro_rules! impl_rule_counters_add {
@@ -227,18 +302,21 @@ macro_rules! impl_rule_counters_add {
 
 impl_rule_counters_add! {
     RuleCounters { passed_packets, passed_bytes, dropped_packets, dropped_bytes,
-                   shadow_packets, shadow_bytes, new_keys, contended }
-    GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed }
+                   shadow_packets, shadow_bytes, new_keys, contended, aggregate_excess }
+    GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed, blocked }
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<GlobalConfig>() == 8);
-    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 24 + 24 + RULE_NAME_LEN);
+    assert!(core::mem::size_of::<GlobalConfig>() == 16);
+    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 4 * 24 + 8 + RULE_NAME_LEN);
+    assert!(core::mem::size_of::<PrefixKey<4>>() == 5);
+    assert!(core::mem::size_of::<PrefixKey<16>>() == 17);
+    assert!(core::mem::size_of::<Block>() == 16);
     assert!(core::mem::size_of::<Candidate>() == 8);
     assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
     assert!(core::mem::size_of::<FlowKey>() == 20);
-    assert!(core::mem::size_of::<KeyState>() == 16);
-    assert!(core::mem::size_of::<RuleCounters>() == 64);
+    assert!(core::mem::size_of::<KeyState>() == 32);
+    assert!(core::mem::size_of::<RuleCounters>() == 72);
     assert!(core::mem::size_of::<GlobalCounters>() == 64);
 };
 
@@ -249,6 +327,9 @@ mod pod {
     unsafe impl aya::Pod for super::GlobalConfig {}
     unsafe impl aya::Pod for super::RuleConfig {}
     unsafe impl aya::Pod for super::Candidates {}
+    unsafe impl aya::Pod for super::PrefixKey<4> {}
+    unsafe impl aya::Pod for super::PrefixKey<16> {}
+    unsafe impl aya::Pod for super::Block {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::KeyState {}
     unsafe impl aya::Pod for super::RuleCounters {}

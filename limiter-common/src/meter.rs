@@ -62,31 +62,51 @@ pub fn refund<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: u64, cost: u64
     }
 }
 
-/// Meters one request against up to two meters of one rule (packets and
-/// bytes). It passes only if both allow it, and is charged to neither if
-/// either denies it.
+/// One meter a request is charged to: its state, parameters and cost.
+pub type Charge<'a, C> = Option<(&'a C, &'a Gcra, u64)>;
+
+/// The outcome of metering a request against several meters, and which
+/// one refused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub outcome: Outcome,
+    /// Index of the meter that refused (meaningless when allowed).
+    pub refused_by: usize,
+}
+
+/// Meters one request against every given meter (a key's packets and
+/// bytes, the rule's aggregate packets and bytes, ...). It passes only if
+/// all allow it, and is charged to none if any refuses: meters charged
+/// before the refusal are refunded.
 #[inline(always)]
-pub fn acquire_pair<C: AtomicCell + ?Sized>(
-    first: Option<(&C, &Gcra, u64)>,
-    second: Option<(&C, &Gcra, u64)>,
+pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
+    charges: [Charge<'_, C>; N],
     now: u64,
-) -> Outcome {
-    if let Some((cell, gcra, cost)) = first {
-        let outcome = acquire(cell, gcra, now, cost);
-        if outcome != Outcome::Allowed {
-            return outcome;
-        }
-    }
-    if let Some((cell, gcra, cost)) = second {
-        let outcome = acquire(cell, gcra, now, cost);
-        if outcome != Outcome::Allowed {
-            if let Some((cell, gcra, cost)) = first {
-                refund(cell, gcra, now, cost);
+) -> Verdict {
+    let mut i = 0;
+    while i < N {
+        if let Some((cell, gcra, cost)) = charges[i] {
+            let outcome = acquire(cell, gcra, now, cost);
+            if outcome != Outcome::Allowed {
+                let mut j = 0;
+                while j < i {
+                    if let Some((cell, gcra, cost)) = charges[j] {
+                        refund(cell, gcra, now, cost);
+                    }
+                    j += 1;
+                }
+                return Verdict {
+                    outcome,
+                    refused_by: i,
+                };
             }
-            return outcome;
         }
+        i += 1;
     }
-    Outcome::Allowed
+    Verdict {
+        outcome: Outcome::Allowed,
+        refused_by: N,
+    }
 }
 
 #[cfg(not(target_arch = "bpf"))]
@@ -135,19 +155,31 @@ mod tests {
     }
 
     #[test]
-    fn second_meter_denial_refunds_first() {
+    fn a_later_refusal_refunds_earlier_meters() {
         let packets = Gcra::new(100, SEC, 10).unwrap();
         let bytes = Gcra::new(1000, SEC, 1000).unwrap();
         let p = AtomicU64::new(0);
         let b = AtomicU64::new(0);
         let now = 7 * SEC;
         // 1500 bytes exceed the byte burst: denied, and the packet meter is untouched.
-        let outcome = acquire_pair(Some((&p, &packets, 1)), Some((&b, &bytes, 1500)), now);
-        assert_eq!(outcome, Outcome::Denied);
+        let verdict = acquire_all(
+            [Some((&p, &packets, 1)), None, Some((&b, &bytes, 1500))],
+            now,
+        );
+        assert_eq!(
+            verdict,
+            Verdict {
+                outcome: Outcome::Denied,
+                refused_by: 2
+            }
+        );
         assert!(AtomicCell::load(&p) <= now);
         assert_eq!(AtomicCell::load(&b), 0);
-        let outcome = acquire_pair(Some((&p, &packets, 1)), Some((&b, &bytes, 100)), now);
-        assert_eq!(outcome, Outcome::Allowed);
+        let verdict = acquire_all(
+            [Some((&p, &packets, 1)), None, Some((&b, &bytes, 100))],
+            now,
+        );
+        assert_eq!(verdict.outcome, Outcome::Allowed);
         assert_eq!(AtomicCell::load(&p), now + packets.emission_ns);
     }
 }

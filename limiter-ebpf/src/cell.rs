@@ -1,6 +1,7 @@
-//! The kernel side of `limiter_common::meter::AtomicCell`.
+//! The kernel side of `limiter_common::meter::AtomicCell`, and counters
+//! shared between CPUs.
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
 use limiter_common::meter::AtomicCell;
 
 /// A `u64` inside a map value, updated with the BPF `cmpxchg` instruction.
@@ -22,4 +23,10 @@ impl AtomicCell for MapCell {
         };
         if swapped { Ok(()) } else { Err(seen) }
     }
+}
+
+/// Adds `n` to a counter that several CPUs update (BPF atomic add).
+#[inline(always)]
+pub fn add_shared(counter: *mut u64, n: u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
 }

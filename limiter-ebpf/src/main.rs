@@ -17,29 +17,36 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
     programs::XdpContext,
 };
-use cell::MapCell;
+use cell::{MapCell, add_shared};
 use limiter_common::{
     abi::{
-        DEFAULT_RULE, FlowKey, GlobalCounters, KeyState, RuleConfig, RuleCounters, action,
-        rule_flag,
+        Block, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey,
+        RuleConfig, RuleCounters, action, counter_slot, global_flag, rule_flag, rule_slot,
     },
-    meter::{Outcome, acquire_pair},
+    meter::{Outcome, Verdict, acquire_all},
 };
-use maps::{CONFIG, GLOBAL_STATS, KEYS, LPM_V4, LPM_V6, RULE_STATS, RULES};
+use maps::{
+    AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, KEYS, LPM_V4, LPM_V6,
+    RULE_STATS, RULES,
+};
 use parse::{Packet, Source};
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    // Safe to read: the verifier allows reading ingress_ifindex from xdp_md.
+    let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
+    let iface = unsafe { IFACES.get(&ifindex) }.copied().unwrap_or(0);
     let verdict = match parse::parse(&ctx) {
-        Ok(Some(packet)) => limit(&packet, len),
+        Ok(Some(packet)) => limit(&config, iface, &packet, len),
         Ok(None) => {
             count_global(|c| c.non_ip += 1);
             action::PASS
         }
         Err(parse::Malformed) => {
             count_global(|c| c.malformed += 1);
-            CONFIG.get(0).map_or(action::PASS, |c| c.malformed_action)
+            config.malformed_action
         }
     };
     count_global(|c| c.packets += 1);
@@ -50,9 +57,9 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     }
 }
 
-/// Applies the rule that matches `packet` and counts the verdict.
+/// Applies a manual block or the rule that matches `packet`, and counts.
 #[inline(always)]
-fn limit(packet: &Packet, len: u64) -> u32 {
+fn limit(config: &GlobalConfig, iface: u32, packet: &Packet, len: u64) -> u32 {
     count_global(|c| match packet.source {
         Source::V4(_) => c.ipv4 += 1,
         Source::V6(_) => c.ipv6 += 1,
@@ -60,59 +67,92 @@ fn limit(packet: &Packet, len: u64) -> u32 {
     if packet.fragment {
         count_global(|c| c.fragments += 1);
     }
-    let rule_id = match_rule(packet);
-    let Some(rule) = RULES.get(rule_id) else {
+    let global_shadow = config.flags & global_flag::SHADOW != 0;
+    if blocked(packet) {
+        count_global(|c| c.blocked += 1);
+        return if global_shadow {
+            action::PASS
+        } else {
+            action::DROP
+        };
+    }
+    let rule_id = match_rule(config.generation, packet);
+    let Some(rule) = RULES.get(rule_slot(config.generation, rule_id)) else {
         return action::PASS;
     };
-    let outcome = if rule.flags & rule_flag::BLOCK != 0 {
-        Outcome::Denied
+    let verdict = if rule.flags & rule_flag::BLOCK != 0 {
+        Verdict {
+            outcome: Outcome::Denied,
+            refused_by: 0,
+        }
     } else if rule.flags & rule_flag::UNLIMITED != 0 {
-        Outcome::Allowed
+        Verdict {
+            outcome: Outcome::Allowed,
+            refused_by: 0,
+        }
     } else {
-        meter(rule_id, rule, packet, len)
+        meter(iface, rule_id, rule, packet, len)
     };
-    let shadow = rule.flags & rule_flag::SHADOW != 0;
-    count_rule(rule_id, |c| match outcome {
-        Outcome::Allowed => {
+    let allowed = verdict.outcome == Outcome::Allowed;
+    let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
+    count_rule(iface, rule_id, |c| {
+        if allowed || shadow {
             c.passed_packets += 1;
             c.passed_bytes += len;
         }
-        _ if shadow => {
+        if !allowed && shadow {
             c.shadow_packets += 1;
             c.shadow_bytes += len;
-            c.passed_packets += 1;
-            c.passed_bytes += len;
         }
-        _ => {
+        if !allowed && !shadow {
             c.dropped_packets += 1;
             c.dropped_bytes += len;
         }
+        if verdict.outcome == Outcome::Contended {
+            c.contended += 1;
+        }
+        if !allowed && verdict.refused_by >= AGGREGATE_METERS {
+            c.aggregate_excess += 1;
+        }
     });
-    if outcome == Outcome::Contended {
-        count_rule(rule_id, |c| c.contended += 1);
-    }
-    if outcome == Outcome::Allowed || shadow {
+    if allowed || shadow {
         action::PASS
     } else {
         action::DROP
     }
 }
 
-/// The first candidate of the longest source prefix that matches the
-/// packet's protocol and port, or the default rule.
+/// Whether an unexpired manual block covers the packet's source.
 #[inline(always)]
-fn match_rule(packet: &Packet) -> u32 {
+fn blocked(packet: &Packet) -> bool {
+    let block: Option<&Block> = match packet.source {
+        Source::V4(addr) => BLOCKS_V4.get(Key::new(32, addr)),
+        Source::V6(addr) => BLOCKS_V6.get(Key::new(128, addr)),
+    };
+    let Some(block) = block else {
+        return false;
+    };
+    if block.expires_ns != 0 && clock::now() >= block.expires_ns {
+        return false;
+    }
+    add_shared(&block.dropped_packets as *const u64 as *mut u64, 1);
+    true
+}
+
+/// The first candidate of the longest source prefix that matches the
+/// packet's protocol and port, in the active generation; or the default.
+#[inline(always)]
+fn match_rule(generation: u32, packet: &Packet) -> u32 {
+    let generation = (generation & 1) as u8;
     let candidates = match packet.source {
-        Source::V4(addr) => LPM_V4.get(Key::new(32, addr)),
-        Source::V6(addr) => LPM_V6.get(Key::new(128, addr)),
+        Source::V4(addr) => LPM_V4.get(Key::new(8 + 32, PrefixKey { generation, addr })),
+        Source::V6(addr) => LPM_V6.get(Key::new(8 + 128, PrefixKey { generation, addr })),
     };
     let Some(candidates) = candidates else {
         return DEFAULT_RULE;
     };
-    for candidate in candidates.entries.iter() {
-        if candidate as *const _ as usize
-            >= &candidates.entries[0] as *const _ as usize + candidates.len as usize * 8
-        {
+    for (i, candidate) in candidates.entries.iter().enumerate() {
+        if i as u32 >= candidates.len {
             break;
         }
         if candidate.matches(packet.protocol, packet.dest_port) {
@@ -122,30 +162,59 @@ fn match_rule(packet: &Packet) -> u32 {
     DEFAULT_RULE
 }
 
-/// Charges the packet to its key's meters.
+/// Meters 0 and 1 are the key's, 2 and 3 the rule's aggregate.
+const AGGREGATE_METERS: usize = 2;
+
+/// Charges the packet to its key's meters and the rule's aggregate meters.
 #[inline(always)]
-fn meter(rule_id: u32, rule: &RuleConfig, packet: &Packet, len: u64) -> Outcome {
+fn meter(iface: u32, rule_id: u32, rule: &RuleConfig, packet: &Packet, len: u64) -> Verdict {
     let key = match packet.source {
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
     };
-    let Some(state) = key_state(rule_id, &key) else {
+    let (Some(state), Some(aggregate)) = (
+        key_state(iface, rule_id, &key),
+        AGGREGATES.get_ptr_mut(rule_id),
+    ) else {
         count_global(|c| c.key_alloc_failed += 1);
-        return Outcome::Denied;
+        return Verdict {
+            outcome: Outcome::Denied,
+            refused_by: 0,
+        };
     };
     let now = clock::now();
-    let packets = MapCell(unsafe { &raw mut (*state).packets_tat });
-    let bytes = MapCell(unsafe { &raw mut (*state).bytes_tat });
-    acquire_pair(
-        (rule.flags & rule_flag::LIMIT_PACKETS != 0).then_some((&packets, &rule.packets, 1)),
-        (rule.flags & rule_flag::LIMIT_BYTES != 0).then_some((&bytes, &rule.bytes, len)),
+    let cells = unsafe {
+        [
+            MapCell(&raw mut (*state).packets_tat),
+            MapCell(&raw mut (*state).bytes_tat),
+            MapCell(&raw mut (*aggregate).packets_tat),
+            MapCell(&raw mut (*aggregate).bytes_tat),
+        ]
+    };
+    let has = |flag: u32| rule.flags & flag != 0;
+    let verdict = acquire_all(
+        [
+            has(rule_flag::LIMIT_PACKETS).then_some((&cells[0], &rule.packets, 1)),
+            has(rule_flag::LIMIT_BYTES).then_some((&cells[1], &rule.bytes, len)),
+            has(rule_flag::AGGREGATE_PACKETS).then_some((&cells[2], &rule.aggregate_packets, 1)),
+            has(rule_flag::AGGREGATE_BYTES).then_some((&cells[3], &rule.aggregate_bytes, len)),
+        ],
         now,
-    )
+    );
+    let counter = unsafe {
+        if verdict.outcome == Outcome::Allowed {
+            &raw mut (*state).passed_packets
+        } else {
+            &raw mut (*state).dropped_packets
+        }
+    };
+    add_shared(counter, 1);
+    verdict
 }
 
 /// The state of `key`, created empty (a full bucket) on first sight.
 #[inline(always)]
-fn key_state(rule_id: u32, key: &FlowKey) -> Option<*mut KeyState> {
+fn key_state(iface: u32, rule_id: u32, key: &FlowKey) -> Option<*mut KeyState> {
     if let Some(state) = KEYS.get_ptr_mut(key) {
         return Some(state);
     }
@@ -155,14 +224,14 @@ fn key_state(rule_id: u32, key: &FlowKey) -> Option<*mut KeyState> {
         .insert(key, KeyState::default(), u64::from(BPF_NOEXIST))
         .is_ok()
     {
-        count_rule(rule_id, |c| c.new_keys += 1);
+        count_rule(iface, rule_id, |c| c.new_keys += 1);
     }
     KEYS.get_ptr_mut(key)
 }
 
 #[inline(always)]
-fn count_rule(rule_id: u32, update: impl FnOnce(&mut RuleCounters)) {
-    if let Some(counters) = RULE_STATS.get_ptr_mut(rule_id) {
+fn count_rule(iface: u32, rule_id: u32, update: impl FnOnce(&mut RuleCounters)) {
+    if let Some(counters) = RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)) {
         update(unsafe { &mut *counters });
     }
 }
@@ -176,17 +245,9 @@ fn count_global(update: impl FnOnce(&mut GlobalCounters)) {
 
 mod clock {
     /// Nanoseconds of CLOCK_MONOTONIC, the clock every TAT is kept in.
-    #[cfg(not(feature = "test-clock"))]
     #[inline(always)]
     pub fn now() -> u64 {
         unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
-    }
-
-    /// Test builds: the time the test stored in the CLOCK map.
-    #[cfg(feature = "test-clock")]
-    #[inline(always)]
-    pub fn now() -> u64 {
-        crate::maps::CLOCK.get(0).copied().unwrap_or(0)
     }
 }
 

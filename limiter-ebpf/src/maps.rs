@@ -1,40 +1,52 @@
-//! The program's maps. Userspace sizes `KEYS` at load time and pins them all.
+//! The program's maps. All are pinned by name under the directory the
+//! loader names, so a restarted daemon finds the same state, and a new
+//! program replacing this one on its link shares it.
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use limiter_common::abi::{
-    Candidates, DEFAULT_MAX_KEYS, FlowKey, GlobalConfig, GlobalCounters, KeyState, MAX_RULES,
-    RuleConfig, RuleCounters,
+    Block, Candidates, DEFAULT_MAX_KEYS, FlowKey, GENERATIONS, GlobalConfig, GlobalCounters,
+    KeyState, MAX_BLOCKS, MAX_IFACES, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
 };
 
-/// Settings for every packet (index 0).
+/// Settings for every packet (index 0), including the active generation.
 #[map]
-pub static CONFIG: Array<GlobalConfig> = Array::with_max_entries(1, 0);
+pub static CONFIG: Array<GlobalConfig> = Array::pinned(1, 0);
 
-/// Rules by id; id 0 is the default for traffic no rule matches.
+/// Rules by `rule_slot(generation, id)`; id 0 is the default.
 #[map]
-pub static RULES: Array<RuleConfig> = Array::with_max_entries(MAX_RULES, 0);
+pub static RULES: Array<RuleConfig> = Array::pinned(GENERATIONS * MAX_RULES, 0);
 
-/// Source prefix -> the rules that may apply to it.
+/// (generation, source prefix) -> the rules that may apply to it.
 #[map]
-pub static LPM_V4: LpmTrie<[u8; 4], Candidates> = LpmTrie::with_max_entries(MAX_RULES, 0);
+pub static LPM_V4: LpmTrie<PrefixKey<4>, Candidates> = LpmTrie::pinned(MAX_PREFIXES, 0);
 #[map]
-pub static LPM_V6: LpmTrie<[u8; 16], Candidates> = LpmTrie::with_max_entries(MAX_RULES, 0);
+pub static LPM_V6: LpmTrie<PrefixKey<16>, Candidates> = LpmTrie::pinned(MAX_PREFIXES, 0);
 
 /// Per-key GCRA state. LRU: under a flood of spoofed sources the least
 /// recently seen keys are evicted rather than new ones refused.
 #[map]
-pub static KEYS: LruHashMap<FlowKey, KeyState> = LruHashMap::with_max_entries(DEFAULT_MAX_KEYS, 0);
+pub static KEYS: LruHashMap<FlowKey, KeyState> = LruHashMap::pinned(DEFAULT_MAX_KEYS, 0);
+
+/// Per-rule aggregate GCRA state, by rule id (hierarchical limits).
+#[map]
+pub static AGGREGATES: Array<KeyState> = Array::pinned(MAX_RULES, 0);
+
+/// Manual blocks by source prefix.
+#[map]
+pub static BLOCKS_V4: LpmTrie<[u8; 4], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
+#[map]
+pub static BLOCKS_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
+
+/// Interface index -> counter slot (1..MAX_IFACES), written at attach.
+#[map]
+pub static IFACES: HashMap<u32, u32> = HashMap::pinned(MAX_IFACES, 0);
+
+/// Per interface slot and rule: `counter_slot(iface, id)`.
+#[map]
+pub static RULE_STATS: PerCpuArray<RuleCounters> = PerCpuArray::pinned(MAX_IFACES * MAX_RULES, 0);
 
 #[map]
-pub static RULE_STATS: PerCpuArray<RuleCounters> = PerCpuArray::with_max_entries(MAX_RULES, 0);
-
-#[map]
-pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::with_max_entries(1, 0);
-
-/// Test builds only: the clock, set by the test before each run.
-#[cfg(feature = "test-clock")]
-#[map]
-pub static CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0);

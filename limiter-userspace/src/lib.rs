@@ -1,8 +1,9 @@
 //! The limiter's userspace: rule files, the kernel datapath's loader and
-//! counters, and the lab used by the demo and the tests.
+//! counters, the daemon, and the lab used by the demo and the tests.
 
 pub mod config;
 pub mod datapath;
+pub mod engine;
 pub mod lab;
 pub mod limiter;
 pub mod pins;

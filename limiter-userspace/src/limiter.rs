@@ -1,22 +1,23 @@
-//! A running limiter: the program loaded with a rule set, its maps pinned,
-//! attached to interfaces. Dropping it detaches the program everywhere and
-//! removes the pins.
+//! `limiter run`: the program loaded with a rule set, its maps pinned,
+//! attached to interfaces for the life of the process. Dropping it
+//! detaches the program everywhere and removes the pins. (The daemon, by
+//! contrast, pins its links so that enforcement outlives it.)
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{
     config::RuleSet,
-    datapath::{Attachment, Datapath, Mode},
+    datapath::{Attachment, LINKS_DIR, Mode},
+    engine::Engine,
     pins::{self, PinLock},
-    stats::{CounterMaps, Snapshot},
-    tables,
+    stats::Snapshot,
 };
 
 pub struct Limiter {
-    // Field order is drop order: detach (datapath) before removing the pins.
-    datapath: Datapath,
+    // Field order is drop order: detach (engine) before removing the pins.
+    engine: Engine,
     pins: PinGuard,
     _lock: PinLock,
     pub attachments: Vec<Attachment>,
@@ -46,7 +47,14 @@ impl Limiter {
         }
         pins::ensure_bpffs()?;
         let lock = PinLock::acquire(pin_dir)?;
-        // We hold the lock, so pins left here belong to a limiter that died.
+        if pin_dir.join(LINKS_DIR).exists() {
+            bail!(
+                "{} holds a daemon's pinned state (links that keep enforcing); \
+                 use `limiter detach --pin-dir {0}` first, or another --pin-dir",
+                pin_dir.display()
+            );
+        }
+        // We hold the lock, so pins left here belong to a `run` that died.
         if pin_dir.exists() {
             tracing::warn!(
                 "removing stale pins of a limiter that died: {}",
@@ -54,18 +62,15 @@ impl Limiter {
             );
             pins::remove_pins(pin_dir)?;
         }
-        let mut datapath = Datapath::load(rules.max_keys)?;
-        datapath
-            .write_tables(&tables::build(rules))
-            .context("writing the rules into the kernel maps")?;
         let guard = PinGuard(pin_dir.to_owned());
-        datapath.pin(pin_dir)?;
+        let mut engine = Engine::open(pin_dir, rules.max_keys)?;
+        engine.apply(rules.clone())?;
         let mut attachments = Vec::new();
         for iface in ifaces {
-            attachments.push(datapath.attach(iface, mode)?);
+            attachments.push(engine.attach(iface, mode, false)?);
         }
         Ok(Self {
-            datapath,
+            engine,
             pins: guard,
             _lock: lock,
             attachments,
@@ -73,15 +78,15 @@ impl Limiter {
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {
-        CounterMaps::from_datapath(&self.datapath)?.read()
+        self.engine.snapshot()
     }
 
     pub fn pin_dir(&self) -> &Path {
         &self.pins.0
     }
 
-    pub fn datapath(&self) -> &Datapath {
-        &self.datapath
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 }
 

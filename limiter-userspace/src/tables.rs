@@ -6,28 +6,27 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use limiter_common::abi::{
-    Candidate, Candidates, DEFAULT_RULE, GlobalConfig, MAX_CANDIDATES, RULE_NAME_LEN, RuleConfig,
+    Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, PrefixKey, RULE_NAME_LEN, RuleConfig,
     action, candidate_flag, rule_flag,
 };
 
 use crate::config::{Limit, Rule, RuleSet, Verdict};
 
-/// Everything the kernel needs for one rule set.
+/// Everything the kernel needs for one generation of a rule set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tables {
-    pub global: GlobalConfig,
-    /// Indexed by rule id; slot [`DEFAULT_RULE`] is the default.
-    pub rules: Vec<RuleConfig>,
-    pub v4: Vec<(u32, [u8; 4], Candidates)>,
-    pub v6: Vec<(u32, [u8; 16], Candidates)>,
+    /// `action` for malformed frames.
+    pub malformed_action: u32,
+    /// (rule id, config); id [`DEFAULT_RULE`] is the default.
+    pub rules: Vec<(u32, RuleConfig)>,
+    /// (LPM prefix length, key, value), the generation in the key's first byte.
+    pub v4: Vec<(u32, PrefixKey<4>, Candidates)>,
+    pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
 }
 
-/// The kernel id of the rule at `index` in the file.
-pub fn rule_id(index: usize) -> u32 {
-    DEFAULT_RULE + 1 + index as u32
-}
-
-pub fn build(set: &RuleSet) -> Tables {
+/// Builds generation `generation` of `set`, whose rule `i` has id `ids[i]`.
+pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
+    assert_eq!(ids.len(), set.rules.len(), "one id per rule");
     let default = RuleConfig {
         flags: match set.default {
             Verdict::Pass => rule_flag::UNLIMITED,
@@ -36,29 +35,46 @@ pub fn build(set: &RuleSet) -> Tables {
         name: name_bytes("default"),
         ..RuleConfig::default()
     };
-    let mut rules = vec![default];
-    rules.extend(set.rules.iter().map(rule_config));
-    let (v4, v6) = prefixes(set);
+    let mut rules = vec![(DEFAULT_RULE, default)];
+    rules.extend(
+        set.rules
+            .iter()
+            .zip(ids)
+            .map(|(rule, &id)| (id, rule_config(rule))),
+    );
+    let (v4, v6) = prefixes(set, ids);
+    let prefix_len = |net: &IpNet| 8 + u32::from(net.prefix_len());
     Tables {
-        global: GlobalConfig {
-            malformed_action: match set.malformed {
-                Verdict::Pass => action::PASS,
-                Verdict::Drop => action::DROP,
-            },
-            _pad: 0,
+        malformed_action: match set.malformed {
+            Verdict::Pass => action::PASS,
+            Verdict::Drop => action::DROP,
         },
         rules,
         v4: v4
             .into_iter()
             .map(|(net, c)| match net.addr() {
-                IpAddr::V4(a) => (u32::from(net.prefix_len()), a.octets(), c),
+                IpAddr::V4(a) => (
+                    prefix_len(&net),
+                    PrefixKey {
+                        generation,
+                        addr: a.octets(),
+                    },
+                    c,
+                ),
                 IpAddr::V6(_) => unreachable!("IPv6 prefix in the IPv4 table"),
             })
             .collect(),
         v6: v6
             .into_iter()
             .map(|(net, c)| match net.addr() {
-                IpAddr::V6(a) => (u32::from(net.prefix_len()), a.octets(), c),
+                IpAddr::V6(a) => (
+                    prefix_len(&net),
+                    PrefixKey {
+                        generation,
+                        addr: a.octets(),
+                    },
+                    c,
+                ),
                 IpAddr::V4(_) => unreachable!("IPv4 prefix in the IPv6 table"),
             })
             .collect(),
@@ -87,6 +103,7 @@ pub fn check_fits(set: &RuleSet) -> Result<(), (usize, String)> {
 fn rule_config(rule: &Rule) -> RuleConfig {
     let mut config = RuleConfig {
         name: name_bytes(&rule.name),
+        fingerprint: rule.fingerprint(),
         v4_key_mask: (u32::MAX
             .checked_shl(32 - u32::from(rule.key.v4))
             .unwrap_or(0))
@@ -111,6 +128,16 @@ fn rule_config(rule: &Rule) -> RuleConfig {
                 config.flags |= rule_flag::LIMIT_BYTES;
                 config.bytes = meter.gcra;
             }
+        }
+    }
+    if let Some(aggregate) = rule.aggregate {
+        if let Some(meter) = aggregate.packets {
+            config.flags |= rule_flag::AGGREGATE_PACKETS;
+            config.aggregate_packets = meter.gcra;
+        }
+        if let Some(meter) = aggregate.bytes {
+            config.flags |= rule_flag::AGGREGATE_BYTES;
+            config.aggregate_bytes = meter.gcra;
         }
     }
     config
@@ -148,7 +175,7 @@ fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
 type Entries = Vec<(IpNet, Candidates)>;
 
 /// The IPv4 and the IPv6 trie entries.
-fn prefixes(set: &RuleSet) -> (Entries, Entries) {
+fn prefixes(set: &RuleSet, ids: &[u32]) -> (Entries, Entries) {
     let entries = all_prefixes(set).into_iter().map(|net| {
         let mut candidates = Candidates::default();
         for (slot, &i) in covering_rules(set, net)
@@ -156,7 +183,7 @@ fn prefixes(set: &RuleSet) -> (Entries, Entries) {
             .take(MAX_CANDIDATES)
             .enumerate()
         {
-            candidates.entries[slot] = candidate(i, &set.rules[i]);
+            candidates.entries[slot] = candidate(ids[i], &set.rules[i]);
             candidates.len = slot as u32 + 1;
         }
         (net, candidates)
@@ -200,7 +227,7 @@ pub fn matching_rule(
         })
 }
 
-fn candidate(index: usize, rule: &Rule) -> Candidate {
+fn candidate(id: u32, rule: &Rule) -> Candidate {
     let mut flags = 0;
     if rule.matches.protocol.is_some() {
         flags |= candidate_flag::MATCH_PROTOCOL;
@@ -209,7 +236,7 @@ fn candidate(index: usize, rule: &Rule) -> Candidate {
         flags |= candidate_flag::MATCH_DEST_PORT;
     }
     Candidate {
-        rule: u16::try_from(rule_id(index)).expect("MAX_RULES fits u16"),
+        rule: u16::try_from(id).expect("rule ids are below MAX_RULES"),
         dest_port: rule.matches.dest_port.unwrap_or(0),
         protocol: rule.matches.protocol.unwrap_or(0),
         flags,
@@ -223,8 +250,11 @@ mod tests {
 
     use super::*;
 
+    /// Generation 1, rule i with id 10 + i.
     fn tables(text: &str) -> Tables {
-        build(&RuleSet::parse(text, Path::new("t.yaml")).unwrap())
+        let set = RuleSet::parse(text, Path::new("t.yaml")).unwrap();
+        let ids: Vec<u32> = (0..set.rules.len() as u32).map(|i| 10 + i).collect();
+        build(&set, &ids, 1)
     }
 
     #[test]

@@ -17,8 +17,8 @@ use limiter::lab::{self, FloodReport, FloodSource, Lab, udp_frame};
 use limiter::{
     config::RuleSet,
     datapath::Datapath,
+    engine::Engine,
     stats::{CounterMaps, Snapshot},
-    tables,
 };
 use std::{collections::HashMap, net::IpAddr};
 
@@ -27,14 +27,40 @@ pub fn rules(text: &str) -> RuleSet {
     RuleSet::parse(text, Path::new("test.yaml")).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Loads the program with `text`'s rules, unattached (for BPF_PROG_TEST_RUN).
-pub fn loaded(text: &str) -> Datapath {
+/// The program loaded with a rule set, unattached (for BPF_PROG_TEST_RUN),
+/// its maps pinned in a directory of its own that is removed on drop.
+pub struct Loaded {
+    pub engine: Engine,
+    dir: PathBuf,
+}
+
+impl std::ops::Deref for Loaded {
+    type Target = Datapath;
+    fn deref(&self) -> &Datapath {
+        self.engine.datapath()
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Loads the program with `text`'s rules.
+pub fn loaded(text: &str) -> Loaded {
+    static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = PathBuf::from(format!(
+        "/sys/fs/bpf/limiter-test-{}-{n}",
+        std::process::id()
+    ));
+    limiter::pins::ensure_bpffs().expect("bpffs");
+    let _ = fs::remove_dir_all(&dir);
     let set = rules(text);
-    let mut datapath = Datapath::load(set.max_keys).expect("loading the XDP program");
-    datapath
-        .write_tables(&tables::build(&set))
-        .expect("writing tables");
-    datapath
+    let mut engine = Engine::open(&dir, set.max_keys).expect("loading the XDP program");
+    engine.apply(set).expect("applying the rules");
+    Loaded { engine, dir }
 }
 
 pub fn snapshot(datapath: &Datapath) -> Snapshot {
@@ -138,7 +164,8 @@ impl RunningLimiter {
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !pin_dir.join("GLOBAL_STATS").exists() {
+        // It prints this once every interface is attached.
+        while !running.output().contains("limiter: enforcing") {
             if let Some(status) = running.child.as_mut().expect("child").try_wait()? {
                 bail!(
                     "limiter run exited ({status}) before attaching:\n{}",
@@ -147,7 +174,7 @@ impl RunningLimiter {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "limiter run did not pin its maps within 20 s:\n{}",
+                    "limiter run did not attach within 20 s:\n{}",
                     running.output()
                 );
             }
@@ -194,6 +221,8 @@ impl Drop for RunningLimiter {
         if self.child.is_some() {
             let _ = self.interrupt();
         }
+        // If it died before cleaning up (a failed test), do it for it.
+        let _ = fs::remove_dir_all(&self.pin_dir);
     }
 }
 

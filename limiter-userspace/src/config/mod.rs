@@ -66,8 +66,53 @@ pub struct Rule {
     /// Key granularity: the source prefix length that forms a key.
     pub key: KeyPrefix,
     pub limit: Limit,
+    /// Budgets shared by all the rule's keys together (hierarchical limits).
+    pub aggregate: Option<Meters>,
     /// Excess is counted and passed instead of dropped.
     pub shadow: bool,
+}
+
+/// A packet meter, a byte meter, or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meters {
+    pub packets: Option<Meter>,
+    pub bytes: Option<Meter>,
+}
+
+impl Rule {
+    /// Identifies what the rule's buckets mean (match, key, limits, but not
+    /// name or action): a reload keeps the buckets of a rule whose
+    /// fingerprint did not change. FNV-1a over a canonical text, so it is
+    /// the same in every build.
+    pub fn fingerprint(&self) -> u64 {
+        let meter = |m: &Option<Meter>| {
+            m.map_or("-".to_owned(), |m| {
+                format!("{}/{}ns/{}", m.rate, m.period.as_nanos(), m.burst)
+            })
+        };
+        let meters = |m: &Option<Meters>| {
+            m.map_or("-".to_owned(), |m| {
+                format!("{},{}", meter(&m.packets), meter(&m.bytes))
+            })
+        };
+        let limit = match self.limit {
+            Limit::Unlimited => "unlimited".to_owned(),
+            Limit::Metered { packets, bytes } => meters(&Some(Meters { packets, bytes })),
+        };
+        let m = &self.matches;
+        let text = format!(
+            "{}|{}|{}|{}/{}|{limit}|{}",
+            m.source.map_or("*".to_owned(), |s| s.to_string()),
+            m.protocol.map_or("*".to_owned(), |p| p.to_string()),
+            m.dest_port.map_or("*".to_owned(), |p| p.to_string()),
+            self.key.v4,
+            self.key.v6,
+            meters(&self.aggregate),
+        );
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
 }
 
 /// What a rule applies to. `source: None` means every address of both families.
@@ -243,26 +288,41 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
     };
     let limit = match &raw.limit {
         raw::Limit::Unlimited => {
-            if raw.key.is_some() || raw.action.is_some() {
-                let field = if raw.key.is_some() { "key" } else { "action" };
-                return Err(invalid(field, "has no effect on an unlimited rule"));
+            let pointless = [
+                ("key", raw.key.is_some()),
+                ("action", raw.action.is_some()),
+                ("aggregate", raw.aggregate.is_some()),
+            ];
+            if let Some((field, _)) = pointless.iter().find(|(_, set)| *set) {
+                return Err(invalid(*field, "has no effect on an unlimited rule"));
             }
             Limit::Unlimited
         }
         raw::Limit::Rates(rates) => {
-            validate_rates(rates).map_err(|(f, m)| (format!("limit.{f}"), m))?
+            let m = validate_rates(rates).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            Limit::Metered {
+                packets: m.packets,
+                bytes: m.bytes,
+            }
         }
     };
+    let aggregate = raw
+        .aggregate
+        .as_ref()
+        .map(validate_rates)
+        .transpose()
+        .map_err(|(f, m)| (format!("aggregate.{f}"), m))?;
     Ok(Rule {
         name: raw.name.clone(),
         matches,
         key: parse_key(raw.key.as_deref(), source).map_err(|m| invalid("key", m))?,
         limit,
+        aggregate,
         shadow: raw.action == Some(raw::Excess::Shadow),
     })
 }
 
-fn validate_rates(rates: &raw::Rates) -> Result<Limit, Invalid> {
+fn validate_rates(rates: &raw::Rates) -> Result<Meters, Invalid> {
     let period = parse_unit(&rates.unit).map_err(|m| invalid("unit", m))?;
     let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| match (
         rate, burst,
@@ -295,7 +355,7 @@ fn validate_rates(rates: &raw::Rates) -> Result<Limit, Invalid> {
             "a limit needs `rate` (packets), `bytes`, or both",
         ));
     }
-    Ok(Limit::Metered { packets, bytes })
+    Ok(Meters { packets, bytes })
 }
 
 /// An address prefix (`10.0.0.0/8`), or a single address (`/32`, `/128`).

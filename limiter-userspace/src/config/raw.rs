@@ -37,6 +37,8 @@ pub struct Rule {
     pub matches: Match,
     pub key: Option<String>,
     pub limit: Limit,
+    /// One budget shared by every key of the rule.
+    pub aggregate: Option<Rates>,
     pub action: Option<Excess>,
 }
 

@@ -189,3 +189,34 @@ fn too_many_rules_cover_one_prefix() {
     let e = error(&text);
     assert!(e.contains("9 rules cover 10.0.0.0/8; at most 8"), "{e}");
 }
+
+#[test]
+fn aggregates_and_fingerprints() {
+    let text = "rules:\n  - { name: a, limit: { rate: 1000, unit: second }, aggregate: { rate: 100000, unit: second } }\n";
+    let set = parse(text).unwrap();
+    let agg = set.rules[0].aggregate.unwrap().packets.unwrap();
+    assert_eq!((agg.rate, agg.burst), (100_000, 100_000));
+    // Name and action do not change the fingerprint; limits do.
+    let renamed = parse(
+        &text
+            .replace("name: a", "name: b")
+            .replace("} }\n", "}, action: shadow }\n"),
+    )
+    .unwrap();
+    assert_eq!(renamed.rules[0].fingerprint(), set.rules[0].fingerprint());
+    let changed = parse(&text.replace("rate: 100000", "rate: 99999")).unwrap();
+    assert_ne!(changed.rules[0].fingerprint(), set.rules[0].fingerprint());
+    let e =
+        error("rules:\n  - { name: a, limit: unlimited, aggregate: { rate: 1, unit: second } }\n");
+    assert!(
+        e.contains("rules[0].aggregate: has no effect on an unlimited rule"),
+        "{e}"
+    );
+    let e = error(
+        "rules:\n  - { name: a, limit: { rate: 1, unit: second }, aggregate: { rate: 0, unit: second } }\n",
+    );
+    assert!(
+        e.contains("rules[0].aggregate.rate: rate must be at least 1"),
+        "{e}"
+    );
+}

@@ -1,0 +1,293 @@
+//! The control logic over the datapath: applying rule sets atomically with
+//! stable rule ids, manual blocks, and dry-run switches. Used by the daemon
+//! and by `limiter run`.
+
+use std::{collections::HashMap, net::IpAddr, path::Path, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use ipnet::IpNet;
+use limiter_common::abi::{DEFAULT_RULE, MAX_RULES, RuleConfig, global_flag, rule_flag};
+use serde::Serialize;
+
+use crate::{
+    config::RuleSet,
+    datapath::{Attachment, Datapath, Mode},
+    stats::{CounterMaps, Snapshot},
+    tables,
+};
+
+/// How long after a generation flip the old generation may still be read
+/// by packets already in the program (XDP runs take microseconds; this is
+/// a wide margin). Only after it is the old generation touched again.
+const GRACE: Duration = Duration::from_millis(20);
+
+/// What a rule-set change did, by rule name.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Change {
+    pub generation: u32,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Match, key or limits changed: new buckets.
+    pub modified: Vec<String>,
+    /// Only the name's action changed, or nothing: buckets kept.
+    pub unchanged: Vec<String>,
+    /// Keys of removed or modified rules deleted from the state map.
+    pub forgotten_keys: usize,
+}
+
+/// A manual block, as listed.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct BlockView {
+    pub prefix: String,
+    /// Seconds until it expires; `None`: never.
+    pub expires_in_secs: Option<f64>,
+    pub expired: bool,
+    pub dropped_packets: u64,
+}
+
+pub struct Engine {
+    datapath: Datapath,
+    /// The rule set in force and the id of each of its rules.
+    applied: Option<(RuleSet, Vec<u32>)>,
+}
+
+impl Engine {
+    /// Loads the program over the state pinned under `pin_dir` (if any).
+    pub fn open(pin_dir: &Path, max_keys: u32) -> Result<Self> {
+        Ok(Self {
+            datapath: Datapath::open(pin_dir, max_keys)?,
+            applied: None,
+        })
+    }
+
+    pub fn datapath(&self) -> &Datapath {
+        &self.datapath
+    }
+
+    pub fn applied(&self) -> Option<&(RuleSet, Vec<u32>)> {
+        self.applied.as_ref()
+    }
+
+    pub fn attach(&mut self, iface: &str, mode: Mode, pin_link: bool) -> Result<Attachment> {
+        Ok(self.datapath.attach(iface, mode, pin_link)?)
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        CounterMaps::from_datapath(&self.datapath)?.read()
+    }
+
+    /// Switches to `set`: writes it into the inactive generation, flips,
+    /// and forgets the keys of rules that are gone. Rules whose
+    /// fingerprint is unchanged keep their id, so their buckets, aggregate
+    /// state and counters carry over.
+    pub fn apply(&mut self, set: RuleSet) -> Result<Change> {
+        let mut config = self.datapath.config()?;
+        let active = config.generation & 1;
+        let next = active ^ 1;
+        let old: Vec<(u32, RuleConfig)> = self
+            .datapath
+            .rules(active)?
+            .into_iter()
+            .filter(|(id, _)| *id != DEFAULT_RULE)
+            .collect();
+
+        // Ids: reuse by fingerprint, allocate the rest round-robin so that a
+        // freed id is not handed out again soon.
+        let mut reusable: HashMap<u64, Vec<u32>> = HashMap::new();
+        for (id, rule) in &old {
+            reusable.entry(rule.fingerprint).or_default().push(*id);
+        }
+        let mut ids: Vec<Option<u32>> = set
+            .rules
+            .iter()
+            .map(|rule| reusable.get_mut(&rule.fingerprint()).and_then(Vec::pop))
+            .collect();
+        let mut taken: Vec<u32> = old.iter().map(|(id, _)| *id).collect();
+        let mut cursor = config.next_rule_id.clamp(1, MAX_RULES - 1);
+        let mut fresh = Vec::new();
+        for slot in ids.iter_mut().filter(|s| s.is_none()) {
+            let id = (0..MAX_RULES - 1)
+                .map(|i| 1 + (cursor - 1 + i) % (MAX_RULES - 1))
+                .find(|id| !taken.contains(id))
+                .context("no free rule ids")?;
+            taken.push(id);
+            fresh.push(id);
+            *slot = Some(id);
+            cursor = id % (MAX_RULES - 1) + 1;
+        }
+        let ids: Vec<u32> = ids.into_iter().map(|id| id.expect("assigned")).collect();
+        for &id in &fresh {
+            self.datapath.reset_rule_state(id)?;
+        }
+
+        self.datapath.clear_generation(next)?;
+        let tables = tables::build(&set, &ids, next as u8);
+        self.datapath.write_generation(next, &tables)?;
+        config.generation = next;
+        config.malformed_action = tables.malformed_action;
+        config.next_rule_id = cursor;
+        self.datapath.set_config(config)?;
+        std::thread::sleep(GRACE);
+
+        let freed: Vec<u32> = old
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !ids.contains(id))
+            .collect();
+        let forgotten_keys = self.datapath.forget_keys(&freed)?;
+        let change = diff(&old, &set, &ids, next, forgotten_keys);
+        self.applied = Some((set, ids));
+        Ok(change)
+    }
+
+    /// Dry run for everything (`rule: None`) or for one rule of the active
+    /// set. A rule's switch lasts until the next rule file is applied.
+    pub fn set_shadow(&mut self, rule: Option<&str>, on: bool) -> Result<()> {
+        let mut config = self.datapath.config()?;
+        let Some(name) = rule else {
+            if on {
+                config.flags |= global_flag::SHADOW;
+            } else {
+                config.flags &= !global_flag::SHADOW;
+            }
+            return Ok(self.datapath.set_config(config)?);
+        };
+        let (set, ids) = self.applied.as_mut().context("no rules applied yet")?;
+        let index = set
+            .rules
+            .iter()
+            .position(|r| r.name == name)
+            .with_context(|| format!("no rule named {name:?}"))?;
+        let id = ids[index];
+        let generation = config.generation & 1;
+        let (_, mut rule) = self
+            .datapath
+            .rules(generation)?
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .with_context(|| format!("rule {name:?} is not in the kernel's active generation"))?;
+        if rule.flags & rule_flag::UNLIMITED != 0 {
+            bail!("rule {name:?} is unlimited: it never drops, so it has no dry run");
+        }
+        if on {
+            rule.flags |= rule_flag::SHADOW;
+        } else {
+            rule.flags &= !rule_flag::SHADOW;
+        }
+        self.datapath.set_rule(generation, id, &rule)?;
+        set.rules[index].shadow = on;
+        Ok(())
+    }
+
+    /// Blocks `net` (for `duration`, or until unblocked).
+    pub fn block(&mut self, net: IpNet, duration: Option<Duration>) -> Result<()> {
+        let expires_ns = match duration {
+            Some(d) => monotonic_ns() + u64::try_from(d.as_nanos()).context("duration too long")?,
+            None => 0,
+        };
+        let net = net.trunc();
+        let prefix = u32::from(net.prefix_len());
+        match net.addr() {
+            IpAddr::V4(a) => self.datapath.set_block(a.octets(), prefix, expires_ns)?,
+            IpAddr::V6(a) => self.datapath.set_block(a.octets(), prefix, expires_ns)?,
+        }
+        Ok(())
+    }
+
+    /// Removes a block; `false` if `net` was not blocked.
+    pub fn unblock(&mut self, net: IpNet) -> Result<bool> {
+        let net = net.trunc();
+        let prefix = u32::from(net.prefix_len());
+        Ok(match net.addr() {
+            IpAddr::V4(a) => self.datapath.remove_block(a.octets(), prefix)?,
+            IpAddr::V6(a) => self.datapath.remove_block(a.octets(), prefix)?,
+        })
+    }
+
+    pub fn blocks(&self) -> Result<Vec<BlockView>> {
+        let now = monotonic_ns();
+        let view = |addr: IpAddr, prefix: u32, block: limiter_common::abi::Block| BlockView {
+            prefix: IpNet::new(addr, prefix as u8)
+                .map_or_else(|_| addr.to_string(), |n| n.to_string()),
+            expires_in_secs: (block.expires_ns != 0)
+                .then(|| block.expires_ns.saturating_sub(now) as f64 / 1e9),
+            expired: block.expires_ns != 0 && block.expires_ns <= now,
+            dropped_packets: block.dropped_packets,
+        };
+        let mut out: Vec<BlockView> = self
+            .datapath
+            .blocks::<4>()?
+            .into_iter()
+            .map(|(a, p, b)| view(IpAddr::from(a), p, b))
+            .collect();
+        out.extend(
+            self.datapath
+                .blocks::<16>()?
+                .into_iter()
+                .map(|(a, p, b)| view(IpAddr::from(a), p, b)),
+        );
+        Ok(out)
+    }
+
+    /// Deletes blocks that have expired (the kernel already ignores them).
+    pub fn remove_expired_blocks(&mut self) -> Result<usize> {
+        let expired: Vec<IpNet> = self
+            .blocks()?
+            .into_iter()
+            .filter(|b| b.expired)
+            .filter_map(|b| b.prefix.parse().ok())
+            .collect();
+        for net in &expired {
+            self.unblock(*net)?;
+        }
+        Ok(expired.len())
+    }
+}
+
+fn diff(
+    old: &[(u32, RuleConfig)],
+    set: &RuleSet,
+    ids: &[u32],
+    generation: u32,
+    forgotten_keys: usize,
+) -> Change {
+    let name_of = |rule: &RuleConfig| {
+        let len = rule
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(rule.name.len());
+        String::from_utf8_lossy(&rule.name[..len]).into_owned()
+    };
+    let old_by_name: HashMap<String, u32> = old.iter().map(|(id, r)| (name_of(r), *id)).collect();
+    let mut change = Change {
+        generation,
+        forgotten_keys,
+        ..Change::default()
+    };
+    for (rule, id) in set.rules.iter().zip(ids) {
+        match old_by_name.get(&rule.name) {
+            None => change.added.push(rule.name.clone()),
+            Some(old_id) if old_id == id => change.unchanged.push(rule.name.clone()),
+            Some(_) => change.modified.push(rule.name.clone()),
+        }
+    }
+    for name in old_by_name.keys() {
+        if !set.rules.iter().any(|r| &r.name == name) {
+            change.removed.push(name.clone());
+        }
+    }
+    change.removed.sort();
+    change
+}
+
+/// Now on `CLOCK_MONOTONIC`, the clock the program reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
