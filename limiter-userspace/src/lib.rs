@@ -2,10 +2,14 @@
 //! counters, the daemon, and the lab used by the demo and the tests.
 
 pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod datapath;
 pub mod engine;
+pub mod keys;
 pub mod lab;
 pub mod limiter;
+pub mod metrics;
 pub mod pins;
 pub mod report;
 pub mod stats;

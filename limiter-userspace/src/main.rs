@@ -5,7 +5,7 @@ mod commands;
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use limiter::{datapath::Mode, pins::DEFAULT_PIN_DIR};
+use limiter::{control::DEFAULT_SOCKET, datapath::Mode, pins::DEFAULT_PIN_DIR};
 
 #[derive(Parser)]
 #[command(
@@ -19,7 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Attach to interfaces and enforce a rule file until SIGINT/SIGTERM.
+    /// Attach to interfaces and enforce a rule file until SIGINT/SIGTERM,
+    /// then detach (for a service that survives restarts, use `daemon`).
     Run {
         /// Interface to attach to (repeat for several; they share one set of buckets).
         #[arg(long = "iface", required = true)]
@@ -37,11 +38,73 @@ enum Command {
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         interval: Duration,
     },
-    /// Print the counters of the running limiter.
+    /// Run as a service: pinned program, maps and links that outlive the
+    /// process; rule changes, blocks and dry runs over the control socket.
+    Daemon {
+        /// The daemon's configuration (see examples/daemon.yaml).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Rule sets of the running daemon.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+    /// Block a source address or prefix (in the kernel, before any rule).
+    Block {
+        prefix: String,
+        /// Lift the block after this long (e.g. 10m); default: never.
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Lift a block.
+    Unblock {
+        prefix: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Switch dry run (count excess, drop nothing) on or off, for one rule or for all.
+    Shadow {
+        #[arg(value_enum)]
+        state: OnOff,
+        /// Only this rule (until the next rule file is applied).
+        #[arg(long)]
+        rule: Option<String>,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Remove the limiter from every interface and remove every pin.
+    Detach {
+        #[arg(long, default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Print the counters of the running limiter (daemon or `run`).
     Stats {
         #[arg(long, default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
         /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every second.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Live view of the sources with the most drops and their rates.
+    Top {
+        #[arg(long, default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// How many sources to show.
+        #[arg(long, short = 'n', default_value_t = 20)]
+        count: usize,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// One sample, then exit.
+        #[arg(long)]
+        once: bool,
         #[arg(long)]
         json: bool,
     },
@@ -66,6 +129,31 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Validate a rule file and switch the daemon to it atomically.
+    Apply {
+        file: PathBuf,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The active rules with their ids and counters, and the blocks.
+    Show {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -84,7 +172,37 @@ fn main() -> ExitCode {
             pin_dir,
             interval,
         } => commands::run::run(&ifaces, &config, mode, &pin_dir, interval),
-        Command::Stats { pin_dir, json } => commands::stats(&pin_dir, json),
+        Command::Daemon { config } => limiter::daemon::run(&config),
+        Command::Rules {
+            command: RulesCommand::Apply { file, socket, json },
+        } => commands::rules_apply(&file, &socket, json),
+        Command::Rules {
+            command: RulesCommand::Show { socket, json },
+        } => commands::rules_show(&socket, json),
+        Command::Block {
+            prefix,
+            duration,
+            socket,
+        } => commands::block(&socket, prefix, duration),
+        Command::Unblock { prefix, socket } => commands::unblock(&socket, prefix),
+        Command::Shadow {
+            state,
+            rule,
+            socket,
+        } => commands::shadow(&socket, rule, matches!(state, OnOff::On)),
+        Command::Detach { pin_dir, socket } => commands::detach(&pin_dir, &socket),
+        Command::Stats {
+            pin_dir,
+            json,
+            watch,
+        } => commands::stats(&pin_dir, json, watch),
+        Command::Top {
+            pin_dir,
+            count,
+            interval,
+            once,
+            json,
+        } => commands::top::run(&pin_dir, count, interval, once, json),
         Command::Check { config, json } => commands::check(&config, json),
         Command::Lab {
             config,

@@ -148,7 +148,10 @@ pub fn summary_line(previous: &Snapshot, now: &Snapshot, interval: Duration) -> 
 
 pub fn rules_table(set: &RuleSet) -> String {
     let rows: Vec<Vec<String>> = set.rules.iter().map(rule_row).collect();
-    let mut out = table(&["RULE", "MATCH", "KEY", "LIMIT", "ON EXCESS"], &rows);
+    let mut out = table(
+        &["RULE", "MATCH", "KEY", "LIMIT", "AGGREGATE", "ON EXCESS"],
+        &rows,
+    );
     let verdict = |v: crate::config::Verdict| format!("{v:?}").to_lowercase();
     let _ = writeln!(
         out,
@@ -161,6 +164,28 @@ pub fn rules_table(set: &RuleSet) -> String {
 }
 
 fn rule_row(rule: &Rule) -> Vec<String> {
+    let d = describe(rule);
+    vec![
+        rule.name.clone(),
+        d.matches,
+        d.key,
+        d.limit,
+        d.aggregate,
+        d.action,
+    ]
+}
+
+/// A rule in words, one field per column.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Description {
+    pub matches: String,
+    pub key: String,
+    pub limit: String,
+    pub aggregate: String,
+    pub action: String,
+}
+
+pub fn describe(rule: &Rule) -> Description {
     let m = &rule.matches;
     let mut matches = vec![m.source.map_or("any source".into(), |s| s.to_string())];
     if let Some(p) = m.protocol {
@@ -176,38 +201,162 @@ fn rule_row(rule: &Rule) -> Vec<String> {
     if let Some(port) = m.dest_port {
         matches.push(format!("port {port}"));
     }
-    let limit = match rule.limit {
-        Limit::Unlimited => "unlimited".to_owned(),
-        Limit::Metered { packets, bytes } => {
-            let meter = |m: Meter, what: &str| {
-                format!(
-                    "{} {what}/{}, burst {}",
-                    count(m.rate),
-                    per(m.period),
-                    count(m.burst)
-                )
-            };
-            [
-                packets.map(|m| meter(m, "pkts")),
-                bytes.map(|m| meter(m, "bytes")),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(" + ")
-        }
+    let meters = |packets: Option<Meter>, bytes: Option<Meter>| {
+        let meter = |m: Meter, what: &str| {
+            format!(
+                "{} {what}/{}, burst {}",
+                count(m.rate),
+                per(m.period),
+                count(m.burst)
+            )
+        };
+        [
+            packets.map(|m| meter(m, "pkts")),
+            bytes.map(|m| meter(m, "bytes")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" + ")
     };
-    vec![
-        rule.name.clone(),
-        matches.join(" "),
-        format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
-        limit,
-        match (rule.limit, rule.shadow) {
+    Description {
+        matches: matches.join(" "),
+        key: format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
+        limit: match rule.limit {
+            Limit::Unlimited => "unlimited".to_owned(),
+            Limit::Metered { packets, bytes } => meters(packets, bytes),
+        },
+        aggregate: rule
+            .aggregate
+            .map_or("-".into(), |a| meters(a.packets, a.bytes)),
+        action: match (rule.limit, rule.shadow) {
             (Limit::Unlimited, _) => "-".into(),
             (_, true) => "shadow".into(),
             (_, false) => "drop".into(),
         },
-    ]
+    }
+}
+
+/// `limiter rules show`: the active rules with ids and counters, and blocks.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RulesView {
+    pub generation: u32,
+    /// Global dry run.
+    pub shadow: bool,
+    pub rules: Vec<RuleView>,
+    pub blocks: Vec<crate::engine::BlockView>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RuleView {
+    pub id: u32,
+    pub name: String,
+    #[serde(flatten)]
+    pub description: Description,
+    pub passed_packets: u64,
+    pub dropped_packets: u64,
+    pub shadow_packets: u64,
+    pub new_keys: u64,
+}
+
+pub fn rules_view(engine: &crate::engine::Engine) -> anyhow::Result<RulesView> {
+    let snapshot = engine.snapshot()?;
+    let (set, ids) = engine
+        .applied()
+        .ok_or_else(|| anyhow::anyhow!("no rules applied yet"))?;
+    let rules = set
+        .rules
+        .iter()
+        .zip(ids)
+        .map(|(rule, &id)| {
+            let c = snapshot
+                .rules
+                .iter()
+                .find(|r| r.id == id)
+                .map(|r| r.counters)
+                .unwrap_or_default();
+            RuleView {
+                id,
+                name: rule.name.clone(),
+                description: describe(rule),
+                passed_packets: c.passed_packets,
+                dropped_packets: c.dropped_packets,
+                shadow_packets: c.shadow_packets,
+                new_keys: c.new_keys,
+            }
+        })
+        .collect();
+    Ok(RulesView {
+        generation: snapshot.generation,
+        shadow: snapshot.shadow,
+        rules,
+        blocks: engine.blocks()?,
+    })
+}
+
+pub fn rules_view_text(view: &RulesView) -> String {
+    let rows: Vec<Vec<String>> = view
+        .rules
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                r.name.clone(),
+                r.description.matches.clone(),
+                r.description.limit.clone(),
+                r.description.aggregate.clone(),
+                r.description.action.clone(),
+                count(r.passed_packets),
+                count(r.dropped_packets),
+                count(r.shadow_packets),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "ID",
+            "RULE",
+            "MATCH",
+            "LIMIT",
+            "AGGREGATE",
+            "ON EXCESS",
+            "PASSED pkts",
+            "DROPPED pkts",
+            "SHADOW pkts",
+        ],
+        &rows,
+    );
+    let _ = writeln!(
+        out,
+        "\ngeneration {}   global dry run: {}",
+        view.generation,
+        if view.shadow { "on" } else { "off" }
+    );
+    if view.blocks.is_empty() {
+        out.push_str("blocks: none\n");
+    } else {
+        let rows: Vec<Vec<String>> = view
+            .blocks
+            .iter()
+            .map(|b| {
+                vec![
+                    b.prefix.clone(),
+                    match (b.expired, b.expires_in_secs) {
+                        (true, _) => "expired".into(),
+                        (_, None) => "never".into(),
+                        (_, Some(s)) => format!("in {s:.0} s"),
+                    },
+                    count(b.dropped_packets),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(
+            &["BLOCKED PREFIX", "EXPIRES", "DROPPED pkts"],
+            &rows,
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

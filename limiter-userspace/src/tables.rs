@@ -268,18 +268,20 @@ mod tests {
   - { name: net16, match: { source: 10.1.0.0/16 }, limit: unlimited }
 ",
         );
-        let (_, _, net16) = t.v4.iter().find(|e| e.0 == 16).unwrap();
+        let (_, key, net16) = t.v4.iter().find(|e| e.0 == 8 + 16).unwrap();
+        assert_eq!(key.generation, 1);
         let order: Vec<u16> = net16.entries[..net16.len as usize]
             .iter()
             .map(|c| c.rule)
             .collect();
         // net16, then dns, udp, net8 of the covering /8, then the catch-all.
-        assert_eq!(order, vec![5, 3, 4, 2, 1]);
+        assert_eq!(order, vec![14, 12, 13, 11, 10]);
         // The catch-all is in the IPv6 table too, alone.
         assert_eq!(t.v6.len(), 1);
         assert_eq!(t.v6[0].2.len, 1);
-        assert_eq!(t.rules[5].flags, rule_flag::UNLIMITED);
-        assert_eq!(t.rules[0].flags, rule_flag::UNLIMITED);
+        assert_eq!(t.rules[5].0, 14);
+        assert_eq!(t.rules[5].1.flags, rule_flag::UNLIMITED);
+        assert_eq!(t.rules[0].1.flags, rule_flag::UNLIMITED);
     }
 
     #[test]
@@ -291,9 +293,9 @@ mod tests {
 ",
         );
         assert_eq!(
-            t.rules[1].v6_key_mask,
+            t.rules[1].1.v6_key_mask,
             u128::from(u64::MAX).rotate_left(64).to_be_bytes()
         );
-        assert_eq!(t.rules[2].v4_key_mask, [255, 255, 255, 0]);
+        assert_eq!(t.rules[2].1.v4_key_mask, [255, 255, 255, 0]);
     }
 }

@@ -1,18 +1,136 @@
 pub mod lab;
 pub mod run;
+pub mod top;
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
-use anyhow::Result;
-use limiter::{config::RuleSet, report, stats::CounterMaps};
+use anyhow::{Context, Result};
+use limiter::{
+    config::RuleSet,
+    control::{self, Request},
+    datapath, report,
+    stats::CounterMaps,
+};
 
-pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
+pub fn stats(pin_dir: &Path, json: bool, watch: bool) -> Result<()> {
     limiter::limiter::require_root()?;
-    let snapshot = CounterMaps::from_pins(pin_dir)?.read()?;
+    let maps = CounterMaps::from_pins(pin_dir)?;
+    loop {
+        let snapshot = maps.read()?;
+        if json {
+            println!("{}", serde_json::to_string(&snapshot)?);
+        } else {
+            if watch {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", report::stats_table(&snapshot));
+        }
+        if !watch {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
+    // Validate here too, so a wrong file is reported even with no daemon.
+    RuleSet::parse(&text, file)?;
+    let origin = file.display().to_string();
+    let result = control::call(socket, &Request::RulesApply { text, origin })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+        println!("{result}");
+        return Ok(());
+    }
+    let change: limiter::engine::Change = serde_json::from_value(result)?;
+    println!(
+        "applied {} (generation {}):",
+        file.display(),
+        change.generation
+    );
+    for (what, names) in [
+        ("added", &change.added),
+        ("removed", &change.removed),
+        ("modified (new buckets)", &change.modified),
+        ("unchanged (buckets kept)", &change.unchanged),
+    ] {
+        if !names.is_empty() {
+            println!("  {what:<26} {}", names.join(", "));
+        }
+    }
+    if change.forgotten_keys > 0 {
+        println!(
+            "  {} keys of removed or modified rules forgotten",
+            report::count(change.forgotten_keys as u64)
+        );
+    }
+    Ok(())
+}
+
+pub fn rules_show(socket: &Path, json: bool) -> Result<()> {
+    let result = control::call(socket, &Request::RulesShow)?;
+    if json {
+        println!("{result}");
     } else {
-        print!("{}", report::stats_table(&snapshot));
+        let view: report::RulesView = serde_json::from_value(result)?;
+        print!("{}", report::rules_view_text(&view));
+    }
+    Ok(())
+}
+
+pub fn block(socket: &Path, prefix: String, duration: Option<Duration>) -> Result<()> {
+    let what = prefix.clone();
+    control::call(
+        socket,
+        &Request::Block {
+            prefix,
+            for_secs: duration.map(|d| d.as_secs_f64()),
+        },
+    )?;
+    match duration {
+        Some(d) => println!("blocked {what} for {}", humantime::format_duration(d)),
+        None => println!("blocked {what} until `limiter unblock {what}`"),
+    }
+    Ok(())
+}
+
+pub fn unblock(socket: &Path, prefix: String) -> Result<()> {
+    let what = prefix.clone();
+    control::call(socket, &Request::Unblock { prefix })?;
+    println!("unblocked {what}");
+    Ok(())
+}
+
+pub fn shadow(socket: &Path, rule: Option<String>, on: bool) -> Result<()> {
+    let what = rule
+        .clone()
+        .map_or("every rule".to_owned(), |r| format!("rule {r:?}"));
+    control::call(socket, &Request::Shadow { rule, on })?;
+    println!("dry run {} for {what}", if on { "on" } else { "off" });
+    Ok(())
+}
+
+/// Through the daemon if one runs (it exits after), else directly.
+pub fn detach(pin_dir: &Path, socket: &Path) -> Result<()> {
+    limiter::limiter::require_root()?;
+    let detached: Vec<String> = if control::daemon_running(socket) {
+        let result = control::call(socket, &Request::Detach)?;
+        serde_json::from_value(result["detached"].clone())?
+    } else {
+        datapath::detach_all(pin_dir)?
+    };
+    if detached.is_empty() {
+        println!(
+            "no pinned links under {}; removed the pins there",
+            pin_dir.display()
+        );
+    } else {
+        println!(
+            "detached from {} and removed {}",
+            detached.join(", "),
+            pin_dir.display()
+        );
     }
     Ok(())
 }

@@ -358,16 +358,36 @@ fn validate_rates(rates: &raw::Rates) -> Result<Meters, Invalid> {
     Ok(Meters { packets, bytes })
 }
 
-/// An address prefix (`10.0.0.0/8`), or a single address (`/32`, `/128`).
 fn parse_prefix(text: &str) -> Result<IpNet, Invalid> {
+    parse_net(text).map_err(|message| invalid("match.source", message))
+}
+
+/// An address prefix (`10.0.0.0/8`), or a single address (`/32`, `/128`).
+pub fn parse_net(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| {
-            invalid(
-                "match.source",
-                format!("{text:?} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32"),
-            )
+            format!("{text:?} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32")
         })
+}
+
+/// Reads a YAML file into `T`, with the file, line and field in errors.
+pub fn load_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_owned(),
+        line: None,
+        field: String::new(),
+        message: format!("cannot read: {e}"),
+    })?;
+    serde_yaml::from_str(&text).map_err(|e| {
+        let (field, message) = split_serde_message(&e.to_string());
+        ConfigError {
+            file: path.to_owned(),
+            line: e.location().map(|l| l.line()),
+            field,
+            message,
+        }
+    })
 }
 
 /// `second`, `minute`, `hour`, `day`, or a duration such as `30s` or `250ms`.

@@ -1,0 +1,162 @@
+//! `limiter top`: the keys (sources) with the most drops and their current
+//! rates, from two batched reads of the state map an interval apart.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{Array, Map};
+use limiter::{datapath::open_pinned, keys, report};
+use limiter_common::abi::{
+    FlowKey, GlobalConfig, KeyState, MAX_RULES, RuleConfig, map_name, rule_slot,
+};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Row {
+    source: String,
+    rule: String,
+    dropped_per_sec: f64,
+    passed_per_sec: f64,
+    dropped_total: u64,
+    passed_total: u64,
+}
+
+pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: bool) -> Result<()> {
+    limiter::limiter::require_root()?;
+    let open = |name: &str| {
+        open_pinned(pin_dir, name).with_context(|| {
+            format!(
+                "no limiter state at {} (is a limiter running?)",
+                pin_dir.display()
+            )
+        })
+    };
+    let keys_map = open(map_name::KEYS)?;
+    let config: Array<_, GlobalConfig> = Array::try_from(Map::Array(open(map_name::CONFIG)?))?;
+    let rules: Array<_, RuleConfig> = Array::try_from(Map::Array(open(map_name::RULES)?))?;
+    let mut previous: HashMap<FlowKey, KeyState> = keys::dump(&keys_map)?.into_iter().collect();
+    let mut at = Instant::now();
+    loop {
+        thread::sleep(interval);
+        let now: HashMap<FlowKey, KeyState> = keys::dump(&keys_map)?.into_iter().collect();
+        let elapsed = at.elapsed().as_secs_f64();
+        at = Instant::now();
+        let generation = config.get(&0, 0)?.generation;
+        let mut names: HashMap<u32, RuleConfig> = HashMap::new();
+        for id in 0..MAX_RULES {
+            let rule = rules.get(&rule_slot(generation, id), 0)?;
+            if rule.name[0] != 0 {
+                names.insert(id, rule);
+            }
+        }
+        let mut rows: Vec<Row> = now
+            .iter()
+            .map(|(key, state)| {
+                let before = previous.get(key).copied().unwrap_or_default();
+                let rule = names.get(&key.rule);
+                Row {
+                    source: source(key, rule),
+                    rule: rule.map_or(format!("#{} (removed)", key.rule), name),
+                    dropped_per_sec: state.dropped_packets.saturating_sub(before.dropped_packets)
+                        as f64
+                        / elapsed,
+                    passed_per_sec: state.passed_packets.saturating_sub(before.passed_packets)
+                        as f64
+                        / elapsed,
+                    dropped_total: state.dropped_packets,
+                    passed_total: state.passed_packets,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.dropped_per_sec
+                .total_cmp(&a.dropped_per_sec)
+                .then(b.dropped_total.cmp(&a.dropped_total))
+        });
+        let tracked = rows.len();
+        rows.truncate(count);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "tracked_keys": tracked, "top": rows })
+            );
+        } else {
+            if !once {
+                // Clear the screen and go home, like top(1).
+                print!("\x1b[2J\x1b[H");
+            }
+            println!(
+                "{tracked} tracked keys; top {} by drops over the last {elapsed:.1} s\n",
+                rows.len()
+            );
+            let table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.source.clone(),
+                        r.rule.clone(),
+                        report::count(r.dropped_per_sec.round() as u64),
+                        report::count(r.passed_per_sec.round() as u64),
+                        report::count(r.dropped_total),
+                        report::count(r.passed_total),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                report::table(
+                    &[
+                        "SOURCE",
+                        "RULE",
+                        "DROPPED pkt/s",
+                        "PASSED pkt/s",
+                        "DROPPED",
+                        "PASSED"
+                    ],
+                    &table
+                )
+            );
+        }
+        if once {
+            return Ok(());
+        }
+        previous = now;
+    }
+}
+
+fn name(rule: &RuleConfig) -> String {
+    let len = rule
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(rule.name.len());
+    String::from_utf8_lossy(&rule.name[..len]).into_owned()
+}
+
+/// The key as a prefix: `198.18.0.1`, or `2001:db8:1::/64` for a /64 key.
+fn source(key: &FlowKey, rule: Option<&RuleConfig>) -> String {
+    let ones = |mask: &[u8]| mask.iter().map(|b| b.count_ones()).sum::<u32>();
+    let mapped =
+        key.addr[..10].iter().all(|&b| b == 0) && key.addr[10] == 0xff && key.addr[11] == 0xff;
+    let (addr, bits, full) = if mapped {
+        let a = Ipv4Addr::new(key.addr[12], key.addr[13], key.addr[14], key.addr[15]);
+        (IpAddr::V4(a), rule.map_or(32, |r| ones(&r.v4_key_mask)), 32)
+    } else {
+        (
+            IpAddr::V6(Ipv6Addr::from(key.addr)),
+            rule.map_or(128, |r| ones(&r.v6_key_mask)),
+            128,
+        )
+    };
+    if bits == full {
+        addr.to_string()
+    } else {
+        format!("{addr}/{bits}")
+    }
+}

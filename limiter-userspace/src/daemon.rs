@@ -1,0 +1,424 @@
+//! `limiter daemon`: owns the program, its pinned maps and its pinned XDP
+//! links on every configured interface. Everything that matters is pinned,
+//! so when the daemon stops (even `kill -9`) the program keeps enforcing
+//! with the same buckets, and the next daemon adopts it all. It applies rule
+//! files atomically (control socket, SIGHUP, optional file watch), serves
+//! the control socket and the metrics endpoint.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::{
+    net::{UnixListener, UnixStream},
+    signal::unix::{SignalKind, signal},
+    sync::Notify,
+};
+use tokio_util::codec::{Framed, LinesCodec};
+
+use crate::{
+    config::{self, RuleSet},
+    control::{self, Request, Response},
+    datapath::{self, Attachment, Mode},
+    engine::{Change, Engine},
+    keys, metrics,
+    pins::{self, PinLock},
+    report,
+};
+
+/// The daemon's own configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// The rule file (relative paths are relative to this file's folder).
+    pub rules: PathBuf,
+    pub interfaces: Vec<Interface>,
+    #[serde(default = "default_pin_dir")]
+    pub pin_dir: PathBuf,
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// `host:port` of the Prometheus endpoint, or `off`. Default: loopback only.
+    #[serde(default = "default_metrics")]
+    pub metrics: String,
+    /// Re-apply the rule file when it changes on disk.
+    #[serde(default)]
+    pub watch: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interface {
+    pub name: String,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+fn default_pin_dir() -> PathBuf {
+    pins::DEFAULT_PIN_DIR.into()
+}
+
+fn default_socket() -> PathBuf {
+    control::DEFAULT_SOCKET.into()
+}
+
+fn default_metrics() -> String {
+    "127.0.0.1:9464".into()
+}
+
+impl DaemonConfig {
+    pub fn load(path: &Path) -> Result<Self> {
+        let mut config: Self = config::load_yaml(path)?;
+        if config.rules.is_relative() {
+            config.rules = path.parent().unwrap_or(Path::new(".")).join(&config.rules);
+        }
+        if config.interfaces.is_empty() {
+            anyhow::bail!(
+                "{}: interfaces: name at least one interface",
+                path.display()
+            );
+        }
+        Ok(config)
+    }
+
+    fn metrics_addr(&self) -> Result<Option<SocketAddr>> {
+        if self.metrics == "off" {
+            return Ok(None);
+        }
+        let addr: SocketAddr = self
+            .metrics
+            .parse()
+            .with_context(|| format!("metrics: {:?} is not host:port or `off`", self.metrics))?;
+        if !addr.ip().is_loopback() {
+            tracing::warn!(
+                "metrics listen on {addr}, which is not a loopback address (as configured)"
+            );
+        }
+        Ok(Some(addr))
+    }
+}
+
+/// State shared by the daemon's tasks.
+struct Shared {
+    engine: Mutex<Engine>,
+    config: DaemonConfig,
+    attachments: Vec<Attachment>,
+    generation: AtomicU64,
+    tracked_keys: AtomicU64,
+    shutdown: Notify,
+}
+
+pub fn run(config_path: &Path) -> Result<()> {
+    crate::limiter::require_root()?;
+    let config = DaemonConfig::load(config_path)?;
+    let metrics_addr = config.metrics_addr()?;
+    let rules = RuleSet::load(&config.rules)?;
+    pins::ensure_bpffs()?;
+    let _lock = PinLock::acquire(&config.pin_dir)?;
+    let adopting = config.pin_dir.join(datapath::LINKS_DIR).exists();
+    let mut engine = Engine::open(&config.pin_dir, rules.max_keys)?;
+    let change = engine.apply(rules)?;
+    log_change(&config.rules.display().to_string(), &change);
+    let mut attachments = Vec::new();
+    for iface in &config.interfaces {
+        let attachment = engine.attach(&iface.name, iface.mode, true)?;
+        if attachment.adopted {
+            tracing::info!(iface = %iface.name, "adopted the pinned link; program replaced atomically, buckets kept");
+        } else {
+            tracing::info!(iface = %iface.name, mode = ?attachment.mode, "attached");
+        }
+        attachments.push(attachment);
+    }
+    if adopting {
+        tracing::info!("adopted the state pinned at {}", config.pin_dir.display());
+    }
+    let shared = Arc::new(Shared {
+        engine: Mutex::new(engine),
+        config,
+        attachments,
+        generation: AtomicU64::new(1),
+        tracked_keys: AtomicU64::new(0),
+        shutdown: Notify::new(),
+    });
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(serve(shared, metrics_addr))
+}
+
+async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<()> {
+    let socket = &shared.config.socket;
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(socket);
+    let listener = {
+        // Created with no permissions for group and others from the start.
+        // SAFETY: umask has no preconditions; restored right after bind.
+        let old = unsafe { libc::umask(0o177) };
+        let bound = UnixListener::bind(socket);
+        unsafe { libc::umask(old) };
+        bound.with_context(|| format!("listening on {}", socket.display()))?
+    };
+    tracing::info!("control socket {} (root only)", socket.display());
+    if let Some(addr) = metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics listener on {addr}"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
+        let app = axum::Router::new()
+            .route("/metrics", axum::routing::get(scrape))
+            .with_state(Arc::clone(&shared));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("metrics server: {e}");
+            }
+        });
+    }
+    tokio::spawn(housekeeping(Arc::clone(&shared)));
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => { tokio::spawn(connection(Arc::clone(&shared), stream)); }
+                Err(e) => tracing::warn!("control socket: {e}"),
+            },
+            _ = hangup.recv() => {
+                tracing::info!("SIGHUP: re-applying {}", shared.config.rules.display());
+                reload_file(&shared).await;
+            }
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
+            _ = shared.shutdown.notified() => {
+                let _ = std::fs::remove_file(socket);
+                return Ok(());
+            }
+        }
+    }
+    let _ = std::fs::remove_file(socket);
+    tracing::info!(
+        "exiting; the program stays attached and keeps enforcing (`limiter detach` removes it)"
+    );
+    Ok(())
+}
+
+async fn reload_file(shared: &Arc<Shared>) {
+    let path = shared.config.rules.clone();
+    let origin = path.display().to_string();
+    match tokio::fs::read_to_string(&path).await {
+        Ok(text) => {
+            if let Err(e) = apply(shared, text, origin).await {
+                tracing::error!("{e:#}; nothing changed");
+            }
+        }
+        Err(e) => tracing::error!("{}: cannot read: {e}; nothing changed", path.display()),
+    }
+}
+
+/// Validates and applies rule-file text; an invalid file changes nothing.
+async fn apply(shared: &Arc<Shared>, text: String, origin: String) -> Result<Change> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || {
+        let rules = RuleSet::parse(&text, Path::new(&origin))?;
+        let change = shared.engine.lock().expect("engine lock").apply(rules)?;
+        shared.generation.fetch_add(1, Ordering::Relaxed);
+        log_change(&origin, &change);
+        Ok(change)
+    })
+    .await?
+}
+
+fn log_change(origin: &str, change: &Change) {
+    tracing::info!(
+        "applied {origin}: added {:?}, removed {:?}, modified {:?}, unchanged {:?}",
+        change.added,
+        change.removed,
+        change.modified,
+        change.unchanged
+    );
+}
+
+/// Expired blocks are removed, tracked keys counted, and the rule file
+/// watched (if configured).
+async fn housekeeping(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen: Option<SystemTime> = modified(&shared.config.rules);
+    let mut ticks = 0u64;
+    loop {
+        tick.tick().await;
+        ticks += 1;
+        let work = Arc::clone(&shared);
+        let _ = tokio::task::spawn_blocking(move || {
+            let mut engine = work.engine.lock().expect("engine lock");
+            if let Err(e) = engine.remove_expired_blocks() {
+                tracing::warn!("removing expired blocks: {e:#}");
+            }
+            // Counting a million keys takes a moment: every 5 s is enough.
+            if ticks % 5 == 1
+                && let Ok(aya::maps::Map::LruHashMap(data)) =
+                    engine.datapath().map(limiter_common::abi::map_name::KEYS)
+                && let Ok(all) = keys::dump(data)
+            {
+                work.tracked_keys.store(all.len() as u64, Ordering::Relaxed);
+            }
+        })
+        .await;
+        if shared.config.watch {
+            let now = modified(&shared.config.rules);
+            if now != seen {
+                seen = now;
+                tracing::info!(
+                    "{} changed on disk: re-applying",
+                    shared.config.rules.display()
+                );
+                reload_file(&shared).await;
+            }
+        }
+    }
+}
+
+async fn scrape(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+) -> impl axum::response::IntoResponse {
+    let result = tokio::task::spawn_blocking(move || {
+        let engine = shared.engine.lock().expect("engine lock");
+        let snapshot = engine.snapshot()?;
+        let blocks = engine.blocks()?.len() as u64;
+        anyhow::Ok(metrics::render(
+            &snapshot,
+            metrics::Facts {
+                ruleset_generation: shared.generation.load(Ordering::Relaxed),
+                tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
+                blocks,
+            },
+        ))
+    })
+    .await;
+    match result {
+        Ok(Ok(body)) => (
+            axum::http::StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Ok(Err(e)) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            [(axum::http::header::CONTENT_TYPE, "text/plain")],
+            format!("{e:#}\n"),
+        ),
+        Err(e) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            [(axum::http::header::CONTENT_TYPE, "text/plain")],
+            format!("{e}\n"),
+        ),
+    }
+}
+
+async fn connection(shared: Arc<Shared>, stream: UnixStream) {
+    let mut lines = Framed::new(
+        stream,
+        LinesCodec::new_with_max_length(control::MAX_REQUEST),
+    );
+    while let Some(line) = lines.next().await {
+        let (response, last) = match line {
+            Ok(line) => match serde_json::from_str::<Request>(&line) {
+                Ok(request) => {
+                    let detach = request == Request::Detach;
+                    (
+                        handle(&shared, request)
+                            .await
+                            .unwrap_or_else(Response::error),
+                        detach,
+                    )
+                }
+                Err(e) => (Response::error(format!("bad request: {e}")), false),
+            },
+            // Too long, or not UTF-8: answer, then hang up.
+            Err(e) => (Response::error(format!("bad request: {e}")), true),
+        };
+        let text = serde_json::to_string(&response).expect("a response serializes");
+        if lines.send(text).await.is_err() || last {
+            break;
+        }
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
+    Ok(match request {
+        Request::Status => Response::ok(serde_json::json!({
+            "pin_dir": shared.config.pin_dir,
+            "rules_file": shared.config.rules,
+            "interfaces": shared.attachments,
+            "ruleset_generation": shared.generation.load(Ordering::Relaxed),
+        })),
+        Request::RulesApply { text, origin } => Response::ok(apply(shared, text, origin).await?),
+        Request::RulesShow => {
+            let shared = Arc::clone(shared);
+            let view = tokio::task::spawn_blocking(move || {
+                let engine = shared.engine.lock().expect("engine lock");
+                report::rules_view(&engine)
+            })
+            .await??;
+            Response::ok(view)
+        }
+        Request::Block { prefix, for_secs } => {
+            let net = config::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            let duration = for_secs
+                .map(|s| {
+                    Duration::try_from_secs_f64(s).context("for_secs must be a positive number")
+                })
+                .transpose()?;
+            blocking(shared, move |engine| engine.block(net, duration)).await?;
+            tracing::info!(
+                "blocked {net} for {}",
+                duration.map_or("ever".into(), |d| humantime::format_duration(d).to_string())
+            );
+            Response::ok(())
+        }
+        Request::Unblock { prefix } => {
+            let net = config::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            if !blocking(shared, move |engine| engine.unblock(net)).await? {
+                anyhow::bail!("{net} is not blocked");
+            }
+            tracing::info!("unblocked {net}");
+            Response::ok(())
+        }
+        Request::Shadow { rule, on } => {
+            let what = rule.clone().unwrap_or_else(|| "every rule".into());
+            blocking(shared, move |engine| engine.set_shadow(rule.as_deref(), on)).await?;
+            tracing::info!("dry run {} for {what}", if on { "on" } else { "off" });
+            Response::ok(())
+        }
+        Request::Detach => {
+            let detached = datapath::detach_all(&shared.config.pin_dir)?;
+            tracing::info!(
+                "detached from {detached:?} and removed {}",
+                shared.config.pin_dir.display()
+            );
+            shared.shutdown.notify_one();
+            Response::ok(serde_json::json!({ "detached": detached }))
+        }
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    f: impl FnOnce(&mut Engine) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || f(&mut shared.engine.lock().expect("engine lock"))).await?
+}

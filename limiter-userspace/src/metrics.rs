@@ -1,0 +1,180 @@
+//! Prometheus (OpenMetrics) exposition of the counters. Names follow the
+//! conventions: `_total` counters, base units (bytes), and the labels
+//! `layer` (`xdp` here; the L7 library uses the same names), `interface`,
+//! `rule` and `verdict`.
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
+    registry::{Registry, Unit},
+};
+
+use crate::stats::Snapshot;
+
+/// What the daemon knows beyond the kernel's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Facts {
+    /// Rule sets applied since the daemon started (the first is 1).
+    pub ruleset_generation: u64,
+    /// Keys in the state map now (counted with batched reads).
+    pub tracked_keys: u64,
+    pub blocks: u64,
+}
+
+type Labels = Vec<(String, String)>;
+
+/// The exposition text for one scrape.
+pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
+    let mut registry = Registry::default();
+    let layer = || ("layer".to_owned(), "xdp".to_owned());
+
+    let packets = Family::<Labels, Counter>::default();
+    let bytes = Family::<Labels, Counter>::default();
+    let new_keys = Family::<Labels, Counter>::default();
+    let aggregate = Family::<Labels, Counter>::default();
+    let contended = Family::<Labels, Counter>::default();
+    for iface in &snapshot.interfaces {
+        for rule in &iface.rules {
+            let base = vec![
+                layer(),
+                ("interface".to_owned(), iface.name.clone()),
+                ("rule".to_owned(), rule.name.clone()),
+            ];
+            let c = &rule.counters;
+            // Shadow-dropped packets were passed too: `passed` counts only
+            // those that conformed, so the three verdicts add up to all.
+            let conforming = c.passed_packets - c.shadow_packets;
+            let conforming_bytes = c.passed_bytes - c.shadow_bytes;
+            for (verdict, n, b) in [
+                ("passed", conforming, conforming_bytes),
+                ("dropped", c.dropped_packets, c.dropped_bytes),
+                ("shadow_dropped", c.shadow_packets, c.shadow_bytes),
+            ] {
+                let mut labels = base.clone();
+                labels.push(("verdict".to_owned(), verdict.to_owned()));
+                packets.get_or_create(&labels).inc_by(n);
+                bytes.get_or_create(&labels).inc_by(b);
+            }
+            new_keys.get_or_create(&base).inc_by(c.new_keys);
+            aggregate.get_or_create(&base).inc_by(c.aggregate_excess);
+            contended.get_or_create(&base).inc_by(c.contended);
+        }
+    }
+    registry.register(
+        "limiter_packets",
+        "Packets judged, by rule, interface and verdict",
+        packets,
+    );
+    registry.register_with_unit(
+        "limiter",
+        "Bytes judged (whole frames), by rule, interface and verdict",
+        Unit::Bytes,
+        bytes,
+    );
+    registry.register(
+        "limiter_new_keys",
+        "Keys a rule added to the state map",
+        new_keys,
+    );
+    registry.register(
+        "limiter_aggregate_refused_packets",
+        "Packets refused by a rule's aggregate limit although their key's budget allowed them",
+        aggregate,
+    );
+    registry.register(
+        "limiter_contended_packets",
+        "Packets treated as excess because every compare-and-swap lost the race",
+        contended,
+    );
+
+    let g = &snapshot.global;
+    for (name, help, value) in [
+        (
+            "limiter_parse_failures",
+            "Frames the parser rejected (truncated or malformed)",
+            g.malformed,
+        ),
+        (
+            "limiter_non_ip_packets",
+            "Non-IP frames, passed untouched",
+            g.non_ip,
+        ),
+        (
+            "limiter_fragments",
+            "Non-first and first IP fragments seen",
+            g.fragments,
+        ),
+        (
+            "limiter_blocked_packets",
+            "Packets dropped by manual blocks",
+            g.blocked,
+        ),
+        (
+            "limiter_key_alloc_failures",
+            "Packets whose key state could not be created",
+            g.key_alloc_failed,
+        ),
+    ] {
+        let family = Family::<Labels, Counter>::default();
+        family.get_or_create(&vec![layer()]).inc_by(value);
+        registry.register(name, help, family);
+    }
+
+    for (name, help, value, unit) in [
+        (
+            "limiter_tracked_keys",
+            "Keys in the per-key state map",
+            facts.tracked_keys,
+            None,
+        ),
+        (
+            "limiter_key_capacity",
+            "Capacity of the per-key state map (LRU)",
+            snapshot.keys.capacity,
+            None,
+        ),
+        (
+            "limiter_key_map",
+            "Kernel memory of the per-key state map",
+            snapshot.keys.memory_bytes,
+            Some(Unit::Bytes),
+        ),
+        (
+            "limiter_ruleset_generation",
+            "Rule sets applied since the daemon started",
+            facts.ruleset_generation,
+            None,
+        ),
+        (
+            "limiter_blocks",
+            "Manual blocks in force or awaiting removal",
+            facts.blocks,
+            None,
+        ),
+        (
+            "limiter_rules",
+            "Rules in the active rule set (the default included)",
+            snapshot.rules.len() as u64,
+            None,
+        ),
+    ] {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
+        match unit {
+            Some(unit) => registry.register_with_unit(name, help, unit, gauge),
+            None => registry.register(name, help, gauge),
+        }
+    }
+    registry.register(
+        "limiter_build",
+        "The running limiter's version",
+        Info::new(vec![(
+            "version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        )]),
+    );
+
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}
