@@ -429,6 +429,9 @@ impl Datapath {
         match blocks.remove(&Key::new(prefix_len, addr)) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
             Err(e) => Err(map_error(name)(e)),
         }
     }

@@ -162,6 +162,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
     let result = match Cli::parse().command {

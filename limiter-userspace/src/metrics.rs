@@ -33,7 +33,11 @@ pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
     let new_keys = Family::<Labels, Counter>::default();
     let aggregate = Family::<Labels, Counter>::default();
     let contended = Family::<Labels, Counter>::default();
-    for iface in &snapshot.interfaces {
+    // Slot 0 ("other": unregistered interfaces, test runs) only when used.
+    let used = |iface: &&crate::stats::InterfaceStats| {
+        iface.ifindex != 0 || iface.rules.iter().any(|r| r.counters != Default::default())
+    };
+    for iface in snapshot.interfaces.iter().filter(used) {
         for rule in &iface.rules {
             let base = vec![
                 layer(),

@@ -300,8 +300,8 @@ pub fn rules_view_text(view: &RulesView) -> String {
         .iter()
         .map(|r| {
             vec![
-                r.id.to_string(),
                 r.name.clone(),
+                r.id.to_string(),
                 r.description.matches.clone(),
                 r.description.limit.clone(),
                 r.description.aggregate.clone(),
@@ -314,8 +314,8 @@ pub fn rules_view_text(view: &RulesView) -> String {
         .collect();
     let mut out = table(
         &[
-            "ID",
             "RULE",
+            "ID",
             "MATCH",
             "LIMIT",
             "AGGREGATE",
