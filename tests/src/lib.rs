@@ -306,3 +306,171 @@ pub fn xdp_attached(netns: &str, iface: &str) -> bool {
     let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j output");
     links[0].get("xdp").is_some()
 }
+
+/// A `limiter daemon` child process in a lab's receiving namespace, with
+/// its own pin directory, socket and metrics port. Dropping it kills the
+/// process and detaches whatever it left behind.
+pub struct Daemon {
+    child: Option<Child>,
+    pub dir: TempDir,
+    pub pin_dir: PathBuf,
+    pub socket: PathBuf,
+    pub metrics_port: u16,
+    netns: String,
+    starts: usize,
+}
+
+impl Daemon {
+    /// Writes a daemon config for `iface` and `rules`, and starts it.
+    pub fn start(lab: &Lab, name: &str, ifaces: &[&str], rules: &str) -> Result<Self> {
+        let dir = TempDir::new(name);
+        dir.write("rules.yaml", rules);
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{name}"));
+        let socket = dir.0.join("control.sock");
+        let metrics_port = 19400 + (std::process::id() % 500) as u16;
+        let interfaces: Vec<String> = ifaces
+            .iter()
+            .map(|i| format!("{{ name: {i}, mode: native }}"))
+            .collect();
+        dir.write(
+            "daemon.yaml",
+            &format!(
+                "rules: rules.yaml\ninterfaces: [{}]\npin_dir: {}\nsocket: {}\nmetrics: 127.0.0.1:{metrics_port}\n",
+                interfaces.join(", "),
+                pin_dir.display(),
+                socket.display()
+            ),
+        );
+        let _ = datapath_detach(&pin_dir);
+        let mut daemon = Self {
+            child: None,
+            dir,
+            pin_dir,
+            socket,
+            metrics_port,
+            netns: lab.rx.name().to_owned(),
+            starts: 0,
+        };
+        daemon.spawn()?;
+        Ok(daemon)
+    }
+
+    /// Starts (again) with the same configuration; waits until it serves.
+    pub fn spawn(&mut self) -> Result<()> {
+        self.starts += 1;
+        let log = fs::File::create(self.log_path())?;
+        let config = self.dir.0.join("daemon.yaml");
+        let child = limiter_command(
+            Some(&self.netns),
+            &["daemon", "--config", &config.to_string_lossy()],
+        )
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("spawning limiter daemon")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !limiter::control::daemon_running(&self.socket) {
+            if let Some(status) = self.child.as_mut().expect("child").try_wait()? {
+                bail!("limiter daemon exited ({status}):\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!("limiter daemon did not serve within 20 s:\n{}", self.log());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.0.join(format!("daemon-{}.log", self.starts))
+    }
+
+    /// What the current process logged.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `kill -9`: no chance to clean up anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs a `limiter` subcommand against this daemon's socket.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut all: Vec<&str> = args.to_vec();
+        let socket = self.socket.to_string_lossy().into_owned();
+        let pin_dir = self.pin_dir.to_string_lossy().into_owned();
+        match args[0] {
+            "stats" | "top" => all.extend(["--pin-dir", &pin_dir]),
+            "detach" => all.extend(["--pin-dir", &pin_dir, "--socket", &socket]),
+            _ => all.extend(["--socket", &socket]),
+        }
+        limiter_command(None, &all)
+            .output()
+            .expect("running limiter")
+    }
+
+    /// Waits for the process to exit by itself (after `detach`).
+    pub fn wait_exit(&mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("not running")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("the daemon did not exit within 10 s");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = datapath_detach(&self.pin_dir);
+    }
+}
+
+fn datapath_detach(pin_dir: &Path) -> Result<Vec<String>> {
+    Ok(limiter::datapath::detach_all(pin_dir)?)
+}
+
+/// Asserts a CLI run succeeded; returns its stdout.
+#[track_caller]
+pub fn ok(output: std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "exit {}: {}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// One HTTP GET from inside a namespace; returns the body.
+pub fn http_get(ns: &limiter::lab::Netns, port: u16, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let path = path.to_owned();
+    ns.enter(move || -> Result<String> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        // HTTP/1.0: a plain body, no chunked encoding, closed at the end.
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .context("no HTTP header end")?;
+        if !head.split(' ').nth(1).is_some_and(|code| code == "200") {
+            bail!("GET {path}: {head}");
+        }
+        Ok(body.to_owned())
+    })?
+}

@@ -20,7 +20,23 @@ const BPF_LINKER_VERSION: &str = "^0.13";
 
 pub fn all() -> Result<()> {
     toolchain()?;
-    packages()
+    packages()?;
+    python_modules()
+}
+
+/// Python modules the tests use: the Prometheus project's own client
+/// parses our metrics exposition, as a Prometheus server would.
+const PYTHON_MODULES: [(&str, &str); 1] = [("prometheus_client", "prometheus-client==0.26.0")];
+
+fn python_modules() -> Result<()> {
+    for (module, requirement) in PYTHON_MODULES {
+        if succeeds(Command::new("python3").args(["-c", &format!("import {module}")])) {
+            continue;
+        }
+        step(&format!("installing the Python module {requirement}"));
+        status(Command::new("python3").args(["-m", "pip", "install", "--quiet", requirement]))?;
+    }
+    Ok(())
 }
 
 /// The nightly with rust-src and clippy, and a bpf-linker that matches its LLVM.

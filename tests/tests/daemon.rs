@@ -1,0 +1,403 @@
+//! The daemon on real traffic: restarts and reloads under flood, aggregate
+//! limits, blocks, detach, the control socket and the metrics endpoint.
+//! Arrivals are counted by nftables in the receiving namespace.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Write},
+    net::{IpAddr, Ipv4Addr},
+    os::unix::{fs::PermissionsExt, net::UnixStream},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::lab::{Lab, RX_IFACE};
+use limiter_tests::{Daemon, assert_within, flood, http_get, ok, sources, xdp_attached};
+
+fn v4(n: u8, third: u8) -> Vec<IpAddr> {
+    (1..=n)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, third, i)))
+        .collect()
+}
+
+/// Runs `during` on another thread while the flood runs on this one.
+fn flood_while<T: Send>(
+    lab: &Lab,
+    addrs: &[IpAddr],
+    pps: u64,
+    duration: Duration,
+    during: impl FnOnce() -> T + Send,
+) -> (limiter::lab::FloodReport, HashMap<IpAddr, u64>, T) {
+    thread::scope(|scope| {
+        let side = scope.spawn(during);
+        let (report, received) = flood(lab, &sources(lab, 0, addrs, pps, 64), duration);
+        (report, received, side.join().expect("side thread"))
+    })
+}
+
+const BIG_BURST: &str = "rules:
+  - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 100, unit: second, burst: 200 } }
+";
+
+#[test]
+fn kill_9_and_restart_under_flood_admit_no_second_burst() {
+    let lab = Lab::create("lt-restart").expect("lab");
+    let mut daemon = Daemon::start(&lab, "restart", &[RX_IFACE], BIG_BURST).expect("daemon");
+    let addrs = v4(4, 1);
+    let start = Instant::now();
+    let (report, received, restarted_log) =
+        flood_while(&lab, &addrs, 1000, Duration::from_secs(4), || {
+            thread::sleep(Duration::from_millis(1200));
+            daemon.kill9();
+            // Enforcement goes on with nobody home...
+            let attached = xdp_attached(lab.rx.name(), RX_IFACE);
+            thread::sleep(Duration::from_millis(800));
+            daemon.spawn().expect("restarting the daemon");
+            assert!(attached, "the program left the interface with the daemon");
+            (daemon.log(), start.elapsed())
+        });
+    let (log, restarted_at) = restarted_log;
+    assert!(
+        restarted_at < report.elapsed,
+        "the restart happened after the flood"
+    );
+    assert!(log.contains("adopted the pinned link"), "{log}");
+    assert!(log.contains("unchanged [\"flooded\"]"), "{log}");
+    // A second burst would add 200 (+33%); a gap in enforcement far more.
+    let expected = 200.0 + 100.0 * report.elapsed.as_secs_f64();
+    for addr in &addrs {
+        assert_within(
+            received[addr],
+            expected,
+            5.0,
+            &format!("{addr} across a kill -9 and restart"),
+        );
+    }
+}
+
+#[test]
+fn reloads_under_flood_keep_buckets_and_a_rejected_file_changes_nothing() {
+    let lab = Lab::create("lt-reload").expect("lab");
+    let other = |rate: u32| {
+        format!(
+            "{BIG_BURST}  - {{ name: other, match: {{ source: 198.19.0.0/16 }}, limit: {{ rate: {rate}, unit: second }} }}\n"
+        )
+    };
+    let daemon = Daemon::start(&lab, "reload", &[RX_IFACE], &other(1)).expect("daemon");
+    let addrs = v4(1, 2);
+    let (report, received, outputs) = flood_while(
+        &lab,
+        &addrs,
+        1000,
+        Duration::from_secs(4),
+        || {
+            let mut outputs = Vec::new();
+            for i in 0..20 {
+                let file = daemon.dir.write(&format!("rules-{i}.yaml"), &other(2 + i));
+                outputs.push(ok(daemon.cli(&["rules", "apply", &file.to_string_lossy()])));
+                thread::sleep(Duration::from_millis(100));
+            }
+            // A typo in the last rule: `limt`.
+            let bad = daemon.dir.write(
+            "bad.yaml",
+            &format!("{BIG_BURST}  - {{ name: other, match: {{ source: 198.19.0.0/16 }}, limt: {{ rate: 99, unit: second }} }}\n"),
+        );
+            let rejected = daemon.cli(&["rules", "apply", &bad.to_string_lossy()]);
+            (outputs, rejected)
+        },
+    );
+    let (outputs, rejected) = outputs;
+    assert_eq!(outputs.len(), 20);
+    for out in &outputs {
+        assert!(out.contains("modified (new buckets)     other"), "{out}");
+        assert!(out.contains("unchanged (buckets kept)   flooded"), "{out}");
+    }
+    assert!(!rejected.status.success());
+    let stderr = String::from_utf8_lossy(&rejected.stderr);
+    assert!(
+        stderr.contains("bad.yaml:3: rules[1]: unknown field `limt`"),
+        "{stderr}"
+    );
+    let expected = 200.0 + 100.0 * report.elapsed.as_secs_f64();
+    assert_within(
+        received[&addrs[0]],
+        expected,
+        5.0,
+        "the flooded source across 20 reloads",
+    );
+    // The rejected file changed nothing: the last good rule set is in force.
+    let show = ok(daemon.cli(&["rules", "show", "--json"]));
+    let view: serde_json::Value = serde_json::from_str(&show).expect("rules show JSON");
+    let limits: Vec<&str> = view["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["limit"].as_str().unwrap())
+        .collect();
+    assert_eq!(limits, ["100 pkts/s, burst 200", "21 pkts/s, burst 21"]);
+}
+
+#[test]
+fn aggregate_limit_holds_across_fifty_sources() {
+    let lab = Lab::create("lt-aggregate").expect("lab");
+    let rules = "rules:
+  - name: many
+    match: { source: 198.18.0.0/16 }
+    limit: { rate: 100, unit: second, burst: 10 }
+    aggregate: { rate: 1000, unit: second, burst: 100 }
+";
+    let daemon = Daemon::start(&lab, "aggregate", &[RX_IFACE], rules).expect("daemon");
+    let addrs = v4(50, 3);
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &addrs, 150, 64),
+        Duration::from_secs(3),
+    );
+    let total: u64 = addrs
+        .iter()
+        .map(|a| received.get(a).copied().unwrap_or(0))
+        .sum();
+    // Each source alone would get 10 + 100 t; together they are held to the aggregate.
+    assert_within(
+        total,
+        100.0 + 1000.0 * report.elapsed.as_secs_f64(),
+        5.0,
+        "50 sources together",
+    );
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(daemon.cli(&["stats", "--json"]))).expect("JSON");
+    let many = stats["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "many")
+        .unwrap();
+    assert_eq!(many["passed_packets"].as_u64(), Some(total));
+    assert!(many["aggregate_excess"].as_u64().unwrap() > 1000, "{many}");
+}
+
+#[test]
+fn blocks_expire_on_time_without_the_daemon() {
+    let lab = Lab::create("lt-block").expect("lab");
+    let rules = "rules:\n  - { name: open, match: { source: 198.18.0.0/16 }, limit: unlimited }\n";
+    let mut daemon = Daemon::start(&lab, "block", &[RX_IFACE], rules).expect("daemon");
+    let addrs = v4(1, 4);
+    ok(daemon.cli(&["block", "198.18.4.0/24", "--for", "1s"]));
+    let blocked_at = Instant::now();
+    ok(daemon.cli(&["block", "2001:db8:77::/48"]));
+    let listed = ok(daemon.cli(&["rules", "show"]));
+    assert!(
+        listed.contains("198.18.4.0/24") && listed.contains("2001:db8:77::/48"),
+        "{listed}"
+    );
+    // The kernel lifts the block by itself: no daemon from here on.
+    daemon.kill9();
+    let flood_at = Instant::now();
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &addrs, 1000, 64),
+        Duration::from_secs(3),
+    );
+    // The part of the block's second that overlapped the flood.
+    let blocked_for = 1.0 - flood_at.duration_since(blocked_at).as_secs_f64();
+    let expected = report.sent[0] as f64 - 1000.0 * blocked_for;
+    assert_within(
+        received[&addrs[0]],
+        expected,
+        5.0,
+        "packets after the 1 s block expired",
+    );
+    daemon.spawn().expect("restart");
+    ok(daemon.cli(&["unblock", "2001:db8:77::/48"]));
+    let out = daemon.cli(&["unblock", "2001:db8:77::/48"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2001:db8:77::/48 is not blocked"));
+}
+
+#[test]
+fn detach_leaves_no_program_link_or_pin() {
+    let lab = Lab::with_pairs("lt-detach", 2).expect("lab");
+    let mut daemon =
+        Daemon::start(&lab, "detach", &[RX_IFACE, "veth-rx1"], BIG_BURST).expect("daemon");
+    assert!(xdp_attached(lab.rx.name(), RX_IFACE) && xdp_attached(lab.rx.name(), "veth-rx1"));
+    let out = ok(daemon.cli(&["detach"]));
+    assert!(out.contains("detached from veth-rx, veth-rx1"), "{out}");
+    assert!(daemon.wait_exit().expect("exit").success());
+    assert!(!xdp_attached(lab.rx.name(), RX_IFACE) && !xdp_attached(lab.rx.name(), "veth-rx1"));
+    assert!(!daemon.pin_dir.exists(), "pins left behind");
+    assert!(!daemon.socket.exists(), "socket left behind");
+    // With no daemon, detach works on the pins directly (nothing left to do).
+    ok(daemon.cli(&["detach"]));
+}
+
+#[test]
+fn control_socket_is_root_only_and_survives_bad_clients() {
+    let lab = Lab::create("lt-control").expect("lab");
+    let daemon = Daemon::start(&lab, "control", &[RX_IFACE], BIG_BURST).expect("daemon");
+    let mode = std::fs::metadata(&daemon.socket)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let ask = |line: &[u8]| {
+        let mut stream = UnixStream::connect(&daemon.socket).expect("connect");
+        // The daemon may hang up before an oversized line is all written.
+        let _ = stream.write_all(line);
+        let mut answer = String::new();
+        let _ = BufReader::new(stream).read_line(&mut answer);
+        answer
+    };
+    assert!(ask(b"this is not json\n").contains("\"ok\":false"));
+    assert!(ask(b"{\"command\":\"launch_missiles\"}\n").contains("unknown variant"));
+    assert!(
+        ask(b"{\"command\":\"block\",\"prefix\":\"300.1.1.1/8\"}\n")
+            .contains("not an address prefix")
+    );
+    let huge = vec![b'x'; 5 << 20];
+    assert!(ask(&huge).contains("\"ok\":false"));
+    // Still serving, and still enforcing the same rules.
+    assert!(ask(b"{\"command\":\"status\"}\n").contains("\"ok\":true"));
+}
+
+/// Samples of an OpenMetrics exposition as parsed by the Prometheus
+/// project's own Python parser: (name, labels, value).
+fn parse_openmetrics(text: &str) -> Vec<(String, HashMap<String, String>, f64)> {
+    let script = "import sys, json\n\
+from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+out = [[s.name, s.labels, s.value] for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]\n\
+print(json.dumps(out))\n";
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (cargo xtask setup installs prometheus-client)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the exposition does not parse: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("parser output")
+}
+
+#[test]
+fn metrics_parse_and_agree_with_stats_and_the_receiver() {
+    let lab = Lab::create("lt-metrics").expect("lab");
+    let rules = "rules:
+  - { name: web, match: { source: 198.18.0.0/16 }, limit: { rate: 200, unit: second, burst: 20 } }
+  - { name: dry, match: { source: 198.19.0.0/16 }, limit: { rate: 200, unit: second, burst: 20 }, action: shadow }
+";
+    let daemon = Daemon::start(&lab, "metrics", &[RX_IFACE], rules).expect("daemon");
+    let web = v4(3, 5);
+    let dry: Vec<IpAddr> = (1..=2)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(198, 19, 5, i)))
+        .collect();
+    let all: Vec<IpAddr> = web.iter().chain(&dry).copied().collect();
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &all, 1000, 64),
+        Duration::from_secs(2),
+    );
+    let body = http_get(&lab.rx, daemon.metrics_port, "/metrics").expect("scrape");
+    let samples = parse_openmetrics(&body);
+    let sample = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, _, v)| *v)
+            .sum()
+    };
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(daemon.cli(&["stats", "--json"]))).expect("JSON");
+    let rule = |name: &str| {
+        stats["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let arrived = |addrs: &[IpAddr]| {
+        addrs
+            .iter()
+            .map(|a| received.get(a).copied().unwrap_or(0))
+            .sum::<u64>() as f64
+    };
+    let sent = |addrs: &[IpAddr]| {
+        addrs
+            .iter()
+            .map(|a| report.sent[all.iter().position(|x| x == a).unwrap()])
+            .sum::<u64>() as f64
+    };
+    let on = |rule: &'static str, verdict: &'static str| {
+        [
+            ("layer", "xdp"),
+            ("interface", RX_IFACE),
+            ("rule", rule),
+            ("verdict", verdict),
+        ]
+    };
+    // Enforced rule: passed = what arrived; dropped = the rest; stats agree.
+    assert_eq!(
+        sample("limiter_packets_total", &on("web", "passed")),
+        arrived(&web)
+    );
+    assert_eq!(
+        sample("limiter_packets_total", &on("web", "dropped")),
+        sent(&web) - arrived(&web)
+    );
+    assert_eq!(rule("web")["passed_packets"].as_f64(), Some(arrived(&web)));
+    assert_eq!(
+        rule("web")["dropped_packets"].as_f64(),
+        Some(sent(&web) - arrived(&web))
+    );
+    // Shadow rule: everything arrived; excess counted as shadow_dropped.
+    assert_eq!(arrived(&dry), sent(&dry));
+    let shadowed = sample("limiter_packets_total", &on("dry", "shadow_dropped"));
+    assert_eq!(shadowed, rule("dry")["shadow_packets"].as_f64().unwrap());
+    assert_eq!(
+        sample("limiter_packets_total", &on("dry", "passed")) + shadowed,
+        arrived(&dry)
+    );
+    // 106-byte frames: 14 Ethernet + 20 IPv4 + 8 UDP + 64 payload.
+    assert_eq!(
+        sample("limiter_bytes_total", &on("web", "passed")),
+        arrived(&web) * 106.0
+    );
+    assert_eq!(sample("limiter_ruleset_generation", &[]), 1.0);
+    assert_eq!(sample("limiter_key_capacity", &[]), 1_048_576.0);
+    assert_eq!(
+        sample(
+            "limiter_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    assert!(samples.iter().any(|(n, _, _)| n == "limiter_tracked_keys"));
+    // Dry run for everything, switched live.
+    ok(daemon.cli(&["shadow", "on"]));
+    let (report2, received2) = flood(
+        &lab,
+        &sources(&lab, 0, &web[..1], 1000, 64),
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        received2[&web[0]] - received[&web[0]],
+        report2.sent[0],
+        "nothing dropped under global dry run"
+    );
+}
