@@ -251,7 +251,7 @@ pub struct KeyState {
 /// plain increments are exact without atomics; readers sum the CPUs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(serde::Serialize))]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct RuleCounters {
     pub passed_packets: u64,
     pub passed_bytes: u64,
@@ -272,7 +272,7 @@ pub struct RuleCounters {
 /// Counters for every packet, one per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(serde::Serialize))]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct GlobalCounters {
     pub packets: u64,
     pub ipv4: u64,

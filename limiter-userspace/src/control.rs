@@ -33,6 +33,8 @@ pub const MAX_REQUEST: usize = 4 << 20;
 pub enum Request {
     /// Interfaces, pin directory, rule-set generation.
     Status,
+    /// The counters (what `limiter stats --json` prints).
+    Stats,
     /// Validate and apply a rule file; `origin` names it in errors.
     RulesApply {
         text: String,

@@ -365,6 +365,7 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             "interfaces": shared.attachments,
             "ruleset_generation": shared.generation.load(Ordering::Relaxed),
         })),
+        Request::Stats => Response::ok(blocking(shared, |engine| engine.snapshot()).await?),
         Request::RulesApply { text, origin } => Response::ok(apply(shared, text, origin).await?),
         Request::RulesShow => {
             let shared = Arc::clone(shared);

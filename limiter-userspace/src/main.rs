@@ -92,6 +92,9 @@ enum Command {
         /// Refresh every second.
         #[arg(long)]
         watch: bool,
+        /// Asked first: the daemon's control socket.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
     },
     /// Live view of the sources with the most drops and their rates.
     Top {
@@ -196,7 +199,8 @@ fn main() -> ExitCode {
             pin_dir,
             json,
             watch,
-        } => commands::stats(&pin_dir, json, watch),
+            socket,
+        } => commands::stats(&pin_dir, &socket, json, watch),
         Command::Top {
             pin_dir,
             count,

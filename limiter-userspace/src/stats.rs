@@ -13,7 +13,7 @@ use limiter_common::abi::{
     GlobalConfig, GlobalCounters, MAX_RULES, RuleConfig, RuleCounters, counter_slot, global_flag,
     map_name, rule_slot,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::datapath::{Datapath, open_pinned};
 
@@ -28,7 +28,7 @@ pub struct CounterMaps<T> {
 }
 
 /// Counters summed over CPUs.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Snapshot {
     /// The active generation of the rule tables.
     pub generation: u32,
@@ -42,7 +42,7 @@ pub struct Snapshot {
     pub keys: KeyMap,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RuleStats {
     pub id: u32,
     pub name: String,
@@ -50,7 +50,7 @@ pub struct RuleStats {
     pub counters: RuleCounters,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InterfaceStats {
     pub ifindex: u32,
     pub name: String,
@@ -58,7 +58,7 @@ pub struct InterfaceStats {
 }
 
 /// The per-key state map, as the kernel accounts for it.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KeyMap {
     /// Keys it holds before the least recently used are evicted.
     pub capacity: u64,

@@ -405,8 +405,8 @@ impl Daemon {
         let socket = self.socket.to_string_lossy().into_owned();
         let pin_dir = self.pin_dir.to_string_lossy().into_owned();
         match args[0] {
-            "stats" | "top" => all.extend(["--pin-dir", &pin_dir]),
-            "detach" => all.extend(["--pin-dir", &pin_dir, "--socket", &socket]),
+            "top" => all.extend(["--pin-dir", &pin_dir]),
+            "stats" | "detach" => all.extend(["--pin-dir", &pin_dir, "--socket", &socket]),
             _ => all.extend(["--socket", &socket]),
         }
         limiter_command(None, &all)
@@ -468,7 +468,7 @@ pub fn http_get(ns: &limiter::lab::Netns, port: u16, path: &str) -> Result<Strin
         let (head, body) = response
             .split_once("\r\n\r\n")
             .context("no HTTP header end")?;
-        if !head.split(' ').nth(1).is_some_and(|code| code == "200") {
+        if head.split(' ').nth(1) != Some("200") {
             bail!("GET {path}: {head}");
         }
         Ok(body.to_owned())

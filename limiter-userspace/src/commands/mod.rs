@@ -12,11 +12,20 @@ use limiter::{
     stats::CounterMaps,
 };
 
-pub fn stats(pin_dir: &Path, json: bool, watch: bool) -> Result<()> {
+/// From the daemon if one answers on `socket`, else from the pins of
+/// whatever limiter runs (`limiter run` has no socket).
+pub fn stats(pin_dir: &Path, socket: &Path, json: bool, watch: bool) -> Result<()> {
     limiter::limiter::require_root()?;
-    let maps = CounterMaps::from_pins(pin_dir)?;
+    let maps = if control::daemon_running(socket) {
+        None
+    } else {
+        Some(CounterMaps::from_pins(pin_dir)?)
+    };
     loop {
-        let snapshot = maps.read()?;
+        let snapshot = match &maps {
+            Some(maps) => maps.read()?,
+            None => serde_json::from_value(control::call(socket, &Request::Stats)?)?,
+        };
         if json {
             println!("{}", serde_json::to_string(&snapshot)?);
         } else {
