@@ -37,7 +37,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     let config = CONFIG.get(0).copied().unwrap_or_default();
     // Safe to read: the verifier allows reading ingress_ifindex from xdp_md.
     let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
-    let iface = unsafe { IFACES.get(&ifindex) }.copied().unwrap_or(0);
+    let iface = unsafe { IFACES.get(ifindex) }.copied().unwrap_or(0);
     let verdict = match parse::parse(&ctx) {
         Ok(Some(packet)) => limit(&config, iface, &packet, len),
         Ok(None) => {
