@@ -38,6 +38,8 @@ pub enum LimitError {
     RateTooHigh,
     /// `B × T` beyond the representable horizon.
     BurstTooLarge,
+    /// `2 × R × U` does not fit in 64 bits (window algorithms).
+    WindowTooLarge,
 }
 
 impl core::fmt::Display for LimitError {
@@ -48,6 +50,7 @@ impl core::fmt::Display for LimitError {
             Self::ZeroPeriod => "the unit must be at least 1 ns long",
             Self::RateTooHigh => "rate exceeds one per nanosecond (the clock's resolution)",
             Self::BurstTooLarge => "burst × (unit / rate) overflows the 2^61 ns horizon",
+            Self::WindowTooLarge => "2 × rate × unit (in ns) overflows 64 bits; use a shorter unit",
         })
     }
 }

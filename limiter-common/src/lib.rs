@@ -5,3 +5,4 @@
 pub mod abi;
 pub mod gcra;
 pub mod meter;
+pub mod window;

@@ -82,7 +82,9 @@ proptest! {
         let gcra = Gcra::new(rate, 1_000_000_000, burst).unwrap();
         let step = (gcra.emission_ns / factor).max(1);
         let start = 3_000_000_000;
-        let duration = 2_000_000_000;
+        // Long enough that the flood offers more than the burst and the rate
+        // together: factor × D/T ≥ B + D/T when D/T ≥ B.
+        let duration = gcra.emission_ns * (burst + 20);
         let arrivals: Vec<_> = (0..).map(|i| (start + i * step, 1)).take_while(|a| a.0 <= start + duration).collect();
         let got = admitted(&gcra, &arrivals).len() as u64;
         let ideal = burst + duration / gcra.emission_ns;

@@ -1,0 +1,197 @@
+//! Window counters: `fixed_window` (envoy ratelimit's behaviour: at most
+//! `R` per window of length `U`, windows aligned to the Unix epoch) and
+//! `sliding_window` (the weighted two-window estimate Cloudflare describes:
+//! `prev × (U − elapsed) / U + current`, which must stay within `R`).
+//!
+//! Integer nanoseconds of the Unix epoch, no floating point and no division
+//! instruction: the sliding estimate is compared multiplied through by `U`
+//! (overflow excluded when the limit is loaded), and the one remainder
+//! needed when a key returns after two or more idle windows is computed by
+//! shift and subtract, in at most 64 steps.
+
+use crate::gcra::LimitError;
+
+/// `R` per window of `U` ns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub length_ns: u64,
+    pub limit: u64,
+}
+
+/// A key's window state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowState {
+    /// Start of the current window (a multiple of `length_ns`), epoch ns.
+    pub start: u64,
+    /// Cost admitted in the window before it (sliding window only).
+    pub previous: u64,
+    /// Cost admitted in the current window.
+    pub current: u64,
+}
+
+impl Window {
+    /// `limit` per `length_ns`. For the sliding window, `2 × R × U` must fit
+    /// in 64 bits so the multiplied-through comparison cannot overflow.
+    pub const fn new(limit: u64, length_ns: u64) -> Result<Self, LimitError> {
+        if limit == 0 {
+            return Err(LimitError::ZeroRate);
+        }
+        if length_ns == 0 {
+            return Err(LimitError::ZeroPeriod);
+        }
+        match limit.checked_mul(2) {
+            Some(twice) if twice.checked_mul(length_ns).is_some() => {}
+            _ => return Err(LimitError::WindowTooLarge),
+        }
+        Ok(Self { length_ns, limit })
+    }
+
+    /// The state as of `now`: rolled over to `now`'s window. A state from
+    /// the future (the clock went backwards) is kept as it is, so counts
+    /// are never forgotten early.
+    #[inline(always)]
+    fn roll(&self, state: &WindowState, now: u64) -> WindowState {
+        let u = self.length_ns;
+        if now < state.start.saturating_add(u) {
+            return *state;
+        }
+        if now - state.start < 2 * u.min(u64::MAX / 2) {
+            return WindowState {
+                start: state.start + u,
+                previous: state.current,
+                current: 0,
+            };
+        }
+        WindowState {
+            start: now - remainder(now, u),
+            previous: 0,
+            current: 0,
+        }
+    }
+
+    /// Fixed window: admits `cost` at `now` if the window's total stays
+    /// within the limit. Returns the new state, or `None` (denied, uncharged).
+    #[inline(always)]
+    pub fn check_fixed(&self, state: &WindowState, now: u64, cost: u64) -> Option<WindowState> {
+        let mut next = self.roll(state, now);
+        if cost > self.limit || next.current > self.limit - cost {
+            return None;
+        }
+        next.current += cost;
+        Some(next)
+    }
+
+    /// Sliding window: admits `cost` at `now` if
+    /// `previous × (U − elapsed) / U + current + cost ≤ R`, evaluated as
+    /// `previous × (U − elapsed) + (current + cost) × U ≤ R × U`.
+    #[inline(always)]
+    pub fn check_sliding(&self, state: &WindowState, now: u64, cost: u64) -> Option<WindowState> {
+        let mut next = self.roll(state, now);
+        if cost > self.limit || next.current > self.limit - cost {
+            return None;
+        }
+        let u = self.length_ns;
+        // A state from the future counts as the window's first instant.
+        let elapsed = now.saturating_sub(next.start).min(u);
+        // previous ≤ R and current + cost ≤ R, so both products are at most
+        // R × U, and their sum at most 2 × R × U, which `new` proved fits.
+        let weighted = next.previous * (u - elapsed) + (next.current + cost) * u;
+        if weighted > self.limit * u {
+            return None;
+        }
+        next.current += cost;
+        Some(next)
+    }
+
+    /// Nanoseconds from `now` until the current window ends.
+    pub fn reset_ns(&self, state: &WindowState, now: u64) -> u64 {
+        let rolled = self.roll(state, now);
+        rolled
+            .start
+            .saturating_add(self.length_ns)
+            .saturating_sub(now)
+    }
+}
+
+/// `value mod divisor` by shift and subtract (at most 64 steps).
+#[inline(always)]
+pub fn remainder(value: u64, divisor: u64) -> u64 {
+    if divisor == 0 {
+        return value;
+    }
+    let mut rem: u64 = 0;
+    let mut bit = 64;
+    while bit > 0 {
+        bit -= 1;
+        // rem < divisor, so rem << 1 | b < 2 × divisor: compare before
+        // shifting to stay within 64 bits.
+        let top = rem >> 63;
+        rem = (rem << 1) | ((value >> bit) & 1);
+        if top == 1 || rem >= divisor {
+            rem = rem.wrapping_sub(divisor);
+        }
+    }
+    rem
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn remainder_matches_the_operator() {
+        for (v, d) in [
+            (0, 1),
+            (7, 3),
+            (u64::MAX, 1),
+            (u64::MAX, u64::MAX),
+            (u64::MAX, 3),
+            (1 << 63, (1 << 63) + 1),
+            (12345678901234, SEC),
+        ] {
+            assert_eq!(remainder(v, d), v % d, "{v} mod {d}");
+        }
+    }
+
+    #[test]
+    fn fixed_window_resets_at_epoch_multiples() {
+        let w = Window::new(3, 10 * SEC).unwrap();
+        let mut s = WindowState::default();
+        let t0 = 1_700_000_005 * SEC; // 5 s into a window
+        for _ in 0..3 {
+            s = w.check_fixed(&s, t0, 1).unwrap();
+        }
+        assert_eq!(s.start, 1_700_000_000 * SEC);
+        assert_eq!(w.check_fixed(&s, t0 + 4 * SEC, 1), None);
+        assert!(w.check_fixed(&s, t0 + 5 * SEC, 1).is_some());
+        assert_eq!(w.reset_ns(&s, t0), 5 * SEC);
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let w = Window::new(10, 10 * SEC).unwrap();
+        let s = WindowState {
+            start: 100 * SEC,
+            previous: 0,
+            current: 10,
+        };
+        // 2.5 s into the next window: 10 × 7.5 / 10 = 7.5 estimated; 2 more fit, not 3.
+        let t = 112 * SEC + SEC / 2;
+        let s = w.check_sliding(&s, t, 2).unwrap();
+        assert_eq!((s.start, s.previous, s.current), (110 * SEC, 10, 2));
+        assert_eq!(w.check_sliding(&s, t, 1), None);
+    }
+
+    #[test]
+    fn overflowing_windows_are_refused() {
+        assert_eq!(
+            Window::new(u64::MAX / 2, 2),
+            Err(LimitError::WindowTooLarge)
+        );
+        assert!(Window::new(100_000, 86_400 * SEC).is_ok());
+    }
+}
