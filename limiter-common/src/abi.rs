@@ -2,7 +2,7 @@
 //! their keys and values. Every type is `#[repr(C)]` with explicit padding
 //! fields, so both sides agree byte for byte; each has a size assertion.
 
-use crate::gcra::Gcra;
+use crate::{gcra::Gcra, window::Window};
 
 /// Map names, as the loader and `limiter stats` find them in the object
 /// and under the pin directory.
@@ -63,6 +63,9 @@ pub struct GlobalConfig {
     /// Where userspace continues allocating rule ids (kept here so that it
     /// survives restarts along with the tables).
     pub next_rule_id: u32,
+    /// `CLOCK_REALTIME − CLOCK_MONOTONIC`, refreshed by userspace: window
+    /// algorithms align their windows to the Unix epoch.
+    pub realtime_offset_ns: u64,
 }
 
 /// `GlobalConfig::flags` bits.
@@ -101,6 +104,21 @@ pub mod rule_flag {
     pub const AGGREGATE_BYTES: u32 = 1 << 6;
 }
 
+/// `RuleConfig::algorithm` values.
+pub mod algorithm {
+    pub const GCRA: u32 = 0;
+    pub const FIXED_WINDOW: u32 = 1;
+    pub const SLIDING_WINDOW: u32 = 2;
+}
+
+/// One meter's parameters: `gcra` for GCRA rules, `window` for the others.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterConfig {
+    pub gcra: Gcra,
+    pub window: Window,
+}
+
 /// One rule, as the kernel applies it. Array map indexed by [`rule_slot`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,13 +129,16 @@ pub struct RuleConfig {
     pub v4_key_mask: [u8; 4],
     /// Mask applied to an IPv6 source to form its key (network byte order).
     pub v6_key_mask: [u8; 16],
+    /// [`algorithm`] of every meter of the rule.
+    pub algorithm: u32,
+    pub _pad: u32,
     /// Meter for packets (cost 1 per packet).
-    pub packets: Gcra,
+    pub packets: MeterConfig,
     /// Meter for bytes (cost = frame length, Ethernet header included).
-    pub bytes: Gcra,
+    pub bytes: MeterConfig,
     /// Meters shared by every key of the rule (hierarchical limits).
-    pub aggregate_packets: Gcra,
-    pub aggregate_bytes: Gcra,
+    pub aggregate_packets: MeterConfig,
+    pub aggregate_bytes: MeterConfig,
     /// Identifies the rule's match, key and limits: a reload keeps the id,
     /// and so the buckets, of a rule whose fingerprint did not change.
     pub fingerprint: u64,
@@ -235,14 +256,18 @@ impl FlowKey {
     }
 }
 
-/// Per-key state: one GCRA TAT per meter, in ns of `CLOCK_MONOTONIC`, and
-/// what the key passed and dropped (atomic adds; read by `limiter top`).
-/// The same layout holds a rule's aggregate state in `AGGREGATES`.
+/// Per-key state for the packet meter (index 0) and the byte meter (1),
+/// and what the key passed and dropped (atomic adds; read by `limiter
+/// top`). The same layout holds a rule's aggregate state in `AGGREGATES`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyState {
-    pub packets_tat: u64,
-    pub bytes_tat: u64,
+    /// GCRA: `[TAT, -, -]` in ns of `CLOCK_MONOTONIC`, updated lock-free
+    /// with compare-and-swap. Windows: `[start, previous, current]`
+    /// ([`crate::window::WindowState`]), changed together under `lock`.
+    pub meters: [[u64; 3]; 2],
+    /// Window algorithms only: 0 free, 1 held (taken with compare-and-swap).
+    pub lock: u64,
     pub passed_packets: u64,
     pub dropped_packets: u64,
 }
@@ -307,15 +332,16 @@ impl_rule_counters_add! {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<GlobalConfig>() == 16);
-    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 4 * 24 + 8 + RULE_NAME_LEN);
+    assert!(core::mem::size_of::<GlobalConfig>() == 24);
+    assert!(core::mem::size_of::<MeterConfig>() == 48);
+    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 8 + 4 * 48 + 8 + RULE_NAME_LEN);
     assert!(core::mem::size_of::<PrefixKey<4>>() == 5);
     assert!(core::mem::size_of::<PrefixKey<16>>() == 17);
     assert!(core::mem::size_of::<Block>() == 16);
     assert!(core::mem::size_of::<Candidate>() == 8);
     assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
     assert!(core::mem::size_of::<FlowKey>() == 20);
-    assert!(core::mem::size_of::<KeyState>() == 32);
+    assert!(core::mem::size_of::<KeyState>() == 72);
     assert!(core::mem::size_of::<RuleCounters>() == 72);
     assert!(core::mem::size_of::<GlobalCounters>() == 64);
 };

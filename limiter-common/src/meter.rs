@@ -5,7 +5,10 @@
 //! verdict is recomputed from the value it wrote. No update is ever lost, so
 //! concurrency cannot admit more than the algorithm allows.
 
-use crate::gcra::{Decision, Gcra};
+use crate::{
+    gcra::{Decision, Gcra},
+    window::{Window, WindowState},
+};
 
 /// How many times a contended update is retried before giving up. Each
 /// failed attempt means another CPU's update of the same key succeeded.
@@ -100,6 +103,47 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
                     refused_by: i,
                 };
             }
+        }
+        i += 1;
+    }
+    Verdict {
+        outcome: Outcome::Allowed,
+        refused_by: N,
+    }
+}
+
+/// One window meter a request is charged to: its state, parameters, cost.
+pub type WindowCharge<'a> = Option<(&'a mut WindowState, &'a Window, u64)>;
+
+/// The window counterpart of [`acquire_all`], for states the caller holds
+/// exclusively (under a lock): every meter is checked first, and the new
+/// states are written only if all of them allow the request. (The checks
+/// are pure, so the second pass recomputes rather than keeping copies:
+/// the kernel has 512 bytes of stack.)
+#[inline(always)]
+pub fn windows_all<const N: usize>(
+    mut charges: [WindowCharge<'_>; N],
+    now: u64,
+    sliding: bool,
+) -> Verdict {
+    let mut i = 0;
+    while i < N {
+        if let Some((state, window, cost)) = &charges[i]
+            && window.check(state, now, *cost, sliding).is_none()
+        {
+            return Verdict {
+                outcome: Outcome::Denied,
+                refused_by: i,
+            };
+        }
+        i += 1;
+    }
+    let mut i = 0;
+    while i < N {
+        if let Some((state, window, cost)) = &mut charges[i]
+            && let Some(next) = window.check(state, now, *cost, sliding)
+        {
+            **state = next;
         }
         i += 1;
     }

@@ -3,11 +3,12 @@
 //! `sliding_window` (the weighted two-window estimate Cloudflare describes:
 //! `prev × (U − elapsed) / U + current`, which must stay within `R`).
 //!
-//! Integer nanoseconds of the Unix epoch, no floating point and no division
-//! instruction: the sliding estimate is compared multiplied through by `U`
-//! (overflow excluded when the limit is loaded), and the one remainder
-//! needed when a key returns after two or more idle windows is computed by
-//! shift and subtract, in at most 64 steps.
+//! Integer nanoseconds of the Unix epoch, no floating point and no division:
+//! the sliding estimate is compared multiplied through by `U` (overflow
+//! excluded when the limit is loaded), and the one remainder needed when a
+//! key returns after two or more idle windows is computed by multiplying
+//! with a reciprocal of `U` computed at load time, then correcting by at
+//! most two subtractions.
 
 use crate::gcra::LimitError;
 
@@ -17,6 +18,8 @@ use crate::gcra::LimitError;
 pub struct Window {
     pub length_ns: u64,
     pub limit: u64,
+    /// `floor((2^64 − 1) / length_ns)`, for [`remainder`].
+    pub reciprocal: u64,
 }
 
 /// A key's window state.
@@ -30,6 +33,18 @@ pub struct WindowState {
     /// Cost admitted in the current window.
     pub current: u64,
 }
+
+impl WindowState {
+    /// The state kept in a key's `[start, previous, current]` slots, in place.
+    #[inline(always)]
+    pub fn in_slots(slots: &mut [u64; 3]) -> &mut Self {
+        // SAFETY: WindowState is repr(C) with exactly three u64 fields,
+        // the layout and alignment of [u64; 3].
+        unsafe { &mut *(slots as *mut [u64; 3]).cast::<Self>() }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<WindowState>() == core::mem::size_of::<[u64; 3]>());
 
 impl Window {
     /// `limit` per `length_ns`. For the sliding window, `2 × R × U` must fit
@@ -45,7 +60,11 @@ impl Window {
             Some(twice) if twice.checked_mul(length_ns).is_some() => {}
             _ => return Err(LimitError::WindowTooLarge),
         }
-        Ok(Self { length_ns, limit })
+        Ok(Self {
+            length_ns,
+            limit,
+            reciprocal: u64::MAX / length_ns,
+        })
     }
 
     /// The state as of `now`: rolled over to `now`'s window. A state from
@@ -65,7 +84,7 @@ impl Window {
             };
         }
         WindowState {
-            start: now - remainder(now, u),
+            start: now - remainder(now, u, self.reciprocal),
             previous: 0,
             current: 0,
         }
@@ -105,6 +124,22 @@ impl Window {
         Some(next)
     }
 
+    /// [`Window::check_sliding`] or [`Window::check_fixed`].
+    #[inline(always)]
+    pub fn check(
+        &self,
+        state: &WindowState,
+        now: u64,
+        cost: u64,
+        sliding: bool,
+    ) -> Option<WindowState> {
+        if sliding {
+            self.check_sliding(state, now, cost)
+        } else {
+            self.check_fixed(state, now, cost)
+        }
+    }
+
     /// Nanoseconds from `now` until the current window ends.
     pub fn reset_ns(&self, state: &WindowState, now: u64) -> u64 {
         let rolled = self.roll(state, now);
@@ -115,25 +150,43 @@ impl Window {
     }
 }
 
-/// `value mod divisor` by shift and subtract (at most 64 steps).
+/// `value mod divisor`, given `reciprocal = floor((2^64 − 1) / divisor)`:
+/// the estimated quotient `value × reciprocal / 2^64` is at most two short
+/// of the true one, so at most two subtractions correct the remainder.
 #[inline(always)]
-pub fn remainder(value: u64, divisor: u64) -> u64 {
-    if divisor == 0 {
-        return value;
+pub fn remainder(value: u64, divisor: u64, reciprocal: u64) -> u64 {
+    let quotient = mul_high(value, reciprocal);
+    let mut rem = value - quotient * divisor;
+    if rem >= divisor {
+        rem -= divisor;
     }
-    let mut rem: u64 = 0;
-    let mut bit = 64;
-    while bit > 0 {
-        bit -= 1;
-        // rem < divisor, so rem << 1 | b < 2 × divisor: compare before
-        // shifting to stay within 64 bits.
-        let top = rem >> 63;
-        rem = (rem << 1) | ((value >> bit) & 1);
-        if top == 1 || rem >= divisor {
-            rem = rem.wrapping_sub(divisor);
-        }
+    if rem >= divisor {
+        rem -= divisor;
     }
     rem
+}
+
+/// The high 64 bits of a 64 × 64-bit product, from 32-bit halves (BPF has
+/// no 128-bit multiply).
+#[inline(always)]
+pub fn mul_high(a: u64, b: u64) -> u64 {
+    // The high halves pass through volatile reads: LLVM would otherwise
+    // recognise the idiom and emit a 128-bit multiply, which BPF lacks.
+    // SAFETY: reads of initialised locals.
+    let (a_hi, a_lo) = (
+        unsafe { core::ptr::read_volatile(&(a >> 32)) },
+        a & 0xffff_ffff,
+    );
+    let (b_hi, b_lo) = (
+        unsafe { core::ptr::read_volatile(&(b >> 32)) },
+        b & 0xffff_ffff,
+    );
+    let lo_lo = a_lo * b_lo;
+    let hi_lo = a_hi * b_lo;
+    let lo_hi = a_lo * b_hi;
+    let hi_hi = a_hi * b_hi;
+    let middle = (lo_lo >> 32) + (hi_lo & 0xffff_ffff) + (lo_hi & 0xffff_ffff);
+    hi_hi + (hi_lo >> 32) + (lo_hi >> 32) + (middle >> 32)
 }
 
 #[cfg(test)]
@@ -152,8 +205,13 @@ mod tests {
             (u64::MAX, 3),
             (1 << 63, (1 << 63) + 1),
             (12345678901234, SEC),
+            (u64::MAX - 1, 86_400 * SEC),
         ] {
-            assert_eq!(remainder(v, d), v % d, "{v} mod {d}");
+            assert_eq!(remainder(v, d, u64::MAX / d), v % d, "{v} mod {d}");
+            assert_eq!(
+                mul_high(v, d),
+                ((u128::from(v) * u128::from(d)) >> 64) as u64
+            );
         }
     }
 

@@ -101,3 +101,12 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The division-free remainder used to align windows equals `%`.
+    #[test]
+    fn remainder_equals_modulo(value: u64, divisor in 1u64..) {
+        let r = limiter_common::window::remainder(value, divisor, u64::MAX / divisor);
+        prop_assert_eq!(r, value % divisor);
+    }
+}

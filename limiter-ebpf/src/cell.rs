@@ -1,7 +1,7 @@
 //! The kernel side of `limiter_common::meter::AtomicCell`, and counters
 //! shared between CPUs.
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
 use limiter_common::meter::AtomicCell;
 
 /// A `u64` inside a map value, updated with the BPF `cmpxchg` instruction.
@@ -29,4 +29,31 @@ impl AtomicCell for MapCell {
 #[inline(always)]
 pub fn add_shared(counter: *mut u64, n: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
+}
+
+/// How often taking a held lock is retried. The holder is another CPU in
+/// the middle of a few dozen instructions (XDP does not sleep or migrate).
+const LOCK_ATTEMPTS: usize = 64;
+
+/// Takes a lock word (0 free, 1 held); `false` if it stayed held.
+#[inline(always)]
+pub fn lock(word: *mut u64) -> bool {
+    for _ in 0..LOCK_ATTEMPTS {
+        let (_, taken) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+                word, 0, 1,
+            )
+        };
+        if taken {
+            return true;
+        }
+    }
+    false
+}
+
+/// Releases a lock word taken with [`lock`]; the exchange orders the
+/// state's writes before the release.
+#[inline(always)]
+pub fn unlock(word: *mut u64) {
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(word, 0) };
 }

@@ -17,13 +17,15 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
     programs::XdpContext,
 };
-use cell::{MapCell, add_shared};
+use cell::{MapCell, add_shared, lock, unlock};
 use limiter_common::{
     abi::{
         Block, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey,
-        RuleConfig, RuleCounters, action, counter_slot, global_flag, rule_flag, rule_slot,
+        RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag, rule_flag,
+        rule_slot,
     },
-    meter::{Outcome, Verdict, acquire_all},
+    meter::{Outcome, Verdict, acquire_all, windows_all},
+    window::WindowState,
 };
 use maps::{
     AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, KEYS, LPM_V4, LPM_V6,
@@ -91,7 +93,7 @@ fn limit(config: &GlobalConfig, iface: u32, packet: &Packet, len: u64) -> u32 {
             refused_by: 0,
         }
     } else {
-        meter(iface, rule_id, rule, packet, len)
+        meter(config, iface, rule_id, rule, packet, len)
     };
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
@@ -167,7 +169,14 @@ const AGGREGATE_METERS: usize = 2;
 
 /// Charges the packet to its key's meters and the rule's aggregate meters.
 #[inline(always)]
-fn meter(iface: u32, rule_id: u32, rule: &RuleConfig, packet: &Packet, len: u64) -> Verdict {
+fn meter(
+    config: &GlobalConfig,
+    iface: u32,
+    rule_id: u32,
+    rule: &RuleConfig,
+    packet: &Packet,
+    len: u64,
+) -> Verdict {
     let key = match packet.source {
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
@@ -182,25 +191,11 @@ fn meter(iface: u32, rule_id: u32, rule: &RuleConfig, packet: &Packet, len: u64)
             refused_by: 0,
         };
     };
-    let now = clock::now();
-    let cells = unsafe {
-        [
-            MapCell(&raw mut (*state).packets_tat),
-            MapCell(&raw mut (*state).bytes_tat),
-            MapCell(&raw mut (*aggregate).packets_tat),
-            MapCell(&raw mut (*aggregate).bytes_tat),
-        ]
+    let verdict = if rule.algorithm == algorithm::GCRA {
+        meter_gcra(rule, state, aggregate, len)
+    } else {
+        meter_windows(config, rule, state, aggregate, len)
     };
-    let has = |flag: u32| rule.flags & flag != 0;
-    let verdict = acquire_all(
-        [
-            has(rule_flag::LIMIT_PACKETS).then_some((&cells[0], &rule.packets, 1)),
-            has(rule_flag::LIMIT_BYTES).then_some((&cells[1], &rule.bytes, len)),
-            has(rule_flag::AGGREGATE_PACKETS).then_some((&cells[2], &rule.aggregate_packets, 1)),
-            has(rule_flag::AGGREGATE_BYTES).then_some((&cells[3], &rule.aggregate_bytes, len)),
-        ],
-        now,
-    );
     let counter = unsafe {
         if verdict.outcome == Outcome::Allowed {
             &raw mut (*state).passed_packets
@@ -209,6 +204,100 @@ fn meter(iface: u32, rule_id: u32, rule: &RuleConfig, packet: &Packet, len: u64)
         }
     };
     add_shared(counter, 1);
+    verdict
+}
+
+/// GCRA: lock-free, one compare-and-swap per meter.
+#[inline(always)]
+fn meter_gcra(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut KeyState,
+    len: u64,
+) -> Verdict {
+    let cells = unsafe {
+        [
+            MapCell(&raw mut (*state).meters[0][0]),
+            MapCell(&raw mut (*state).meters[1][0]),
+            MapCell(&raw mut (*aggregate).meters[0][0]),
+            MapCell(&raw mut (*aggregate).meters[1][0]),
+        ]
+    };
+    let has = |flag: u32| rule.flags & flag != 0;
+    acquire_all(
+        [
+            has(rule_flag::LIMIT_PACKETS).then_some((&cells[0], &rule.packets.gcra, 1)),
+            has(rule_flag::LIMIT_BYTES).then_some((&cells[1], &rule.bytes.gcra, len)),
+            has(rule_flag::AGGREGATE_PACKETS).then_some((
+                &cells[2],
+                &rule.aggregate_packets.gcra,
+                1,
+            )),
+            has(rule_flag::AGGREGATE_BYTES).then_some((&cells[3], &rule.aggregate_bytes.gcra, len)),
+        ],
+        clock::now(),
+    )
+}
+
+/// Windows: a window's three fields change together, so the key's state
+/// (then the aggregate's, always in that order) is locked while checked.
+#[inline(always)]
+fn meter_windows(
+    config: &GlobalConfig,
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut KeyState,
+    len: u64,
+) -> Verdict {
+    let contended = Verdict {
+        outcome: Outcome::Contended,
+        refused_by: 0,
+    };
+    let has_aggregate =
+        rule.flags & (rule_flag::AGGREGATE_PACKETS | rule_flag::AGGREGATE_BYTES) != 0;
+    let key_lock = unsafe { &raw mut (*state).lock };
+    let aggregate_lock = unsafe { &raw mut (*aggregate).lock };
+    if !lock(key_lock) {
+        return contended;
+    }
+    if has_aggregate && !lock(aggregate_lock) {
+        unlock(key_lock);
+        return contended;
+    }
+    let now = clock::now().wrapping_add(config.realtime_offset_ns);
+    let (key_meters, aggregate_meters) =
+        unsafe { (&mut (*state).meters, &mut (*aggregate).meters) };
+    let [key_packets, key_bytes] = key_meters;
+    let [aggregate_packets, aggregate_bytes] = aggregate_meters;
+    let has = |flag: u32| rule.flags & flag != 0;
+    let verdict = windows_all(
+        [
+            has(rule_flag::LIMIT_PACKETS)
+                .then(|| (WindowState::in_slots(key_packets), &rule.packets.window, 1)),
+            has(rule_flag::LIMIT_BYTES)
+                .then(|| (WindowState::in_slots(key_bytes), &rule.bytes.window, len)),
+            has(rule_flag::AGGREGATE_PACKETS).then(|| {
+                (
+                    WindowState::in_slots(aggregate_packets),
+                    &rule.aggregate_packets.window,
+                    1,
+                )
+            }),
+            has(rule_flag::AGGREGATE_BYTES).then(|| {
+                (
+                    WindowState::in_slots(aggregate_bytes),
+                    &rule.aggregate_bytes.window,
+                    len,
+                )
+            }),
+        ],
+        now,
+        rule.algorithm == algorithm::SLIDING_WINDOW,
+    );
+    if has_aggregate {
+        unlock(aggregate_lock);
+    }
+    unlock(key_lock);
     verdict
 }
 
@@ -245,9 +334,18 @@ fn count_global(update: impl FnOnce(&mut GlobalCounters)) {
 
 mod clock {
     /// Nanoseconds of CLOCK_MONOTONIC, the clock every TAT is kept in.
+    #[cfg(not(feature = "test-clock"))]
     #[inline(always)]
     pub fn now() -> u64 {
         unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
+    }
+
+    /// Test builds: the time the test stored in the CLOCK map, so traces
+    /// replay with exact arrival times through BPF_PROG_TEST_RUN.
+    #[cfg(feature = "test-clock")]
+    #[inline(always)]
+    pub fn now() -> u64 {
+        crate::maps::CLOCK.get(0).copied().unwrap_or(0)
     }
 }
 

@@ -50,3 +50,8 @@ pub static RULE_STATS: PerCpuArray<RuleCounters> = PerCpuArray::pinned(MAX_IFACE
 
 #[map]
 pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0);
+
+/// Test builds only: the clock, set by the test before each run.
+#[cfg(feature = "test-clock")]
+#[map]
+pub static CLOCK: Array<u64> = Array::pinned(1, 0);

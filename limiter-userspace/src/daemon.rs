@@ -265,6 +265,9 @@ async fn housekeeping(shared: Arc<Shared>) {
             if let Err(e) = engine.remove_expired_blocks() {
                 tracing::warn!("removing expired blocks: {e:#}");
             }
+            if let Err(e) = engine.refresh_clock() {
+                tracing::warn!("refreshing the clock offset: {e:#}");
+            }
             // Counting a million keys takes a moment: every 5 s is enough.
             if ticks % 5 == 1
                 && let Ok(aya::maps::Map::LruHashMap(data)) =

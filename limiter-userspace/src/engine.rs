@@ -126,6 +126,7 @@ impl Engine {
         config.generation = next;
         config.malformed_action = tables.malformed_action;
         config.next_rule_id = cursor;
+        config.realtime_offset_ns = realtime_offset_ns();
         self.datapath.set_config(config)?;
         std::thread::sleep(GRACE);
 
@@ -279,6 +280,28 @@ fn diff(
     }
     change.removed.sort();
     change
+}
+
+impl Engine {
+    /// Refreshes the kernel's `CLOCK_REALTIME − CLOCK_MONOTONIC` (window
+    /// algorithms align to the epoch; NTP moves the difference slowly).
+    pub fn refresh_clock(&mut self) -> Result<()> {
+        let mut config = self.datapath.config()?;
+        config.realtime_offset_ns = realtime_offset_ns();
+        Ok(self.datapath.set_config(config)?)
+    }
+}
+
+/// `CLOCK_REALTIME − CLOCK_MONOTONIC` in ns.
+pub fn realtime_offset_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let realtime = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    realtime.wrapping_sub(monotonic_ns())
 }
 
 /// Now on `CLOCK_MONOTONIC`, the clock the program reads.

@@ -6,11 +6,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use limiter_common::abi::{
-    Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, PrefixKey, RULE_NAME_LEN, RuleConfig,
-    action, candidate_flag, rule_flag,
+    Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig, PrefixKey, RULE_NAME_LEN,
+    RuleConfig, action, algorithm, candidate_flag, rule_flag,
 };
 
-use crate::config::{Limit, Rule, RuleSet, Verdict};
+use crate::config::{Algorithm, Limit, Rule, RuleSet, Verdict};
 
 /// Everything the kernel needs for one generation of a rule set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,27 +117,36 @@ fn rule_config(rule: &Rule) -> RuleConfig {
     if rule.shadow {
         config.flags |= rule_flag::SHADOW;
     }
+    config.algorithm = match rule.algorithm {
+        Algorithm::Gcra => algorithm::GCRA,
+        Algorithm::FixedWindow => algorithm::FIXED_WINDOW,
+        Algorithm::SlidingWindow => algorithm::SLIDING_WINDOW,
+    };
+    let meter = |m: crate::config::Meter| MeterConfig {
+        gcra: m.gcra,
+        window: m.window,
+    };
     match rule.limit {
         Limit::Unlimited => config.flags |= rule_flag::UNLIMITED,
         Limit::Metered { packets, bytes } => {
-            if let Some(meter) = packets {
+            if let Some(m) = packets {
                 config.flags |= rule_flag::LIMIT_PACKETS;
-                config.packets = meter.gcra;
+                config.packets = meter(m);
             }
-            if let Some(meter) = bytes {
+            if let Some(m) = bytes {
                 config.flags |= rule_flag::LIMIT_BYTES;
-                config.bytes = meter.gcra;
+                config.bytes = meter(m);
             }
         }
     }
     if let Some(aggregate) = rule.aggregate {
-        if let Some(meter) = aggregate.packets {
+        if let Some(m) = aggregate.packets {
             config.flags |= rule_flag::AGGREGATE_PACKETS;
-            config.aggregate_packets = meter.gcra;
+            config.aggregate_packets = meter(m);
         }
-        if let Some(meter) = aggregate.bytes {
+        if let Some(m) = aggregate.bytes {
             config.flags |= rule_flag::AGGREGATE_BYTES;
-            config.aggregate_bytes = meter.gcra;
+            config.aggregate_bytes = meter(m);
         }
     }
     config

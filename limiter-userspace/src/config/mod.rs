@@ -18,8 +18,9 @@ use ipnet::IpNet;
 use limiter_common::{
     abi::{DEFAULT_MAX_KEYS, MAX_RULES, RULE_NAME_LEN},
     gcra::Gcra,
+    window::Window,
 };
-pub use raw::Verdict;
+pub use raw::{Algorithm, Verdict};
 
 /// The default rule file, used by the lab and shown in the README.
 pub const EXAMPLE: &str = include_str!("../../../examples/rules.yaml");
@@ -68,6 +69,8 @@ pub struct Rule {
     pub limit: Limit,
     /// Budgets shared by all the rule's keys together (hierarchical limits).
     pub aggregate: Option<Meters>,
+    /// How every meter of the rule counts.
+    pub algorithm: Algorithm,
     /// Excess is counted and passed instead of dropped.
     pub shadow: bool,
 }
@@ -101,7 +104,8 @@ impl Rule {
         };
         let m = &self.matches;
         let text = format!(
-            "{}|{}|{}|{}/{}|{limit}|{}",
+            "{:?}|{}|{}|{}|{}/{}|{limit}|{}",
+            self.algorithm,
             m.source.map_or("*".to_owned(), |s| s.to_string()),
             m.protocol.map_or("*".to_owned(), |p| p.to_string()),
             m.dest_port.map_or("*".to_owned(), |p| p.to_string()),
@@ -149,8 +153,10 @@ pub enum Limit {
 pub struct Meter {
     pub rate: u64,
     pub period: Duration,
+    /// GCRA only (windows admit `rate` per window).
     pub burst: u64,
     pub gcra: Gcra,
+    pub window: Window,
 }
 
 impl RuleSet {
@@ -286,12 +292,14 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
         protocol,
         dest_port: raw.matches.dest_port,
     };
+    let algorithm = raw.algorithm.unwrap_or_default();
     let limit = match &raw.limit {
         raw::Limit::Unlimited => {
             let pointless = [
                 ("key", raw.key.is_some()),
                 ("action", raw.action.is_some()),
                 ("aggregate", raw.aggregate.is_some()),
+                ("algorithm", raw.algorithm.is_some()),
             ];
             if let Some((field, _)) = pointless.iter().find(|(_, set)| *set) {
                 return Err(invalid(*field, "has no effect on an unlimited rule"));
@@ -299,7 +307,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
             Limit::Unlimited
         }
         raw::Limit::Rates(rates) => {
-            let m = validate_rates(rates).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
             Limit::Metered {
                 packets: m.packets,
                 bytes: m.bytes,
@@ -309,7 +317,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
     let aggregate = raw
         .aggregate
         .as_ref()
-        .map(validate_rates)
+        .map(|rates| validate_rates(rates, algorithm))
         .transpose()
         .map_err(|(f, m)| (format!("aggregate.{f}"), m))?;
     Ok(Rule {
@@ -318,34 +326,44 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
         key: parse_key(raw.key.as_deref(), source).map_err(|m| invalid("key", m))?,
         limit,
         aggregate,
+        algorithm,
         shadow: raw.action == Some(raw::Excess::Shadow),
     })
 }
 
-fn validate_rates(rates: &raw::Rates) -> Result<Meters, Invalid> {
+fn validate_rates(rates: &raw::Rates, algorithm: Algorithm) -> Result<Meters, Invalid> {
     let period = parse_unit(&rates.unit).map_err(|m| invalid("unit", m))?;
-    let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| match (
-        rate, burst,
-    ) {
-        (None, None) => Ok(None),
-        (None, Some(_)) => Err(invalid(
-            burst_field,
-            format!("given without `{rate_field}`"),
-        )),
-        (Some(rate), burst) => {
-            let burst = burst.unwrap_or(rate);
-            let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
-            Gcra::new(rate, period_ns, burst)
-                .map(|gcra| {
-                    Some(Meter {
-                        rate,
-                        period,
-                        burst,
-                        gcra,
-                    })
-                })
-                .map_err(|e| invalid(rate_field, e.to_string()))
+    let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+    let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| {
+        let Some(rate) = rate else {
+            return match burst {
+                Some(_) => Err(invalid(
+                    burst_field,
+                    format!("given without `{rate_field}`"),
+                )),
+                None => Ok(None),
+            };
+        };
+        if algorithm != Algorithm::Gcra && burst.is_some() {
+            return Err(invalid(
+                burst_field,
+                "applies to gcra only: a window admits `rate` per window",
+            ));
         }
+        let burst = burst.unwrap_or(rate);
+        let gcra =
+            Gcra::new(rate, period_ns, burst).map_err(|e| invalid(rate_field, e.to_string()))?;
+        let window = match algorithm {
+            Algorithm::Gcra => Window::default(),
+            _ => Window::new(rate, period_ns).map_err(|e| invalid(rate_field, e.to_string()))?,
+        };
+        Ok(Some(Meter {
+            rate,
+            period,
+            burst,
+            gcra,
+            window,
+        }))
     };
     let packets = meter("rate", rates.rate, "burst", rates.burst)?;
     let bytes = meter("bytes", rates.bytes, "burst_bytes", rates.burst_bytes)?;

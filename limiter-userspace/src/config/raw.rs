@@ -40,6 +40,20 @@ pub struct Rule {
     /// One budget shared by every key of the rule.
     pub aggregate: Option<Rates>,
     pub action: Option<Excess>,
+    pub algorithm: Option<Algorithm>,
+}
+
+/// How a limit is metered.
+#[derive(Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Token bucket as a meter: one TAT per key.
+    #[default]
+    Gcra,
+    /// Envoy's: at most `rate` per window, windows aligned to the epoch.
+    FixedWindow,
+    /// Cloudflare's weighted estimate over the current and previous window.
+    SlidingWindow,
 }
 
 #[derive(Debug, Default, Deserialize)]

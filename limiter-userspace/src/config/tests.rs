@@ -220,3 +220,38 @@ fn aggregates_and_fingerprints() {
         "{e}"
     );
 }
+
+#[test]
+fn window_algorithms() {
+    let set = parse(
+        "rules:\n  - { name: a, algorithm: sliding_window, limit: { rate: 10, unit: minute } }\n",
+    )
+    .unwrap();
+    assert_eq!(set.rules[0].algorithm, Algorithm::SlidingWindow);
+    let Limit::Metered {
+        packets: Some(m), ..
+    } = set.rules[0].limit
+    else {
+        panic!()
+    };
+    assert_eq!((m.window.limit, m.window.length_ns), (10, 60_000_000_000));
+    let e = error(
+        "rules:\n  - { name: a, algorithm: fixed_window, limit: { rate: 10, burst: 20, unit: minute } }\n",
+    );
+    assert!(
+        e.contains("rules[0].limit.burst: applies to gcra only"),
+        "{e}"
+    );
+    let e = error(
+        "rules:\n  - { name: a, algorithm: sliding_window, limit: { rate: 1000000, unit: day } }\n",
+    );
+    assert!(e.contains("rules[0].limit.rate: 2 × rate × unit"), "{e}");
+    let e = error("rules:\n  - { name: a, algorithm: leaky, limit: { rate: 1, unit: day } }\n");
+    assert!(
+        e.contains("rules[0].algorithm: unknown variant `leaky`"),
+        "{e}"
+    );
+    // The algorithm is part of what a bucket means.
+    let gcra = parse("rules:\n  - { name: a, limit: { rate: 10, unit: minute } }\n").unwrap();
+    assert_ne!(gcra.rules[0].fingerprint(), set.rules[0].fingerprint());
+}
