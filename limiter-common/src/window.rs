@@ -69,12 +69,14 @@ impl Window {
 
     /// The state as of `now`: rolled over to `now`'s window. A state from
     /// the future (the clock went backwards) is kept as it is, so counts
-    /// are never forgotten early.
+    /// are never forgotten early. The last window of the u64 clock, which
+    /// cannot end within it, never ends.
     #[inline(always)]
     fn roll(&self, state: &WindowState, now: u64) -> WindowState {
         let u = self.length_ns;
-        if now < state.start.saturating_add(u) {
-            return *state;
+        match state.start.checked_add(u) {
+            Some(end) if now >= end => {}
+            _ => return *state,
         }
         if now - state.start < 2 * u.min(u64::MAX / 2) {
             return WindowState {
@@ -142,6 +144,7 @@ impl Window {
 
     /// Nanoseconds from `now` until the current window ends.
     pub fn reset_ns(&self, state: &WindowState, now: u64) -> u64 {
+        // (Saturates in the last window of the clock.)
         let rolled = self.roll(state, now);
         rolled
             .start

@@ -585,6 +585,10 @@ impl Datapath {
         self.ebpf.map(name).ok_or(DatapathError::NoObject)
     }
 
+    pub fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, DatapathError> {
+        self.ebpf.map_mut(name).ok_or(DatapathError::NoObject)
+    }
+
     fn typed<'a, T>(&'a self, name: &'static str) -> Result<T, DatapathError>
     where
         T: TryFrom<&'a aya::maps::Map, Error = MapError>,

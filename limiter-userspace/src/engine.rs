@@ -60,8 +60,21 @@ impl Engine {
         })
     }
 
+    /// Loads a given object instead of the embedded one (the tests load
+    /// the build that takes its clock from a map).
+    pub fn open_object(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Self> {
+        Ok(Self {
+            datapath: Datapath::open_object(object, pin_dir, max_keys)?,
+            applied: None,
+        })
+    }
+
     pub fn datapath(&self) -> &Datapath {
         &self.datapath
+    }
+
+    pub fn datapath_mut(&mut self) -> &mut Datapath {
+        &mut self.datapath
     }
 
     pub fn applied(&self) -> Option<&(RuleSet, Vec<u32>)> {

@@ -3,6 +3,8 @@
 //! hold the limiter to.
 
 pub mod frames;
+pub mod reference;
+pub mod traces;
 
 use std::{
     fs,
@@ -49,6 +51,27 @@ impl Drop for Loaded {
 
 /// Loads the program with `text`'s rules.
 pub fn loaded(text: &str) -> Loaded {
+    loaded_object(limiter::datapath::OBJECT, text)
+}
+
+/// The build of the program that reads its clock from the `CLOCK` map.
+pub fn test_clock_object() -> Vec<u8> {
+    let path = std::env::var_os("LIMITER_TEST_CLOCK_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter")
+        });
+    fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (build it with `cargo xtask build`)",
+            path.display()
+        )
+    })
+}
+
+/// Loads a given build of the program with `text`'s rules.
+pub fn loaded_object(object: &[u8], text: &str) -> Loaded {
     static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = PathBuf::from(format!(
@@ -58,7 +81,8 @@ pub fn loaded(text: &str) -> Loaded {
     limiter::pins::ensure_bpffs().expect("bpffs");
     let _ = fs::remove_dir_all(&dir);
     let set = rules(text);
-    let mut engine = Engine::open(&dir, set.max_keys).expect("loading the XDP program");
+    let mut engine =
+        Engine::open_object(object, &dir, set.max_keys).expect("loading the XDP program");
     engine.apply(set).expect("applying the rules");
     Loaded { engine, dir }
 }
