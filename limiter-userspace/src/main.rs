@@ -111,6 +111,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// HTTP reverse proxy applying the rule file to requests (layer 7).
+    Proxy {
+        /// Address to listen on (e.g. 127.0.0.1:8080).
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Where to forward allowed requests (e.g. http://127.0.0.1:3000).
+        #[arg(long)]
+        upstream: http::Uri,
+        /// The rule file (the same one the kernel uses).
+        #[arg(long)]
+        config: PathBuf,
+        /// Key clients by this request header instead of their address.
+        #[arg(long)]
+        key_header: Option<http::HeaderName>,
+        /// Time a client has to send its request headers.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        header_timeout: Duration,
+        /// Largest request header block accepted (bytes); larger gets 431.
+        #[arg(long, default_value_t = 16384)]
+        max_header_bytes: usize,
+        /// Time the upstream has to answer before the client gets 502.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        upstream_timeout: Duration,
+    },
     /// Validate a rule file without touching the kernel.
     Check {
         #[arg(long)]
@@ -209,6 +233,26 @@ fn main() -> ExitCode {
             json,
         } => commands::top::run(&pin_dir, count, interval, once, json),
         Command::Check { config, json } => commands::check(&config, json),
+        Command::Proxy {
+            listen,
+            upstream,
+            config,
+            key_header,
+            header_timeout,
+            max_header_bytes,
+            upstream_timeout,
+        } => commands::proxy(
+            limiter::proxy::Options {
+                listen,
+                upstream,
+                key_by: key_header
+                    .map_or(limiter::l7::KeyBy::ClientAddr, limiter::l7::KeyBy::Header),
+                header_timeout,
+                max_header_bytes,
+                upstream_timeout,
+            },
+            &config,
+        ),
         Command::Lab {
             config,
             duration,

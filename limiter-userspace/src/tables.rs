@@ -100,18 +100,28 @@ pub fn check_fits(set: &RuleSet) -> Result<(), (usize, String)> {
     Ok(())
 }
 
-fn rule_config(rule: &Rule) -> RuleConfig {
-    let mut config = RuleConfig {
-        name: name_bytes(&rule.name),
-        fingerprint: rule.fingerprint(),
-        v4_key_mask: (u32::MAX
+/// The masks that turn a source address into the rule's key, for IPv4 and
+/// IPv6 (network byte order): the kernel and the L7 limiter both use them.
+pub fn key_masks(rule: &Rule) -> ([u8; 4], [u8; 16]) {
+    (
+        (u32::MAX
             .checked_shl(32 - u32::from(rule.key.v4))
             .unwrap_or(0))
         .to_be_bytes(),
-        v6_key_mask: (u128::MAX
+        (u128::MAX
             .checked_shl(128 - u32::from(rule.key.v6))
             .unwrap_or(0))
         .to_be_bytes(),
+    )
+}
+
+fn rule_config(rule: &Rule) -> RuleConfig {
+    let (v4_key_mask, v6_key_mask) = key_masks(rule);
+    let mut config = RuleConfig {
+        name: name_bytes(&rule.name),
+        fingerprint: rule.fingerprint(),
+        v4_key_mask,
+        v6_key_mask,
         ..RuleConfig::default()
     };
     if rule.shadow {

@@ -171,3 +171,18 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+pub fn proxy(options: limiter::proxy::Options, config: &Path) -> Result<()> {
+    let rules = RuleSet::load(config)?;
+    let limiter = std::sync::Arc::new(limiter::l7::Limiter::new(
+        rules,
+        std::sync::Arc::new(limiter::l7::SystemClock),
+    ));
+    let upstream = options.upstream.clone();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(limiter::proxy::serve(options, limiter, |addr| {
+            println!("limiter proxy: listening on {addr}, forwarding to {upstream}")
+        }))
+}

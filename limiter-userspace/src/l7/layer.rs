@@ -1,0 +1,168 @@
+//! A `tower::Layer` that applies a [`super::Limiter`] to HTTP requests, so
+//! it drops into axum, hyper or tonic services.
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{HeaderName, Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use super::{Decision, Limiter};
+
+/// What identifies a client.
+#[derive(Clone)]
+pub enum KeyBy {
+    /// The peer address (masked as the rule's `key` says), from the
+    /// [`ClientAddr`] or axum's `ConnectInfo<SocketAddr>` extension.
+    ClientAddr,
+    /// The value of a request header (an API key, a user id); requests
+    /// without it are keyed by address.
+    Header(HeaderName),
+    /// Any key the caller extracts.
+    Custom(KeyFn),
+}
+
+/// A caller's key extractor (`None`: key by address).
+pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<Vec<u8>> + Send + Sync>;
+
+/// What a request costs against byte limits.
+#[derive(Clone)]
+pub enum CostBy {
+    /// Its `Content-Length` (0 without one).
+    ContentLength,
+    Custom(Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>),
+}
+
+/// The client's address, inserted by whoever accepted the connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub SocketAddr);
+
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<Limiter>,
+    key_by: KeyBy,
+    cost_by: CostBy,
+    /// The service's port, for rules that name `dest_port`.
+    port: Option<u16>,
+}
+
+impl RateLimitLayer {
+    pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self {
+            limiter,
+            key_by: KeyBy::ClientAddr,
+            cost_by: CostBy::ContentLength,
+            port: None,
+        }
+    }
+
+    pub fn key_by(mut self, key_by: KeyBy) -> Self {
+        self.key_by = key_by;
+        self
+    }
+
+    pub fn cost_by(mut self, cost_by: CostBy) -> Self {
+        self.cost_by = cost_by;
+        self
+    }
+
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            config: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    config: RateLimitLayer,
+}
+
+impl<S, B, R> Service<Request<B>> for RateLimit<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Send,
+    S::Future: Send + 'static,
+    R: From<String> + Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let decision = self.decide(&request);
+        if !decision.allowed {
+            let mut response = Response::new(R::from(format!(
+                "429 Too Many Requests: rate limited by rule {:?}\n",
+                decision.rule.as_deref().unwrap_or("default")
+            )));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            super::headers::apply(response.headers_mut(), &decision);
+            return Box::pin(async move { Ok(response) });
+        }
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = future.await?;
+            super::headers::apply(response.headers_mut(), &decision);
+            Ok(response)
+        })
+    }
+}
+
+impl<S> RateLimit<S> {
+    fn decide<B>(&self, request: &Request<B>) -> Decision {
+        let extensions = request.extensions();
+        let client = extensions
+            .get::<ClientAddr>()
+            .map(|c| c.0)
+            .or_else(|| {
+                extensions
+                    .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                    .map(|c| c.0)
+            })
+            .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        // Parts without the body, for the extractors.
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = request.method().clone();
+        parts.uri = request.uri().clone();
+        parts.headers = request.headers().clone();
+        let key: Option<Vec<u8>> = match &self.config.key_by {
+            KeyBy::ClientAddr => None,
+            KeyBy::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
+            KeyBy::Custom(f) => f(&parts),
+        };
+        let bytes = match &self.config.cost_by {
+            CostBy::ContentLength => parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0),
+            CostBy::Custom(f) => f(&parts),
+        };
+        self.config.limiter.check(&super::Request {
+            client,
+            port: self.config.port,
+            key: key.as_deref(),
+            bytes,
+        })
+    }
+}

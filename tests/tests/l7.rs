@@ -1,0 +1,304 @@
+//! Layer 7: the conformance corpus replayed over real HTTP connections
+//! through the tower layer, the rate-limit response fields, and the
+//! `limiter proxy` binary facing bad clients and a dead upstream. All on
+//! loopback.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    process::{Child, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{Router, body::Body, routing::any};
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use limiter::l7::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
+use limiter_tests::{
+    TempDir, limiter_command,
+    reference::{self, Algo, Spec},
+    rules,
+    traces::corpus,
+};
+
+/// A clock the test sets before each request.
+#[derive(Default)]
+struct TestClock(AtomicU64);
+
+impl Clock for TestClock {
+    fn monotonic_ns(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+    fn epoch_ns(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn rule_file(spec: &Spec) -> String {
+    let algorithm = match spec.algo {
+        Algo::Gcra => "gcra",
+        Algo::FixedWindow => "fixed_window",
+        Algo::SlidingWindow => "sliding_window",
+    };
+    let (rate, burst) = if spec.bytes {
+        ("bytes", "burst_bytes")
+    } else {
+        ("rate", "burst")
+    };
+    let burst = if spec.algo == Algo::Gcra {
+        format!(", {burst}: {}", spec.burst)
+    } else {
+        String::new()
+    };
+    format!(
+        "rules:\n  - {{ name: trace, algorithm: {algorithm}, limit: {{ {rate}: {}, unit: {}ns{burst} }} }}\n",
+        spec.rate, spec.period_ns
+    )
+}
+
+/// Serves `router` behind the layer on a loopback port.
+async fn serve(layer: RateLimitLayer) -> SocketAddr {
+    let app = Router::new()
+        .route("/", any(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve")
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_verdicts_match_the_reference_on_every_trace() {
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let mut replayed = 0;
+    for trace in corpus() {
+        let clock = Arc::new(TestClock::default());
+        let limiter = Arc::new(Limiter::new(rules(&rule_file(&trace.spec)), clock.clone()));
+        let layer = RateLimitLayer::new(limiter)
+            .key_by(KeyBy::Header(HeaderName::from_static("x-key")))
+            .cost_by(CostBy::Custom(Arc::new(|parts| {
+                parts
+                    .headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(0)
+            })));
+        let addr = serve(layer).await;
+        let mut got = Vec::new();
+        for a in &trace.arrivals {
+            clock.0.store(a.t, Ordering::SeqCst);
+            let request = Request::get(format!("http://{addr}/"))
+                .header("x-key", a.key.to_string())
+                .header("x-cost", a.cost.to_string())
+                .body(Body::empty())
+                .unwrap();
+            let response = client.request(request).await.expect("request");
+            let status = response.status();
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{status}"
+            );
+            got.push(status == StatusCode::OK);
+        }
+        let expected = reference::verdicts(&trace);
+        if let Some(i) = expected.iter().zip(&got).position(|(e, g)| e != g) {
+            panic!(
+                "HTTP differs from the reference on {} at {i} ({:?})",
+                trace.name, trace.arrivals[i]
+            );
+        }
+        replayed += 1;
+    }
+    assert_eq!(replayed, corpus().len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limited_requests_get_429_with_the_rate_limit_fields() {
+    let clock = Arc::new(TestClock::default());
+    clock.0.store(1_000_000_000_000, Ordering::SeqCst);
+    let text = "rules:\n  - { name: api, limit: { rate: 2, unit: minute, burst: 2 } }\n";
+    let limiter = Arc::new(Limiter::new(rules(text), clock.clone()));
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let get = || {
+        Request::get(format!("http://{addr}/"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = client.request(get()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let h = first.headers();
+    assert_eq!(h["ratelimit-policy"], "\"default\";q=2;w=60");
+    assert_eq!(h["x-ratelimit-limit"], "2");
+    assert_eq!(h["x-ratelimit-remaining"], "1");
+    assert_eq!(h["ratelimit"], "\"default\";r=1;t=30");
+    assert!(h.get("retry-after").is_none());
+    assert_eq!(
+        client.request(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let limited = client.request(get()).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = limited.headers().clone();
+    assert_eq!(h["retry-after"], "30");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    assert_eq!(h["ratelimit"], "\"default\";r=0;t=60");
+    let body = limited.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("rate limited by rule \"api\""));
+    // 30 s later one more fits.
+    clock.0.fetch_add(30_000_000_000, Ordering::SeqCst);
+    assert_eq!(
+        client.request(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+/// A `limiter proxy` child process, killed on drop.
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "proxy",
+        "--listen",
+        &listen,
+        "--upstream",
+        upstream,
+        "--config",
+    ];
+    let config = config.to_string_lossy().into_owned();
+    args.push(&config);
+    args.extend_from_slice(extra);
+    let child = limiter_command(None, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("proxy");
+    let addr: SocketAddr = listen.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "the proxy did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Proxy { child, addr }
+}
+
+/// One raw exchange: what the proxy answered (status line and headers).
+fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let _ = stream.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn status(answer: &str) -> &str {
+    answer.split_whitespace().nth(1).unwrap_or("none")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_limits_and_survives_bad_clients() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = Router::new().route("/{*path}", any(|| async { "from upstream" }));
+    tokio::spawn(async move { axum::serve(upstream, app).await.unwrap() });
+    let dir = TempDir::new("proxy");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 3, unit: minute, burst: 3 } }\n",
+    );
+    let p = proxy(
+        &config,
+        &format!("http://{upstream_addr}"),
+        &["--header-timeout", "1s"],
+    );
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        // Malformed, oversized, slow and vanishing clients first: none is charged or breaks anything.
+        assert_eq!(status(&raw(p.addr, b"THIS IS NOT HTTP\r\n\r\n")), "400");
+        let huge = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(64 * 1024)
+        );
+        assert_eq!(status(&raw(p.addr, huge.as_bytes())), "431");
+        let started = Instant::now();
+        let slow = raw(p.addr, b"GET / HTTP/1.1\r\nHost: x\r\n"); // never finishes its headers
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a slow sender held the connection"
+        );
+        assert!(matches!(status(&slow), "408" | "none"), "{slow}");
+        drop(TcpStream::connect(p.addr).unwrap()); // connects and leaves
+        // Then the limit: burst 3, the fourth is refused with 429.
+        for _ in 0..3 {
+            let answer = raw(p.addr, get);
+            assert_eq!(status(&answer), "200", "{answer}");
+            assert!(answer.contains("from upstream"));
+        }
+        let limited = raw(p.addr, get);
+        assert_eq!(status(&limited), "429", "{limited}");
+        assert!(
+            limited.to_ascii_lowercase().contains("retry-after: "),
+            "{limited}"
+        );
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
+    let dir = TempDir::new("proxy502");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: dry, limit: { rate: 1, unit: minute, burst: 1 }, action: shadow }\n",
+    );
+    // A port nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let p = proxy(&config, &format!("http://{dead}"), &[]);
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        // Over the limit, but a dry run: forwarded (and the upstream is dead).
+        for _ in 0..3 {
+            let answer = raw(p.addr, get);
+            assert_eq!(status(&answer), "502", "{answer}");
+        }
+    })
+    .await
+    .unwrap();
+}
