@@ -4,5 +4,7 @@
 
 pub mod abi;
 pub mod gcra;
+#[cfg(feature = "user")]
+pub mod log;
 pub mod meter;
 pub mod window;

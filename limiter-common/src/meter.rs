@@ -112,6 +112,35 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
     }
 }
 
+/// Pacing (nginx's `delay`): charges `cost` at the earliest time it
+/// conforms, if that is within `max_delay_ns` of `now`. Returns how long
+/// the request must wait (0: it conforms now), or `None` (refused,
+/// uncharged).
+#[inline(always)]
+pub fn acquire_delayed<C: AtomicCell + ?Sized>(
+    cell: &C,
+    gcra: &Gcra,
+    now: u64,
+    cost: u64,
+    max_delay_ns: u64,
+) -> Option<u64> {
+    let mut seen = cell.load();
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let wait = gcra.wait_ns(seen, now, cost);
+        if wait > max_delay_ns {
+            return None;
+        }
+        let Decision::Allow { new_tat } = gcra.check(seen, now.saturating_add(wait), cost) else {
+            return None;
+        };
+        match cell.compare_exchange(seen, new_tat) {
+            Ok(()) => return Some(wait),
+            Err(actual) => seen = actual,
+        }
+    }
+    None
+}
+
 /// One window meter a request is charged to: its state, parameters, cost.
 pub type WindowCharge<'a> = Option<(&'a mut WindowState, &'a Window, u64)>;
 

@@ -94,6 +94,7 @@ impl Engine {
     /// fingerprint is unchanged keep their id, so their buckets, aggregate
     /// state and counters carry over.
     pub fn apply(&mut self, set: RuleSet) -> Result<Change> {
+        set.kernel_compatible().map_err(anyhow::Error::msg)?;
         let mut config = self.datapath.config()?;
         let active = config.generation & 1;
         let next = active ^ 1;

@@ -130,6 +130,8 @@ fn rule_config(rule: &Rule) -> RuleConfig {
     config.algorithm = match rule.algorithm {
         Algorithm::Gcra => algorithm::GCRA,
         Algorithm::FixedWindow => algorithm::FIXED_WINDOW,
+        // Layer 7 only: `Engine::apply` refuses it before building tables.
+        Algorithm::SlidingLog => algorithm::SLIDING_WINDOW,
         Algorithm::SlidingWindow => algorithm::SLIDING_WINDOW,
     };
     let meter = |m: crate::config::Meter| MeterConfig {

@@ -12,6 +12,7 @@ pub enum Algo {
     Gcra,
     FixedWindow,
     SlidingWindow,
+    SlidingLog,
 }
 
 /// A limit: `rate` per `period_ns` with `burst` (GCRA only).
@@ -45,11 +46,13 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
     let spec = trace.spec;
     let mut buckets: HashMap<u8, Bucket> = HashMap::new();
     let mut windows: HashMap<u8, Windows> = HashMap::new();
+    let mut logs: HashMap<u8, Vec<(u64, u64)>> = HashMap::new();
     trace
         .arrivals
         .iter()
         .map(|a| match spec.algo {
             Algo::Gcra => buckets.entry(a.key).or_default().offer(&spec, a),
+            Algo::SlidingLog => offer_log(logs.entry(a.key).or_default(), &spec, a),
             _ => windows.entry(a.key).or_default().offer(&spec, a),
         })
         .collect()
@@ -88,6 +91,27 @@ impl Bucket {
     }
 }
 
+/// The exact sliding window over every admitted (time, cost) of a key: the
+/// costs within `(now − U, now]` plus this one must stay within `R`. A
+/// request from before the newest admitted one is judged, and recorded, at
+/// that newest time.
+fn offer_log(admitted: &mut Vec<(u64, u64)>, spec: &Spec, a: &Arrival) -> bool {
+    let newest = admitted.iter().map(|e| e.0).max().unwrap_or(0);
+    let now = i128::from(a.t.max(newest));
+    let in_window: i128 = admitted
+        .iter()
+        .filter(|(t, _)| i128::from(*t) > now - i128::from(spec.period_ns))
+        .map(|(_, c)| i128::from(*c))
+        .sum();
+    if in_window + i128::from(a.cost) > i128::from(spec.rate) {
+        return false;
+    }
+    if a.cost > 0 {
+        admitted.push((now as u64, a.cost));
+    }
+    true
+}
+
 /// Admitted cost per window number, and the newest window admitted into.
 #[derive(Default)]
 struct Windows {
@@ -117,7 +141,7 @@ impl Windows {
                 // previous × (U − elapsed) / U + current + cost ≤ R, times U.
                 previous * (length - elapsed) + (current + cost) * length <= limit * length
             }
-            Algo::Gcra => unreachable!("windows only"),
+            Algo::Gcra | Algo::SlidingLog => unreachable!("windows only"),
         };
         if allowed {
             *self.counts.entry(window).or_default() += cost;

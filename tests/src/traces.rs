@@ -30,7 +30,12 @@ impl Rng {
 /// (costs outside 60..=1514 bytes) for the XDP replay.
 pub fn corpus() -> Vec<Trace> {
     let mut traces = Vec::new();
-    for algo in [Algo::Gcra, Algo::FixedWindow, Algo::SlidingWindow] {
+    for algo in [
+        Algo::Gcra,
+        Algo::FixedWindow,
+        Algo::SlidingWindow,
+        Algo::SlidingLog,
+    ] {
         let burst = |b| if algo == Algo::Gcra { b } else { 0 };
         let packets = |rate, period_ns, b| Spec {
             algo,
@@ -106,11 +111,12 @@ pub fn corpus() -> Vec<Trace> {
 
 /// Whether every cost of the trace fits in a frame (or is a packet).
 pub fn replayable_as_frames(trace: &Trace) -> bool {
-    !trace.spec.bytes
-        || trace
-            .arrivals
-            .iter()
-            .all(|a| (MIN_FRAME..=MAX_FRAME).contains(&a.cost))
+    // The sliding log is layer 7 only.
+    let frames = trace
+        .arrivals
+        .iter()
+        .all(|a| (MIN_FRAME..=MAX_FRAME).contains(&a.cost));
+    trace.spec.algo != Algo::SlidingLog && (!trace.spec.bytes || frames)
 }
 
 fn cost(spec: &Spec, rng: &mut Rng) -> u64 {

@@ -61,6 +61,15 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                 })
                 .collect()
         }
+        Algo::SlidingLog => {
+            let window = Window::new(s.rate, s.period_ns).expect("valid limit");
+            let mut logs: HashMap<u8, limiter_common::log::Log> = HashMap::new();
+            trace
+                .arrivals
+                .iter()
+                .map(|a| logs.entry(a.key).or_default().admit(&window, a.t, a.cost))
+                .collect()
+        }
         Algo::FixedWindow | Algo::SlidingWindow => {
             let window = Window::new(s.rate, s.period_ns).expect("valid limit");
             let mut states: HashMap<u8, WindowState> = HashMap::new();
@@ -96,6 +105,7 @@ pub fn rule_file(spec: &Spec) -> String {
         Algo::Gcra => "gcra",
         Algo::FixedWindow => "fixed_window",
         Algo::SlidingWindow => "sliding_window",
+        Algo::SlidingLog => "sliding_log",
     };
     let (rate, burst) = if spec.bytes {
         ("bytes", "burst_bytes")
@@ -166,6 +176,31 @@ fn the_xdp_program_matches_the_reference() {
         replayed += 1;
     }
     assert!(replayed >= 24, "only {replayed} traces replayed");
+}
+
+#[test]
+fn the_kernel_refuses_what_only_layer_7_can_do() {
+    let mut dp = loaded_object(&test_clock_object(), "rules: []\n");
+    for (text, what) in [
+        (
+            "rules:\n  - { name: exact, algorithm: sliding_log, limit: { rate: 5, unit: second } }\n",
+            "algorithm sliding_log",
+        ),
+        (
+            "rules:\n  - { name: paced, limit: { rate: 5, unit: second, delay: 1s } }\n",
+            "limit.delay (pacing)",
+        ),
+    ] {
+        let error = dp
+            .engine
+            .apply(rules(text))
+            .expect_err("the kernel cannot do this")
+            .to_string();
+        assert!(
+            error.contains(what) && error.contains("layer 7 only"),
+            "{error}"
+        );
+    }
 }
 
 /// governor's quota for our (R, U, B): one cell every U/R, burst B.

@@ -44,6 +44,7 @@ fn rule_file(spec: &Spec) -> String {
         Algo::Gcra => "gcra",
         Algo::FixedWindow => "fixed_window",
         Algo::SlidingWindow => "sliding_window",
+        Algo::SlidingLog => "sliding_log",
     };
     let (rate, burst) = if spec.bytes {
         ("bytes", "burst_bytes")
@@ -301,4 +302,73 @@ async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pacing_holds_requests_until_they_conform() {
+    // 10 per second, burst 1, held up to 250 ms: the 2nd and 3rd requests
+    // wait 100 and 200 ms; the 4th would wait 300 ms and is refused.
+    let text =
+        "rules:\n  - { name: paced, limit: { rate: 10, unit: second, burst: 1, delay: 250ms } }\n";
+    let limiter = Arc::new(Limiter::new(
+        rules(text),
+        Arc::new(limiter::l7::SystemClock),
+    ));
+    let addr = serve(RateLimitLayer::new(limiter)).await;
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let get = || {
+        Request::get(format!("http://{addr}/"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let start = Instant::now();
+    let (a, b, c, d) = tokio::join!(
+        client.request(get()),
+        client.request(get()),
+        client.request(get()),
+        client.request(get())
+    );
+    let mut statuses: Vec<StatusCode> = [a, b, c, d]
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(190) && elapsed < Duration::from_millis(1000),
+        "{elapsed:?}"
+    );
+}
+
+#[test]
+fn the_key_store_is_bounded_like_the_kernels_lru() {
+    let clock = Arc::new(TestClock::default());
+    let text = "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: hour, burst: 1 } }\n";
+    let limiter = Limiter::new(rules(text), clock.clone());
+    let request = |i: u32| limiter::l7::Request {
+        client: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
+        port: None,
+        key: None,
+        bytes: 0,
+    };
+    for i in 0..10_000 {
+        clock.0.store(u64::from(i) + 1, Ordering::SeqCst);
+        assert!(limiter.check(&request(i)).allowed);
+    }
+    assert!(
+        limiter.tracked_keys() <= 100,
+        "{} keys kept",
+        limiter.tracked_keys()
+    );
+    // The most recent key is still remembered: its second request is refused.
+    assert!(!limiter.check(&request(9_999)).allowed);
 }

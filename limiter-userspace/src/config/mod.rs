@@ -71,6 +71,9 @@ pub struct Rule {
     pub aggregate: Option<Meters>,
     /// How every meter of the rule counts.
     pub algorithm: Algorithm,
+    /// Pacing (layer 7 only): how long a request may be held until it
+    /// conforms before it is refused instead.
+    pub delay: Option<Duration>,
     /// Excess is counted and passed instead of dropped.
     pub shadow: bool,
 }
@@ -160,6 +163,26 @@ pub struct Meter {
 }
 
 impl RuleSet {
+    /// Whether the kernel can enforce every rule: the sliding log and
+    /// pacing need per-request logs and queues, which XDP cannot keep.
+    pub fn kernel_compatible(&self) -> Result<(), String> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let what = if rule.algorithm == Algorithm::SlidingLog {
+                "algorithm sliding_log"
+            } else if rule.delay.is_some() {
+                "limit.delay (pacing)"
+            } else {
+                continue;
+            };
+            return Err(format!(
+                "rules[{i}] ({:?}): {what} works at layer 7 only (limiter proxy or the library); \
+                 the kernel cannot queue or log requests",
+                rule.name
+            ));
+        }
+        Ok(())
+    }
+
     /// Reads and validates a rule file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -314,6 +337,26 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
             }
         }
     };
+    let delay = match &raw.limit {
+        raw::Limit::Rates(raw::Rates {
+            delay: Some(delay),
+            bytes,
+            ..
+        }) => {
+            let field = "limit.delay";
+            if algorithm != Algorithm::Gcra || bytes.is_some() || raw.aggregate.is_some() {
+                return Err(invalid(
+                    field,
+                    "pacing needs a gcra packet limit, without bytes or aggregate",
+                ));
+            }
+            Some(
+                humantime::parse_duration(delay)
+                    .map_err(|e| invalid(field, format!("{delay:?}: {e}")))?,
+            )
+        }
+        _ => None,
+    };
     let aggregate = raw
         .aggregate
         .as_ref()
@@ -327,6 +370,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
         limit,
         aggregate,
         algorithm,
+        delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
     })
 }

@@ -54,6 +54,8 @@ pub enum Algorithm {
     FixedWindow,
     /// Cloudflare's weighted estimate over the current and previous window.
     SlidingWindow,
+    /// Exact: a log of the last window's requests per key (layer 7 only).
+    SlidingLog,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -121,6 +123,9 @@ pub struct Rates {
     pub unit: String,
     pub burst: Option<u64>,
     pub burst_bytes: Option<u64>,
+    /// Pacing (layer 7 only): hold a request up to this long until it
+    /// conforms, instead of refusing it.
+    pub delay: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for Limit {

@@ -121,6 +121,9 @@ where
         }
         let future = self.inner.call(request);
         Box::pin(async move {
+            if decision.delay_ns > 0 {
+                tokio::time::sleep(std::time::Duration::from_nanos(decision.delay_ns)).await;
+            }
             let mut response = future.await?;
             super::headers::apply(response.headers_mut(), &decision);
             Ok(response)

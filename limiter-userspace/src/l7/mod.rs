@@ -20,7 +20,8 @@ use std::{
 use limiter_common::{
     abi::FlowKey,
     gcra::Gcra,
-    meter::{AtomicCell, Outcome, acquire_all, windows_all},
+    log::Log,
+    meter::{AtomicCell, Outcome, acquire_all, acquire_delayed, windows_all},
     window::{Window, WindowState},
 };
 use serde::Serialize;
@@ -75,6 +76,8 @@ pub struct Decision {
     pub rule: Option<String>,
     /// The rule's packet (request) limit: quota and window, for headers.
     pub policy: Option<Policy>,
+    /// Pacing: hold the request this long before forwarding it.
+    pub delay_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -104,6 +107,25 @@ pub struct RuleCounters {
 struct State {
     cells: [AtomicU64; 2],
     windows: Mutex<[WindowState; 2]>,
+    logs: Mutex<[Log; 2]>,
+    /// When the key was last seen (monotonic ns), for eviction.
+    last_seen: AtomicU64,
+}
+
+/// Bounds memory as the kernel's LRU map does: past `max_keys` keys, the
+/// least recently seen are forgotten (and start again with a full budget).
+fn evict_least_recent(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize) {
+    let mut seen: Vec<u64> = keys
+        .values()
+        .map(|s| s.last_seen.load(Ordering::Relaxed))
+        .collect();
+    let cut = seen.len().saturating_sub(keep);
+    if cut == 0 {
+        return;
+    }
+    let (_, threshold, _) = seen.select_nth_unstable(cut - 1);
+    let threshold = *threshold;
+    keys.retain(|_, s| s.last_seen.load(Ordering::Relaxed) > threshold);
 }
 
 type StateKey = (usize, Vec<u8>);
@@ -133,6 +155,11 @@ impl Limiter {
         &self.rules
     }
 
+    /// Keys with state now.
+    pub fn tracked_keys(&self) -> usize {
+        self.keys.lock().expect("key map lock").len()
+    }
+
     /// Meters one request and decides.
     pub fn check(&self, request: &Request<'_>) -> Decision {
         let Some(index) = tables::matching_rule(&self.rules, request.client, 6, request.port)
@@ -143,6 +170,7 @@ impl Limiter {
                 shadow: false,
                 rule: None,
                 policy: None,
+                delay_ns: 0,
             };
         };
         let rule = &self.rules.rules[index];
@@ -152,6 +180,7 @@ impl Limiter {
                 shadow: false,
                 rule: Some(rule.name.clone()),
                 policy: None,
+                delay_ns: 0,
             };
         };
         let state = self.state(index, rule, request);
@@ -163,7 +192,48 @@ impl Limiter {
         let agg = rule.aggregate.unwrap_or(none);
         let costs = [1, request.bytes];
         let meters = [packets, bytes, agg.packets, agg.bytes];
+        let mut delay_ns = 0;
         let allowed = match rule.algorithm {
+            Algorithm::Gcra if rule.delay.is_some() => {
+                // Validation allows pacing only on a lone packet meter.
+                let max =
+                    u64::try_from(rule.delay.unwrap_or_default().as_nanos()).unwrap_or(u64::MAX);
+                let gcra = packets.as_ref().map(|m| m.gcra).unwrap_or_default();
+                let now = self.clock.monotonic_ns();
+                match acquire_delayed(&state.cells[0], &gcra, now, 1, max) {
+                    Some(wait) => {
+                        delay_ns = wait;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Algorithm::SlidingLog => {
+                let now = self.clock.epoch_ns();
+                let mut key_logs = state.logs.lock().expect("log lock");
+                let mut agg_logs = aggregate.logs.lock().expect("log lock");
+                // Check every log on a copy first: a refusal charges none.
+                let mut trial = [
+                    key_logs[0].clone(),
+                    key_logs[1].clone(),
+                    agg_logs[0].clone(),
+                    agg_logs[1].clone(),
+                ];
+                let ok = meters
+                    .iter()
+                    .zip(&mut trial)
+                    .enumerate()
+                    .all(|(i, (m, log))| {
+                        m.as_ref()
+                            .is_none_or(|m| log.admit(&m.window, now, costs[i % 2]))
+                    });
+                if ok {
+                    let [k0, k1, a0, a1] = trial;
+                    *key_logs = [k0, k1];
+                    *agg_logs = [a0, a1];
+                }
+                ok
+            }
             Algorithm::Gcra => {
                 let now = self.clock.monotonic_ns();
                 fn charge<'a>(
@@ -218,6 +288,7 @@ impl Limiter {
             shadow,
             rule: Some(rule.name.clone()),
             policy: packets.map(|m| self.policy(rule, &m, &state)),
+            delay_ns,
         }
     }
 
@@ -237,7 +308,15 @@ impl Limiter {
             }
         };
         let mut keys = self.keys.lock().expect("key map lock");
-        Arc::clone(keys.entry((index, key)).or_default())
+        let state = Arc::clone(keys.entry((index, key)).or_default());
+        state
+            .last_seen
+            .store(self.clock.monotonic_ns(), Ordering::Relaxed);
+        let capacity = self.rules.max_keys as usize;
+        if keys.len() > capacity {
+            evict_least_recent(&mut keys, capacity / 2);
+        }
+        state
     }
 
     /// Quota, remaining and timing of a key's request meter, for headers.
@@ -256,6 +335,25 @@ impl Limiter {
                     remaining: (g.capacity_ns - used) / g.emission_ns,
                     reset_secs: secs(used),
                     retry_after_secs: secs(g.wait_ns(tat, now, 1)),
+                }
+            }
+            Algorithm::SlidingLog => {
+                let now = self.clock.epoch_ns();
+                let log = &state.logs.lock().expect("log lock")[0];
+                let w = meter.window;
+                let reset = log
+                    .oldest()
+                    .map_or(0, |t| t.saturating_add(w.length_ns).saturating_sub(now));
+                Policy {
+                    quota: meter.rate,
+                    window_secs,
+                    remaining: w.limit.saturating_sub(log.total()),
+                    reset_secs: secs(reset),
+                    retry_after_secs: if log.total() < w.limit {
+                        0
+                    } else {
+                        secs(reset)
+                    },
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
