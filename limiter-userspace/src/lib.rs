@@ -6,6 +6,7 @@ pub mod control;
 pub mod daemon;
 pub mod datapath;
 pub mod engine;
+pub mod import;
 pub mod keys;
 pub mod l7;
 pub mod lab;

@@ -134,6 +134,14 @@ enum Command {
         /// Time the upstream has to answer before the client gets 502.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         upstream_timeout: Duration,
+        /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
+    },
+    /// Convert another limiter's configuration into a rule file.
+    Import {
+        #[command(subcommand)]
+        from: ImportFrom,
     },
     /// Validate a rule file without touching the kernel.
     Check {
@@ -173,6 +181,13 @@ enum RulesCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ImportFrom {
+    /// An envoy ratelimit service config (descriptors): prints the rule
+    /// file, and on stderr what could not be converted.
+    Envoy { file: PathBuf },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -233,6 +248,9 @@ fn main() -> ExitCode {
             json,
         } => commands::top::run(&pin_dir, count, interval, once, json),
         Command::Check { config, json } => commands::check(&config, json),
+        Command::Import {
+            from: ImportFrom::Envoy { file },
+        } => commands::import_envoy(&file),
         Command::Proxy {
             listen,
             upstream,
@@ -241,6 +259,7 @@ fn main() -> ExitCode {
             header_timeout,
             max_header_bytes,
             upstream_timeout,
+            metrics,
         } => commands::proxy(
             limiter::proxy::Options {
                 listen,
@@ -250,6 +269,7 @@ fn main() -> ExitCode {
                 header_timeout,
                 max_header_bytes,
                 upstream_timeout,
+                metrics,
             },
             &config,
         ),

@@ -182,3 +182,48 @@ pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
     encode(&mut out, &registry).expect("writing to a String cannot fail");
     out
 }
+
+/// The exposition of a layer-7 limiter (`limiter proxy --metrics`): the
+/// kernel's names, with `layer="http"`.
+pub fn render_l7(limiter: &crate::l7::Limiter) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut registry = Registry::default();
+    let packets = Family::<Labels, Counter>::default();
+    for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
+        for (verdict, value) in [
+            ("passed", counters.passed.load(Relaxed)),
+            ("dropped", counters.dropped.load(Relaxed)),
+            ("shadow_dropped", counters.shadow.load(Relaxed)),
+        ] {
+            let labels = vec![
+                ("layer".to_owned(), "http".to_owned()),
+                ("rule".to_owned(), rule.name.clone()),
+                ("verdict".to_owned(), verdict.to_owned()),
+            ];
+            packets.get_or_create(&labels).inc_by(value);
+        }
+    }
+    registry.register(
+        "limiter_packets",
+        "Requests judged, by rule and verdict",
+        packets,
+    );
+    let keys = Gauge::<i64>::default();
+    keys.set(i64::try_from(limiter.tracked_keys()).unwrap_or(i64::MAX));
+    registry.register(
+        "limiter_tracked_keys",
+        "Keys with state in the layer-7 limiter",
+        keys,
+    );
+    registry.register(
+        "limiter_build",
+        "The running limiter's version",
+        Info::new(vec![(
+            "version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        )]),
+    );
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}

@@ -35,6 +35,8 @@ pub struct Options {
     pub max_header_bytes: usize,
     /// How long the upstream may take to answer.
     pub upstream_timeout: Duration,
+    /// Where to serve `/metrics` (loopback unless configured otherwise).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Hop-by-hop fields, which a proxy must not forward.
@@ -59,6 +61,20 @@ pub async fn serve(
         .await
         .with_context(|| format!("listening on {}", options.listen))?;
     let local = listener.local_addr()?;
+    if let Some(addr) = options.metrics {
+        let metrics = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics listener on {addr}"))?;
+        let limiter = Arc::clone(&limiter);
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let limiter = Arc::clone(&limiter);
+                async move { crate::metrics::render_l7(&limiter) }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(metrics, app).await });
+    }
     ready(local);
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
     let upstream = Arc::new(options.upstream);

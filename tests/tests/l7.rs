@@ -240,11 +240,14 @@ async fn the_proxy_limits_and_survives_bad_clients() {
         "rules.yaml",
         "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 3, unit: minute, burst: 3 } }\n",
     );
-    let p = proxy(
-        &config,
-        &format!("http://{upstream_addr}"),
-        &["--header-timeout", "1s"],
-    );
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let extra = ["--header-timeout", "1s", "--metrics", &metrics];
+    let p = proxy(&config, &format!("http://{upstream_addr}"), &extra);
     tokio::task::spawn_blocking(move || {
         let get = b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         // Malformed, oversized, slow and vanishing clients first: none is charged or breaks anything.
@@ -274,6 +277,15 @@ async fn the_proxy_limits_and_survives_bad_clients() {
             limited.to_ascii_lowercase().contains("retry-after: "),
             "{limited}"
         );
+        // The kernel's metric names, with layer="http".
+        let scrape = raw(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        let line = |verdict: &str, n: u64| {
+            format!(
+                "limiter_packets_total{{layer=\"http\",rule=\"api\",verdict=\"{verdict}\"}} {n}"
+            )
+        };
+        assert!(scrape.contains(&line("passed", 3)), "{scrape}");
+        assert!(scrape.contains(&line("dropped", 1)), "{scrape}");
     })
     .await
     .unwrap();

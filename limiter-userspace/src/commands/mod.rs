@@ -186,3 +186,15 @@ pub fn proxy(options: limiter::proxy::Options, config: &Path) -> Result<()> {
             println!("limiter proxy: listening on {addr}, forwarding to {upstream}")
         }))
 }
+
+pub fn import_envoy(file: &Path) -> Result<()> {
+    let conversion = limiter::import::envoy(file)?;
+    print!("{}", conversion.rules);
+    for line in &conversion.skipped {
+        eprintln!("not converted: {line}");
+    }
+    if !conversion.skipped.is_empty() {
+        eprintln!("{} descriptors not converted", conversion.skipped.len());
+    }
+    Ok(())
+}
