@@ -331,3 +331,29 @@ fn ipv6_keys_default_to_the_64() {
     assert_eq!(run(&dp, &other).0, XDP_PASS);
     assert_eq!(counters(&dp, "v6").new_keys, 2);
 }
+
+/// Sleeps until `offset` past the next whole second of the Unix epoch.
+fn after_next_epoch_second(offset: std::time::Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let next = std::time::Duration::from_secs(now.as_secs() + 1) + offset;
+    std::thread::sleep(next - now);
+}
+
+#[test]
+fn fixed_windows_turn_over_at_epoch_seconds() {
+    let dp = loaded(
+        "rules:\n  - { name: win, match: { source: 198.18.0.0/16 }, algorithm: fixed_window, limit: { rate: 3, unit: second } }\n",
+    );
+    let frame = frames::udp4(SRC4, 9, 0);
+    for _ in 0..2 {
+        // 20 ms into a second: a fresh window of 3, whatever came before.
+        after_next_epoch_second(std::time::Duration::from_millis(20));
+        let verdicts: Vec<u32> = (0..5).map(|_| run(&dp, &frame).0).collect();
+        assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
+        // Later in the same second: still the same window.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(run(&dp, &frame).0, XDP_DROP);
+    }
+}
