@@ -146,6 +146,18 @@ pub struct RuleConfig {
     pub name: [u8; RULE_NAME_LEN],
 }
 
+impl RuleConfig {
+    /// The name, without its NUL padding.
+    pub fn name(&self) -> &[u8] {
+        let len = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.name.len());
+        &self.name[..len]
+    }
+}
+
 /// `Candidate::flags` bits.
 pub mod candidate_flag {
     pub const MATCH_PROTOCOL: u8 = 1 << 0;

@@ -266,14 +266,7 @@ fn diff(
     generation: u32,
     forgotten_keys: usize,
 ) -> Change {
-    let name_of = |rule: &RuleConfig| {
-        let len = rule
-            .name
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(rule.name.len());
-        String::from_utf8_lossy(&rule.name[..len]).into_owned()
-    };
+    let name_of = |rule: &RuleConfig| String::from_utf8_lossy(rule.name()).into_owned();
     let old_by_name: HashMap<String, u32> = old.iter().map(|(id, r)| (name_of(r), *id)).collect();
     let mut change = Change {
         generation,

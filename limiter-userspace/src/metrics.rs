@@ -169,14 +169,7 @@ pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
             None => registry.register(name, help, gauge),
         }
     }
-    registry.register(
-        "limiter_build",
-        "The running limiter's version",
-        Info::new(vec![(
-            "version".to_owned(),
-            env!("CARGO_PKG_VERSION").to_owned(),
-        )]),
-    );
+    register_build_info(&mut registry);
 
     let mut out = String::new();
     encode(&mut out, &registry).expect("writing to a String cannot fail");
@@ -215,6 +208,14 @@ pub fn render_l7(limiter: &crate::l7::Limiter) -> String {
         "Keys with state in the layer-7 limiter",
         keys,
     );
+    register_build_info(&mut registry);
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}
+
+/// `limiter_build_info{version="..."} 1`.
+fn register_build_info(registry: &mut Registry) {
     registry.register(
         "limiter_build",
         "The running limiter's version",
@@ -223,7 +224,4 @@ pub fn render_l7(limiter: &crate::l7::Limiter) -> String {
             env!("CARGO_PKG_VERSION").to_owned(),
         )]),
     );
-    let mut out = String::new();
-    encode(&mut out, &registry).expect("writing to a String cannot fail");
-    out
 }

@@ -140,12 +140,7 @@ impl<T: Borrow<MapData>> CounterMaps<T> {
         for id in 0..MAX_RULES {
             let rule = self.rules.get(&rule_slot(config.generation, id), 0)?;
             if rule.name[0] != 0 {
-                let len = rule
-                    .name
-                    .iter()
-                    .position(|&b| b == 0)
-                    .unwrap_or(rule.name.len());
-                names.push((id, String::from_utf8_lossy(&rule.name[..len]).into_owned()));
+                names.push((id, String::from_utf8_lossy(rule.name()).into_owned()));
             }
         }
         let mut slots: Vec<(u32, u32)> = self.ifaces.iter().collect::<Result<_, _>>()?;

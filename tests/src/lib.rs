@@ -222,21 +222,26 @@ impl RunningLimiter {
     }
 
     fn interrupt(&mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.child.take().context("already stopped")?;
+        let child = self.child.take().context("already stopped")?;
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("limiter run ignored SIGINT for 10 s");
-            }
-            thread::sleep(Duration::from_millis(20));
+        wait_for_exit(child, "limiter run ignored SIGINT for 10 s")
+    }
+}
+
+/// Waits up to 10 s for a child to exit; kills it and fails after.
+fn wait_for_exit(mut child: Child, failure: &str) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
         }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{failure}");
+        }
+        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -440,18 +445,8 @@ impl Daemon {
 
     /// Waits for the process to exit by itself (after `detach`).
     pub fn wait_exit(&mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.child.take().context("not running")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("the daemon did not exit within 10 s");
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        let child = self.child.take().context("not running")?;
+        wait_for_exit(child, "the daemon did not exit within 10 s")
     }
 }
 
@@ -464,6 +459,17 @@ impl Drop for Daemon {
 
 fn datapath_detach(pin_dir: &Path) -> Result<Vec<String>> {
     Ok(limiter::datapath::detach_all(pin_dir)?)
+}
+
+/// The entry of rule `name` in `limiter stats --json` output.
+pub fn stats_rule(stats: &serde_json::Value, name: &str) -> serde_json::Value {
+    stats["rules"]
+        .as_array()
+        .expect("a rules array")
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no rule {name:?} in {stats}"))
+        .clone()
 }
 
 /// Asserts a CLI run succeeded; returns its stdout.

@@ -26,6 +26,33 @@ pub struct Spec {
     pub bytes: bool,
 }
 
+impl Spec {
+    /// A rule file with one rule, `trace`, expressing this limit; `extra`
+    /// goes first inside the rule (a match, a key).
+    pub fn rule_file(&self, extra: &str) -> String {
+        let algorithm = match self.algo {
+            Algo::Gcra => "gcra",
+            Algo::FixedWindow => "fixed_window",
+            Algo::SlidingWindow => "sliding_window",
+            Algo::SlidingLog => "sliding_log",
+        };
+        let (rate, burst) = if self.bytes {
+            ("bytes", "burst_bytes")
+        } else {
+            ("rate", "burst")
+        };
+        let burst = if self.algo == Algo::Gcra {
+            format!(", {burst}: {}", self.burst)
+        } else {
+            String::new()
+        };
+        format!(
+            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, limit: {{ {rate}: {}, unit: {}ns{burst} }} }}\n",
+            self.rate, self.period_ns
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Arrival {
     /// The clock: monotonic ns for GCRA, Unix-epoch ns for windows.

@@ -16,7 +16,7 @@ use limiter_common::{
 };
 use limiter_tests::{
     frames, loaded_object,
-    reference::{self, Algo, Spec, Trace},
+    reference::{self, Algo, Trace},
     rules, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
@@ -99,31 +99,6 @@ fn shared_functions_match_the_reference() {
     }
 }
 
-/// The rule file that expresses a trace's limit, keyed per source address.
-pub fn rule_file(spec: &Spec) -> String {
-    let algorithm = match spec.algo {
-        Algo::Gcra => "gcra",
-        Algo::FixedWindow => "fixed_window",
-        Algo::SlidingWindow => "sliding_window",
-        Algo::SlidingLog => "sliding_log",
-    };
-    let (rate, burst) = if spec.bytes {
-        ("bytes", "burst_bytes")
-    } else {
-        ("rate", "burst")
-    };
-    let burst = if spec.algo == Algo::Gcra {
-        format!(", {burst}: {}", spec.burst)
-    } else {
-        String::new()
-    };
-    format!(
-        "rules:\n  - {{ name: trace, match: {{ source: 198.18.0.0/16 }}, key: source, algorithm: {algorithm}, \
-         limit: {{ {rate}: {}, unit: {}ns{burst} }} }}\n",
-        spec.rate, spec.period_ns
-    )
-}
-
 #[test]
 fn the_xdp_program_matches_the_reference() {
     let object = test_clock_object();
@@ -133,7 +108,11 @@ fn the_xdp_program_matches_the_reference() {
         // A fresh rule (fresh id, fresh keys) per trace.
         dp.engine.apply(rules("rules: []\n")).expect("clearing");
         dp.engine
-            .apply(rules(&rule_file(&trace.spec)))
+            .apply(rules(
+                &trace
+                    .spec
+                    .rule_file("match: { source: 198.18.0.0/16 }, key: source, "),
+            ))
             .expect("applying the trace's rule");
         let datapath = dp.engine.datapath_mut();
         let mut config = datapath.config().expect("config");

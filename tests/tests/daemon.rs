@@ -322,15 +322,7 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
     };
     let stats: serde_json::Value =
         serde_json::from_str(&ok(daemon.cli(&["stats", "--json"]))).expect("JSON");
-    let rule = |name: &str| {
-        stats["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let rule = |name: &str| limiter_tests::stats_rule(&stats, name);
     let arrived = |addrs: &[IpAddr]| {
         addrs
             .iter()

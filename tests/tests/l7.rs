@@ -19,12 +19,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use limiter::l7::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
-use limiter_tests::{
-    TempDir, limiter_command,
-    reference::{self, Algo, Spec},
-    rules,
-    traces::corpus,
-};
+use limiter_tests::{TempDir, limiter_command, reference, rules, traces::corpus};
 
 /// A clock the test sets before each request.
 #[derive(Default)]
@@ -37,29 +32,6 @@ impl Clock for TestClock {
     fn epoch_ns(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
     }
-}
-
-fn rule_file(spec: &Spec) -> String {
-    let algorithm = match spec.algo {
-        Algo::Gcra => "gcra",
-        Algo::FixedWindow => "fixed_window",
-        Algo::SlidingWindow => "sliding_window",
-        Algo::SlidingLog => "sliding_log",
-    };
-    let (rate, burst) = if spec.bytes {
-        ("bytes", "burst_bytes")
-    } else {
-        ("rate", "burst")
-    };
-    let burst = if spec.algo == Algo::Gcra {
-        format!(", {burst}: {}", spec.burst)
-    } else {
-        String::new()
-    };
-    format!(
-        "rules:\n  - {{ name: trace, algorithm: {algorithm}, limit: {{ {rate}: {}, unit: {}ns{burst} }} }}\n",
-        spec.rate, spec.period_ns
-    )
 }
 
 /// Serves `router` behind the layer on a loopback port.
@@ -88,7 +60,10 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
     let mut replayed = 0;
     for trace in corpus() {
         let clock = Arc::new(TestClock::default());
-        let limiter = Arc::new(Limiter::new(rules(&rule_file(&trace.spec)), clock.clone()));
+        let limiter = Arc::new(Limiter::new(
+            rules(&trace.spec.rule_file("")),
+            clock.clone(),
+        ));
         let layer = RateLimitLayer::new(limiter)
             .key_by(KeyBy::Header(HeaderName::from_static("x-key")))
             .cost_by(CostBy::Custom(Arc::new(|parts| {

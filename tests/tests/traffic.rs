@@ -96,15 +96,7 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
-    let rule = |name: &str| {
-        stats["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let rule = |name: &str| limiter_tests::stats_rule(&stats, name);
     let sent = |addrs: &[IpAddr]| {
         sum_of(addrs, |a| {
             report.sent[all.iter().position(|x| x == a).unwrap()]

@@ -131,12 +131,7 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
 }
 
 fn name(rule: &RuleConfig) -> String {
-    let len = rule
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(rule.name.len());
-    String::from_utf8_lossy(&rule.name[..len]).into_owned()
+    String::from_utf8_lossy(rule.name()).into_owned()
 }
 
 /// The key as a prefix: `198.18.0.1`, or `2001:db8:1::/64` for a /64 key.

@@ -185,26 +185,12 @@ impl RuleSet {
 
     /// Reads and validates a rule file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.to_owned(),
-            line: None,
-            field: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&read(path)?, path)
     }
 
     /// Validates rule-file text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let raw: raw::RuleFile = serde_yaml::from_str(text).map_err(|e| {
-            let (field, message) = split_serde_message(&e.to_string());
-            ConfigError {
-                file: origin.to_owned(),
-                line: e.location().map(|l| l.line()),
-                field,
-                message,
-            }
-        })?;
+        let raw: raw::RuleFile = from_yaml(text, origin)?;
         let locations = locate::Locations::index(text);
         validate(raw).map_err(|(field, message)| ConfigError {
             file: origin.to_owned(),
@@ -435,16 +421,24 @@ pub fn parse_net(text: &str) -> Result<IpNet, String> {
 
 /// Reads a YAML file into `T`, with the file, line and field in errors.
 pub fn load_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    from_yaml(&read(path)?, path)
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: path.to_owned(),
         line: None,
         field: String::new(),
         message: format!("cannot read: {e}"),
-    })?;
-    serde_yaml::from_str(&text).map_err(|e| {
+    })
+}
+
+/// Deserializes YAML text; errors carry the line and the field path.
+fn from_yaml<T: serde::de::DeserializeOwned>(text: &str, origin: &Path) -> Result<T, ConfigError> {
+    serde_yaml::from_str(text).map_err(|e| {
         let (field, message) = split_serde_message(&e.to_string());
         ConfigError {
-            file: path.to_owned(),
+            file: origin.to_owned(),
             line: e.location().map(|l| l.line()),
             field,
             message,
