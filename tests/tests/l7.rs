@@ -359,3 +359,29 @@ fn the_key_store_is_bounded_like_the_kernels_lru() {
     // The most recent key is still remembered: its second request is refused.
     assert!(!limiter.check(&request(9_999)).allowed);
 }
+
+#[test]
+fn shadow_rules_pass_and_count_the_excess() {
+    let clock = Arc::new(TestClock::default());
+    clock.0.store(1_000_000_000, Ordering::SeqCst);
+    let text =
+        "rules:\n  - { name: dry, limit: { rate: 1, unit: minute, burst: 2 }, action: shadow }\n";
+    let limiter = Limiter::new(rules(text), clock);
+    let request = limiter::l7::Request {
+        client: [198, 18, 0, 1].into(),
+        port: None,
+        key: None,
+        bytes: 0,
+    };
+    let decisions: Vec<(bool, bool)> = (0..4)
+        .map(|_| limiter.check(&request))
+        .map(|d| (d.allowed, d.shadow))
+        .collect();
+    assert_eq!(
+        decisions,
+        [(true, false), (true, false), (true, true), (true, true)]
+    );
+    let c = &limiter.counters[0];
+    let counts = [&c.passed, &c.dropped, &c.shadow].map(|n| n.load(Ordering::Relaxed));
+    assert_eq!(counts, [2, 0, 2]);
+}
