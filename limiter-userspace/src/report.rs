@@ -202,13 +202,27 @@ pub fn describe(rule: &Rule) -> Description {
         matches.push(format!("port {port}"));
     }
     let meters = |packets: Option<Meter>, bytes: Option<Meter>| {
-        let meter = |m: Meter, what: &str| {
-            format!(
-                "{} {what}/{}, burst {}",
-                count(m.rate),
-                per(m.period),
-                count(m.burst)
-            )
+        // Windows and logs admit `rate` per window: no burst to show.
+        let meter = |m: Meter, what: &str| match rule.algorithm {
+            crate::config::Algorithm::Gcra => {
+                format!(
+                    "{} {what}/{}, burst {}",
+                    count(m.rate),
+                    per(m.period),
+                    count(m.burst)
+                )
+            }
+            other => {
+                let name = serde_json::to_value(other)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned));
+                format!(
+                    "{} {what}/{} ({})",
+                    count(m.rate),
+                    per(m.period),
+                    name.unwrap_or_default()
+                )
+            }
         };
         [
             packets.map(|m| meter(m, "pkts")),

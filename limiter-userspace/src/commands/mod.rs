@@ -168,6 +168,9 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
     } else {
         println!("{}: valid, {} rules\n", path.display(), set.rules.len());
         print!("{}", report::rules_table(&set));
+        if let Err(why) = set.kernel_compatible() {
+            println!("\nnote: for `limiter proxy` and the library only: {why}");
+        }
     }
     Ok(())
 }

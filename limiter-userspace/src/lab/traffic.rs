@@ -107,7 +107,8 @@ pub struct FloodReport {
 
 /// Sends every source at its rate for `duration`, interleaved, paced in
 /// ~200 µs steps; the first frame of each source leaves at time zero.
-/// `progress` is called about every 10 ms with the counts so far.
+/// `progress` is called after every step with the counts so far, so a
+/// reader comparing them with what arrived is never more than a step behind.
 pub fn flood(
     socket: &FrameSocket,
     sources: &[FloodSource],
@@ -117,7 +118,6 @@ pub fn flood(
     let mut sent = vec![0u64; sources.len()];
     let start = Instant::now();
     let mut last = start;
-    let mut last_progress = start;
     loop {
         let now = Instant::now();
         let t = now.duration_since(start).min(duration);
@@ -131,16 +131,12 @@ pub fn flood(
                 last = Instant::now();
             }
         }
-        if now.duration_since(last_progress) >= Duration::from_millis(10) {
-            progress(&sent);
-            last_progress = now;
-        }
+        progress(&sent);
         if t >= duration {
             break;
         }
         thread::sleep(Duration::from_micros(200));
     }
-    progress(&sent);
     Ok(FloodReport {
         sent,
         elapsed: last.duration_since(start),
