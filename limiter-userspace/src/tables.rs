@@ -215,37 +215,56 @@ fn prefixes(set: &RuleSet, ids: &[u32]) -> (Entries, Entries) {
 /// Indexes of the rules whose source covers `net`, most specific first:
 /// longer source prefix, then protocol and port, then protocol, then file order.
 fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
-    let mut covering: Vec<usize> = (0..set.rules.len())
-        .filter(|&i| match set.rules[i].matches.source {
-            None => true,
-            Some(source) => source.contains(&net),
+    match_order(set)
+        .into_iter()
+        .filter(|&i| {
+            set.rules[i]
+                .matches
+                .source
+                .is_none_or(|source| source.contains(&net))
         })
-        .collect();
-    covering.sort_by_key(|&i| {
+        .collect()
+}
+
+/// Every rule, most specific first: longer source prefix, then protocol and
+/// port, then protocol only, then neither, then file order. The kernel's
+/// trie entries list their candidates in this order.
+pub fn match_order(set: &RuleSet) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..set.rules.len()).collect();
+    order.sort_by_key(|&i| {
         let m = &set.rules[i].matches;
         let prefix = m.source.map_or(0, |s| s.prefix_len());
         let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
         (std::cmp::Reverse(prefix), std::cmp::Reverse(specificity), i)
     });
-    covering
+    order
 }
 
-/// The index of the rule the kernel applies to a packet from `source` with
-/// this protocol and destination port, or `None` for the default. Uses the
-/// same ordering as the trie entries the kernel searches.
+/// The first rule in `order` ([`match_order`]) that applies to a packet
+/// from `source` with this protocol and port: the rule the kernel applies.
+pub fn first_match(
+    set: &RuleSet,
+    order: &[usize],
+    source: IpAddr,
+    protocol: u8,
+    dest_port: Option<u16>,
+) -> Option<usize> {
+    order.iter().copied().find(|&i| {
+        let m = &set.rules[i].matches;
+        m.source.is_none_or(|s| s.contains(&source))
+            && m.protocol.is_none_or(|p| p == protocol)
+            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+    })
+}
+
+/// [`first_match`] for a one-off question (`limiter lab`'s table).
 pub fn matching_rule(
     set: &RuleSet,
     source: IpAddr,
     protocol: u8,
     dest_port: Option<u16>,
 ) -> Option<usize> {
-    covering_rules(set, IpNet::from(source))
-        .into_iter()
-        .find(|&i| {
-            let m = &set.rules[i].matches;
-            m.protocol.is_none_or(|p| p == protocol)
-                && m.dest_port.is_none_or(|p| Some(p) == dest_port)
-        })
+    first_match(set, &match_order(set), source, protocol, dest_port)
 }
 
 fn candidate(id: u32, rule: &Rule) -> Candidate {

@@ -4,6 +4,7 @@
 //! - `cargo xtask test`     installs what is missing, builds, runs every test
 //! - `cargo xtask build`    builds the XDP object and the `limiter` binary
 //! - `cargo xtask setup`    only installs what is missing
+//! - `cargo xtask bench`    benchmarks, with peers in the same run
 
 mod setup;
 
@@ -38,6 +39,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Benchmarks: the layer-7 limiter against governor, in the same run.
+    Bench,
     /// Set up, build, lint, and run every test (the root-only ones included).
     Test {
         /// Only run integration tests whose name contains this.
@@ -72,6 +75,12 @@ fn run() -> Result<()> {
             status(&mut command)
         }
         Task::Test { filter } => test(filter),
+        Task::Bench => {
+            setup::toolchain()?;
+            build(false)?;
+            step("benchmarks: cargo bench -p limiter-tests (criterion)");
+            status(cargo().args(["bench", "--package", "limiter-tests", "--bench", "l7"]))
+        }
     }
 }
 

@@ -66,14 +66,14 @@ pub struct Request<'a> {
 }
 
 /// What to tell the client.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     /// Forward the request.
     pub allowed: bool,
     /// Excess let through by a dry run.
     pub shadow: bool,
     /// The rule that applied (`None`: the default).
-    pub rule: Option<String>,
+    pub rule: Option<Arc<str>>,
     /// The rule's packet (request) limit: quota and window, for headers.
     pub policy: Option<Policy>,
     /// Pacing: hold the request this long before forwarding it.
@@ -128,10 +128,21 @@ fn evict_least_recent(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize) {
     keys.retain(|_, s| s.last_seen.load(Ordering::Relaxed) > threshold);
 }
 
-type StateKey = (usize, Vec<u8>);
+/// A key's identity: the rule's index and either the masked client address
+/// (no allocation) or the caller's key bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum KeyBytes {
+    Addr([u8; 16]),
+    Custom(Box<[u8]>),
+}
+
+type StateKey = (usize, KeyBytes);
 
 pub struct Limiter {
     rules: RuleSet,
+    /// Rules most specific first, as the kernel searches them.
+    order: Vec<usize>,
+    names: Vec<Arc<str>>,
     clock: Arc<dyn Clock>,
     /// By (rule index, key).
     keys: Mutex<HashMap<StateKey, Arc<State>>>,
@@ -145,6 +156,12 @@ impl Limiter {
         Self {
             aggregates: (0..n).map(|_| State::default()).collect(),
             counters: (0..n).map(|_| RuleCounters::default()).collect(),
+            order: tables::match_order(&rules),
+            names: rules
+                .rules
+                .iter()
+                .map(|r| Arc::from(r.name.as_str()))
+                .collect(),
             rules,
             clock,
             keys: Mutex::new(HashMap::new()),
@@ -162,7 +179,8 @@ impl Limiter {
 
     /// Meters one request and decides.
     pub fn check(&self, request: &Request<'_>) -> Decision {
-        let Some(index) = tables::matching_rule(&self.rules, request.client, 6, request.port)
+        let Some(index) =
+            tables::first_match(&self.rules, &self.order, request.client, 6, request.port)
         else {
             let allowed = self.rules.default == Verdict::Pass;
             return Decision {
@@ -178,12 +196,13 @@ impl Limiter {
             return Decision {
                 allowed: true,
                 shadow: false,
-                rule: Some(rule.name.clone()),
+                rule: Some(Arc::clone(&self.names[index])),
                 policy: None,
                 delay_ns: 0,
             };
         };
-        let state = self.state(index, rule, request);
+        let monotonic = self.clock.monotonic_ns();
+        let state = self.state(index, rule, request, monotonic);
         let aggregate = &self.aggregates[index];
         let none = Meters {
             packets: None,
@@ -235,7 +254,7 @@ impl Limiter {
                 ok
             }
             Algorithm::Gcra => {
-                let now = self.clock.monotonic_ns();
+                let now = monotonic;
                 fn charge<'a>(
                     m: &'a Option<Meter>,
                     s: &'a State,
@@ -286,8 +305,8 @@ impl Limiter {
         Decision {
             allowed: allowed || shadow,
             shadow,
-            rule: Some(rule.name.clone()),
-            policy: packets.map(|m| self.policy(rule, &m, &state)),
+            rule: Some(Arc::clone(&self.names[index])),
+            policy: packets.map(|m| self.policy(rule, &m, &state, monotonic)),
             delay_ns,
         }
     }
@@ -295,23 +314,21 @@ impl Limiter {
     /// The key's state, created on first sight. Keys are the rule's index
     /// and either the caller's key or the client address masked exactly as
     /// the kernel masks it.
-    fn state(&self, index: usize, rule: &Rule, request: &Request<'_>) -> Arc<State> {
+    fn state(&self, index: usize, rule: &Rule, request: &Request<'_>, now: u64) -> Arc<State> {
         let key = match request.key {
-            Some(key) => key.to_vec(),
+            Some(key) => KeyBytes::Custom(key.into()),
             None => {
                 let mask = crate::tables::key_masks(rule);
                 let flow = match request.client {
                     IpAddr::V4(a) => FlowKey::v4(0, a.octets(), mask.0),
                     IpAddr::V6(a) => FlowKey::v6(0, a.octets(), mask.1),
                 };
-                flow.addr.to_vec()
+                KeyBytes::Addr(flow.addr)
             }
         };
         let mut keys = self.keys.lock().expect("key map lock");
         let state = Arc::clone(keys.entry((index, key)).or_default());
-        state
-            .last_seen
-            .store(self.clock.monotonic_ns(), Ordering::Relaxed);
+        state.last_seen.store(now, Ordering::Relaxed);
         let capacity = self.rules.max_keys as usize;
         if keys.len() > capacity {
             evict_least_recent(&mut keys, capacity / 2);
@@ -320,12 +337,12 @@ impl Limiter {
     }
 
     /// Quota, remaining and timing of a key's request meter, for headers.
-    fn policy(&self, rule: &Rule, meter: &Meter, state: &State) -> Policy {
+    fn policy(&self, rule: &Rule, meter: &Meter, state: &State, monotonic: u64) -> Policy {
         let window_secs = meter.period.as_secs().max(1);
         let secs = |ns: u64| ns.div_ceil(1_000_000_000);
         match rule.algorithm {
             Algorithm::Gcra => {
-                let now = self.clock.monotonic_ns();
+                let now = monotonic;
                 let tat = AtomicCell::load(&state.cells[0]);
                 let g = meter.gcra;
                 let used = tat.saturating_sub(now).min(g.capacity_ns);

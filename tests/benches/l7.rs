@@ -1,0 +1,73 @@
+//! The layer-7 decision path against governor, in the same run: one key
+//! (the hot path) and 10,000 keys (map lookups included). Ratios, not
+//! absolute times, are what to compare across machines.
+
+use std::{net::IpAddr, num::NonZeroU32, sync::Arc, time::Duration};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use limiter::l7::{Limiter, Request, SystemClock};
+use limiter_tests::rules;
+
+const KEYS: u32 = 10_000;
+
+fn bench(c: &mut Criterion) {
+    // A limit nothing in the benchmark reaches: every call admits.
+    let text = "max_keys: 1000000\nrules:\n  - { name: api, limit: { rate: 1000000000, unit: second, burst: 1000000000 } }\n";
+    let ours = Limiter::new(rules(text), Arc::new(SystemClock));
+    let quota = Quota::with_period(Duration::from_nanos(1))
+        .unwrap()
+        .allow_burst(NonZeroU32::new(1_000_000_000).unwrap());
+    let direct = RateLimiter::direct(quota);
+    let keyed = RateLimiter::dashmap(quota);
+    let addr = |i: u32| -> IpAddr { std::net::Ipv4Addr::from(0x0a00_0000 + i).into() };
+
+    let mut group = c.benchmark_group("one key");
+    let one = Request {
+        client: addr(1),
+        port: None,
+        key: None,
+        bytes: 0,
+    };
+    group.bench_function("limiter l7 (rule match, key, GCRA)", |b| {
+        b.iter(|| ours.check(&one).allowed)
+    });
+    group.bench_function("limiter-common GCRA alone", |b| {
+        let gcra =
+            limiter_common::gcra::Gcra::new(1_000_000_000, 1_000_000_000, 1_000_000_000).unwrap();
+        let cell = std::sync::atomic::AtomicU64::new(0);
+        let mut now = 1_000_000_000u64;
+        b.iter(|| {
+            now += 1;
+            limiter_common::meter::acquire(&cell, &gcra, now, 1)
+        })
+    });
+    group.bench_function("governor direct", |b| b.iter(|| direct.check().is_ok()));
+    group.finish();
+
+    let mut group = c.benchmark_group("10k keys");
+    let mut i = 0;
+    group.bench_function("limiter l7", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            ours.check(&Request {
+                client: addr(i),
+                port: None,
+                key: None,
+                bytes: 0,
+            })
+            .allowed
+        })
+    });
+    let mut i = 0;
+    group.bench_function("governor keyed (dashmap)", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            keyed.check_key(&addr(i)).is_ok()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
