@@ -76,9 +76,12 @@ fn run() -> Result<()> {
         }
         Task::Test { filter } => test(filter),
         Task::Bench => {
-            setup::toolchain()?;
+            require_root("the XDP benchmark attaches programs in network namespaces")?;
+            setup::all()?;
             build(false)?;
-            step("benchmarks: cargo bench -p limiter-tests (criterion)");
+            step("benchmark: the XDP datapath against iptables hashlimit and nftables");
+            status(cargo().args(["bench", "--package", "limiter-tests", "--bench", "xdp"]))?;
+            step("benchmark: the layer-7 decision path against governor (criterion)");
             status(cargo().args(["bench", "--package", "limiter-tests", "--bench", "l7"]))
         }
     }

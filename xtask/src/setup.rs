@@ -13,7 +13,11 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 2] = [("ip", "iproute2"), ("nft", "nftables")];
+const PACKAGES: [(&str, &str); 3] = [
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
+    ("iptables", "iptables"),
+];
 
 /// bpf-linker releases that build with the toolchains here.
 const BPF_LINKER_VERSION: &str = "^0.13";
