@@ -7,6 +7,8 @@
 #![no_std]
 #![no_main]
 
+mod runtime;
+
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{map, xdp},
@@ -67,13 +69,3 @@ pub fn pass(_ctx: XdpContext) -> u32 {
 pub fn drop_all(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

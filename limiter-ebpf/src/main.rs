@@ -10,6 +10,7 @@
 mod cell;
 mod maps;
 mod parse;
+mod runtime;
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
@@ -348,13 +349,3 @@ mod clock {
         crate::maps::CLOCK.get(0).copied().unwrap_or(0)
     }
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

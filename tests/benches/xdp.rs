@@ -91,6 +91,28 @@ fn nft_counter(rx: &Netns) -> Result<u64> {
         .context("no nft counter")
 }
 
+/// Floods and reads how far the receiver's `counter` moved.
+fn measure(
+    name: &'static str,
+    tx: &Netns,
+    flood: &Xdp,
+    frame: &[u8],
+    counter: impl Fn() -> Result<u64>,
+) -> Result<Result_> {
+    let before = counter()?;
+    let start = Instant::now();
+    let generated = generate(tx, flood, frame)?;
+    let seconds = start.elapsed().as_secs_f64();
+    // Let the last frames land.
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(Result_ {
+        name,
+        generated,
+        processed: counter()? - before,
+        seconds,
+    })
+}
+
 struct Result_ {
     name: &'static str,
     generated: u64,
@@ -154,18 +176,14 @@ fn main() -> Result<()> {
                 Path::new("/sys/fs/bpf/limiter-bench"),
             )
         })??;
-        let before = limiter.snapshot()?.global.packets;
-        let start = Instant::now();
-        let generated = generate(&lab.tx, flood, &frame)?;
-        let seconds = start.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_millis(200));
-        let processed = limiter.snapshot()?.global.packets - before;
-        results.push(Result_ {
-            name: "limiter (XDP, native)",
-            generated,
-            processed,
-            seconds,
-        });
+        let counter = || Ok(limiter.snapshot()?.global.packets);
+        results.push(measure(
+            "limiter (XDP, native)",
+            &lab.tx,
+            flood,
+            &frame,
+            counter,
+        )?);
     }
 
     // 2 and 3: netfilter behind a pass-all XDP program (a veth accepts
@@ -205,18 +223,14 @@ fn main() -> Result<()> {
             "DROP",
         ],
     )?;
-    let before = iptables_counter(&lab.rx)?;
-    let start = Instant::now();
-    let generated = generate(&lab.tx, flood, &frame)?;
-    let seconds = start.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_millis(200));
-    let processed = iptables_counter(&lab.rx)? - before;
-    results.push(Result_ {
-        name: "iptables hashlimit (raw PREROUTING)",
-        generated,
-        processed,
-        seconds,
-    });
+    let counter = || iptables_counter(&lab.rx);
+    results.push(measure(
+        "iptables hashlimit (raw PREROUTING)",
+        &lab.tx,
+        flood,
+        &frame,
+        counter,
+    )?);
     lab.rx
         .exec("iptables", &["-t", "raw", "-F", "PREROUTING"])?;
 
@@ -233,18 +247,14 @@ fn main() -> Result<()> {
     let path = std::env::temp_dir().join("limiter-bench.nft");
     std::fs::write(&path, ruleset)?;
     lab.rx.exec("nft", &["-f", &path.to_string_lossy()])?;
-    let before = nft_counter(&lab.rx)?;
-    let start = Instant::now();
-    let generated = generate(&lab.tx, flood, &frame)?;
-    let seconds = start.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_millis(200));
-    let processed = nft_counter(&lab.rx)? - before;
-    results.push(Result_ {
-        name: "nftables per-source limit (prerouting)",
-        generated,
-        processed,
-        seconds,
-    });
+    let counter = || nft_counter(&lab.rx);
+    results.push(measure(
+        "nftables per-source limit (prerouting)",
+        &lab.tx,
+        flood,
+        &frame,
+        counter,
+    )?);
 
     let baseline_ns = results[0].seconds * 1e9 / results[0].processed as f64;
     let cost = |r: &Result_| r.seconds * 1e9 / r.processed.max(1) as f64 - baseline_ns;
