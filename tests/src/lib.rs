@@ -32,20 +32,25 @@ pub fn rules(text: &str) -> RuleSet {
 /// The program loaded with a rule set, unattached (for BPF_PROG_TEST_RUN),
 /// its maps pinned in a directory of its own that is removed on drop.
 pub struct Loaded {
+    // Field order is drop order: unload, then remove the pins.
     pub engine: Engine,
-    dir: PathBuf,
+    _pins: PinDir,
+}
+
+/// A pin directory removed on drop, also when loading fails half-way
+/// (the maps are pinned before the verifier has its say).
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::ops::Deref for Loaded {
     type Target = Datapath;
     fn deref(&self) -> &Datapath {
         self.engine.datapath()
-    }
-}
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -80,11 +85,15 @@ pub fn loaded_object(object: &[u8], text: &str) -> Loaded {
     ));
     limiter::pins::ensure_bpffs().expect("bpffs");
     let _ = fs::remove_dir_all(&dir);
+    let pins = PinDir(dir);
     let set = rules(text);
     let mut engine =
-        Engine::open_object(object, &dir, set.max_keys).expect("loading the XDP program");
+        Engine::open_object(object, &pins.0, set.max_keys).expect("loading the XDP program");
     engine.apply(set).expect("applying the rules");
-    Loaded { engine, dir }
+    Loaded {
+        engine,
+        _pins: pins,
+    }
 }
 
 pub fn snapshot(datapath: &Datapath) -> Snapshot {
