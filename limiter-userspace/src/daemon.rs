@@ -272,9 +272,9 @@ async fn housekeeping(shared: Arc<Shared>) {
             if ticks % 5 == 1
                 && let Ok(aya::maps::Map::LruHashMap(data)) =
                     engine.datapath().map(limiter_common::abi::map_name::KEYS)
-                && let Ok(all) = keys::dump(data)
+                && let Ok(n) = keys::count(data)
             {
-                work.tracked_keys.store(all.len() as u64, Ordering::Relaxed);
+                work.tracked_keys.store(n as u64, Ordering::Relaxed);
             }
         })
         .await;

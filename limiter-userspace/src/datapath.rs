@@ -307,23 +307,28 @@ impl Datapath {
             }
         }
         let generation = (generation & 1) as u8;
-        let mut v4: LpmTrie<_, PrefixKey<4>, Candidates> = self.typed_mut(map_name::LPM_V4)?;
-        let stale: Vec<_> = v4
+        self.remove_prefixes::<4>(map_name::LPM_V4, generation)?;
+        self.remove_prefixes::<16>(map_name::LPM_V6, generation)?;
+        Ok(())
+    }
+
+    /// Removes one generation's entries from the LPM trie `name`.
+    fn remove_prefixes<const N: usize>(
+        &mut self,
+        name: &'static str,
+        generation: u8,
+    ) -> Result<(), DatapathError>
+    where
+        PrefixKey<N>: aya::Pod,
+    {
+        let mut trie: LpmTrie<_, PrefixKey<N>, Candidates> = self.typed_mut(name)?;
+        let stale: Vec<_> = trie
             .keys()
             .filter_map(Result::ok)
             .filter(|k| k.data().generation == generation)
             .collect();
         for key in stale {
-            v4.remove(&key).map_err(map_error(map_name::LPM_V4))?;
-        }
-        let mut v6: LpmTrie<_, PrefixKey<16>, Candidates> = self.typed_mut(map_name::LPM_V6)?;
-        let stale: Vec<_> = v6
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.data().generation == generation)
-            .collect();
-        for key in stale {
-            v6.remove(&key).map_err(map_error(map_name::LPM_V6))?;
+            trie.remove(&key).map_err(map_error(name))?;
         }
         Ok(())
     }

@@ -301,23 +301,25 @@ impl Engine {
 
 /// `CLOCK_REALTIME − CLOCK_MONOTONIC` in ns.
 pub fn realtime_offset_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    let realtime = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    realtime.wrapping_sub(monotonic_ns())
+    realtime_ns().wrapping_sub(monotonic_ns())
+}
+
+/// Now on `CLOCK_REALTIME`, ns of the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
 }
 
 /// Now on `CLOCK_MONOTONIC`, the clock the program reads.
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -31,8 +31,24 @@ struct BatchAttr {
 
 /// Every (key, state) of the map, read in batches.
 pub fn dump(map: &MapData) -> io::Result<Vec<(FlowKey, KeyState)>> {
-    let fd = map.fd().as_fd().as_raw_fd();
     let mut out = Vec::new();
+    for_each_batch(map, |keys, values| {
+        out.extend(keys.iter().copied().zip(values.iter().copied()))
+    })?;
+    Ok(out)
+}
+
+/// How many keys the map holds, without keeping them (the daemon counts a
+/// million-key map every few seconds for its metrics).
+pub fn count(map: &MapData) -> io::Result<usize> {
+    let mut n = 0;
+    for_each_batch(map, |keys, _| n += keys.len())?;
+    Ok(n)
+}
+
+/// Calls `f` with each batch of keys and their states, reusing one buffer.
+fn for_each_batch(map: &MapData, mut f: impl FnMut(&[FlowKey], &[KeyState])) -> io::Result<()> {
+    let fd = map.fd().as_fd().as_raw_fd();
     let mut keys = vec![FlowKey::default(); BATCH];
     let mut values = vec![KeyState::default(); BATCH];
     // Hash maps use a 4-byte bucket cursor; a key's size is ample room.
@@ -59,11 +75,11 @@ pub fn dump(map: &MapData) -> io::Result<Vec<(FlowKey, KeyState)>> {
         };
         let error = (rc != 0).then(io::Error::last_os_error);
         let n = attr.count as usize;
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        f(&keys[..n], &values[..n]);
         match error {
             None => first = false,
             // ENOENT: that was the last batch.
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             Some(e) => return Err(e),
         }
     }

@@ -49,7 +49,7 @@ impl Clock for SystemClock {
     }
 
     fn epoch_ns(&self) -> u64 {
-        crate::engine::monotonic_ns().wrapping_add(crate::engine::realtime_offset_ns())
+        crate::engine::realtime_ns()
     }
 }
 
