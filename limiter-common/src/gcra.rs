@@ -94,13 +94,13 @@ impl Gcra {
 
     /// Checks a request of `cost` units at `now` against state `tat`.
     ///
-    /// Time going backwards is harmless: a TAT further ahead than a full
-    /// bucket (`now + B·T`) can only come from an earlier, later-running
-    /// clock, and is clamped to a full bucket instead of locking the key out.
+    /// A TAT more than `B·T` ahead of `now` cannot come from the clock it
+    /// is kept in (monotonic, in the kernel and in layer 7), only from a
+    /// clock that went backwards. It is honoured as written: the key waits
+    /// until the clock catches up, at most as long as the jump, and never
+    /// gets a fresh burst from a jump (fail closed).
     #[inline(always)]
     pub fn check(&self, tat: u64, now: u64, cost: u64) -> Decision {
-        let horizon = now.saturating_add(self.capacity_ns);
-        let tat = if tat > horizon { horizon } else { tat };
         let base = if tat > now { tat } else { now };
         if cost > self.burst {
             return Decision::Deny;
@@ -193,13 +193,24 @@ mod tests {
         assert_eq!(g.check(tat, now + SEC / 10 - 1, 1), Decision::Deny);
     }
 
+    /// Guards against a clamp that refills the bucket when the clock jumps
+    /// back (a fresh burst for every key) or one that never lets it recover.
     #[test]
-    fn clock_going_backwards_is_clamped() {
+    fn state_ahead_of_a_clock_that_went_back_is_honoured() {
         let g = Gcra::new(10, SEC, 5).unwrap();
-        // State written by a clock far ahead of ours: treated as a full bucket, not a lockout.
-        let tat = u64::MAX - 7;
-        assert_eq!(g.check(tat, 1_000, 1), Decision::Deny);
-        assert_eq!(g.wait_ns(1_000 + g.capacity_ns, 1_000, 1), g.emission_ns);
+        let emptied_at = 1_000 * SEC;
+        let tat = emptied_at + g.capacity_ns;
+        let jumped = emptied_at - 10 * SEC;
+        assert_eq!(g.check(tat, jumped, 1), Decision::Deny);
+        assert_eq!(g.wait_ns(tat, jumped, 1), 10 * SEC + g.emission_ns);
+        let recovered = emptied_at + g.emission_ns;
+        assert_eq!(g.check(tat, recovered - 1, 1), Decision::Deny);
+        assert_eq!(
+            g.check(tat, recovered, 1),
+            Decision::Allow {
+                new_tat: tat + g.emission_ns
+            }
+        );
     }
 
     #[test]

@@ -91,14 +91,33 @@ proptest! {
         prop_assert!(got <= ideal && got + 1 >= ideal, "admitted {got}, ideal {ideal}");
     }
 
-    /// Any clock reading and state, however extreme, gives a verdict without
-    /// panicking, and an admitted TAT never runs past now + B·T.
+    /// Any clock reading, state and cost, however extreme, gives the
+    /// verdict of the rule computed in 128 bits: a request conforms exactly
+    /// when `max(TAT, now) + c·T − now ≤ B·T` and that time fits in u64,
+    /// and then moves TAT there. Times and costs are drawn near the state,
+    /// the burst and the ends of u64, so both verdicts occur (a version
+    /// that drew every cost from all of u64 denied every request and never
+    /// reached its assertion).
     #[test]
-    fn total_at_extremes(tat: u64, now: u64, cost: u64, rate in 1u64..1_000_000, burst in 1u64..1_000_000) {
+    fn total_at_extremes(
+        now in prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()],
+        ahead in prop_oneof![Just(0u64), 0u64..2_000_000_000_000, any::<u64>()],
+        behind: bool,
+        cost in prop_oneof![Just(0u64), 0u64..2_000_000, any::<u64>()],
+        rate in 1u64..1_000_000,
+        burst in 1u64..1_000_000,
+    ) {
         let gcra = Gcra::new(rate, 1_000_000_000, burst).unwrap();
-        if let Decision::Allow { new_tat } = gcra.check(tat, now, cost) {
-            prop_assert!(new_tat >= now && new_tat - now <= gcra.capacity_ns);
-        }
+        let tat = if behind { now.saturating_sub(ahead) } else { now.saturating_add(ahead) };
+        let done_by = u128::from(tat.max(now)) + u128::from(cost) * u128::from(gcra.emission_ns);
+        let conforms = done_by <= u128::from(u64::MAX)
+            && done_by - u128::from(now) <= u128::from(gcra.capacity_ns);
+        let expected = if conforms {
+            Decision::Allow { new_tat: done_by as u64 }
+        } else {
+            Decision::Deny
+        };
+        prop_assert_eq!(gcra.check(tat, now, cost), expected);
     }
 }
 

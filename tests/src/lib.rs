@@ -274,6 +274,18 @@ pub fn assert_within(got: u64, expected: f64, percent: f64, what: &str) {
     );
 }
 
+/// Asserts `got` is within `packets` of `expected`. Floods admitted by a
+/// limit arrive exact to the packet or two (B + R × the flood's duration):
+/// a tolerance well under the burst lets a wrong burst show.
+#[track_caller]
+pub fn assert_close(got: u64, expected: f64, packets: f64, what: &str) {
+    let off = got as f64 - expected;
+    assert!(
+        off.abs() <= packets,
+        "{what}: got {got}, expected {expected:.1} ± {packets} packets (off by {off:+.1})"
+    );
+}
+
 /// Sources flooding at `pps` each with UDP frames of `payload` bytes, over
 /// veth pair `pair`.
 pub fn sources(

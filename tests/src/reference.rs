@@ -1,8 +1,11 @@
-//! A slow, obviously correct model of the three algorithms, written apart
-//! from `limiter-common` and in other terms: exact 128-bit arithmetic,
-//! GCRA as a continuous-state leaky bucket (level and last conformance
-//! time, not a theoretical arrival time), windows as a table of counts per
-//! window number. The conformance tests hold every implementation to it.
+//! A slow, obviously correct model of the algorithms, written apart from
+//! `limiter-common` and in other terms: exact 128-bit arithmetic, GCRA as
+//! a continuous-state leaky bucket (level and last conformance time, not a
+//! theoretical arrival time), windows as a table of counts per window
+//! number, the sliding log as a list of admissions. A request is admitted
+//! only if every meter of the rule admits it, and then charged to all of
+//! them; a refused request is charged to none. The conformance tests hold
+//! every implementation to it.
 
 use std::collections::HashMap;
 
@@ -15,15 +18,56 @@ pub enum Algo {
     SlidingLog,
 }
 
-/// A limit: `rate` per `period_ns` with `burst` (GCRA only).
-#[derive(Clone, Copy, Debug)]
+/// One meter: `rate` units per the limit's period, with `burst` (GCRA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meter {
+    pub rate: u64,
+    pub burst: u64,
+}
+
+/// The limits of one scope (a key, or the rule's aggregate), as a rule file
+/// writes them: one period, a meter on requests (each costs 1) and/or a
+/// meter on the requests' costs (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    pub period_ns: u64,
+    pub requests: Option<Meter>,
+    pub bytes: Option<Meter>,
+}
+
+impl Limit {
+    fn yaml(&self, algo: Algo) -> String {
+        let mut fields = Vec::new();
+        if let Some(m) = self.requests {
+            fields.push(format!("rate: {}", m.rate));
+            if algo == Algo::Gcra {
+                fields.push(format!("burst: {}", m.burst));
+            }
+        }
+        if let Some(m) = self.bytes {
+            fields.push(format!("bytes: {}", m.rate));
+            if algo == Algo::Gcra {
+                fields.push(format!("burst_bytes: {}", m.burst));
+            }
+        }
+        fields.push(format!("unit: {}ns", self.period_ns));
+        format!("{{ {} }}", fields.join(", "))
+    }
+
+    /// (meter, charges bytes) for each meter present, requests first.
+    fn meters(self) -> impl Iterator<Item = (Meter, bool)> {
+        let requests = self.requests.map(|m| (m, false));
+        let bytes = self.bytes.map(|m| (m, true));
+        requests.into_iter().chain(bytes)
+    }
+}
+
+/// A rule: per-key limits, and optionally limits on all keys together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spec {
     pub algo: Algo,
-    pub rate: u64,
-    pub period_ns: u64,
-    pub burst: u64,
-    /// Costs are bytes (a byte limit) rather than 1 per request.
-    pub bytes: bool,
+    pub limit: Limit,
+    pub aggregate: Option<Limit>,
 }
 
 impl Spec {
@@ -36,20 +80,29 @@ impl Spec {
             Algo::SlidingWindow => "sliding_window",
             Algo::SlidingLog => "sliding_log",
         };
-        let (rate, burst) = if self.bytes {
-            ("bytes", "burst_bytes")
-        } else {
-            ("rate", "burst")
-        };
-        let burst = if self.algo == Algo::Gcra {
-            format!(", {burst}: {}", self.burst)
-        } else {
-            String::new()
-        };
+        let aggregate = self
+            .aggregate
+            .map(|a| format!(", aggregate: {}", a.yaml(self.algo)))
+            .unwrap_or_default();
         format!(
-            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, limit: {{ {rate}: {}, unit: {}ns{burst} }} }}\n",
-            self.rate, self.period_ns
+            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, limit: {}{aggregate} }}\n",
+            self.limit.yaml(self.algo)
         )
+    }
+
+    /// The rule's only meter, `(period_ns, meter, charges bytes)`, when it
+    /// has exactly one (what peers with a single limit can express).
+    pub fn single(&self) -> Option<(u64, Meter, bool)> {
+        let mut meters = self.limit.meters();
+        match (meters.next(), meters.next(), self.aggregate) {
+            (Some((meter, bytes)), None, None) => Some((self.limit.period_ns, meter, bytes)),
+            _ => None,
+        }
+    }
+
+    /// Whether any meter charges the request's cost (bytes).
+    pub fn charges_bytes(&self) -> bool {
+        self.limit.bytes.is_some() || self.aggregate.is_some_and(|a| a.bytes.is_some())
     }
 }
 
@@ -58,6 +111,7 @@ pub struct Arrival {
     /// The clock: monotonic ns for GCRA, Unix-epoch ns for windows.
     pub t: u64,
     pub key: u8,
+    /// Charged to byte meters; request meters charge 1.
     pub cost: u64,
 }
 
@@ -68,53 +122,112 @@ pub struct Trace {
     pub arrivals: Vec<Arrival>,
 }
 
+/// The aggregate's meters are kept under this key.
+const AGGREGATE: Option<u8> = None;
+
 /// The verdict for every arrival of a trace.
 pub fn verdicts(trace: &Trace) -> Vec<bool> {
     let spec = trace.spec;
-    let mut buckets: HashMap<u8, Bucket> = HashMap::new();
-    let mut windows: HashMap<u8, Windows> = HashMap::new();
-    let mut logs: HashMap<u8, Vec<(u64, u64)>> = HashMap::new();
+    // State per (scope, meter index within the scope).
+    let mut states: HashMap<(Option<u8>, usize), State> = HashMap::new();
     trace
         .arrivals
         .iter()
-        .map(|a| match spec.algo {
-            Algo::Gcra => buckets.entry(a.key).or_default().offer(&spec, a),
-            Algo::SlidingLog => offer_log(logs.entry(a.key).or_default(), &spec, a),
-            _ => windows.entry(a.key).or_default().offer(&spec, a),
+        .map(|a| {
+            let scopes = [(Some(a.key), Some(spec.limit)), (AGGREGATE, spec.aggregate)];
+            let charges: Vec<_> = scopes
+                .iter()
+                .filter_map(|&(scope, limit)| Some((scope, limit?)))
+                .flat_map(|(scope, limit)| {
+                    limit.meters().enumerate().map(move |(i, (meter, bytes))| {
+                        let cost = if bytes { a.cost } else { 1 };
+                        ((scope, i), limit.period_ns, meter, cost)
+                    })
+                })
+                .collect();
+            let next: Option<Vec<State>> = charges
+                .iter()
+                .map(|&(id, period_ns, meter, cost)| {
+                    states
+                        .entry(id)
+                        .or_insert_with(|| State::new(spec.algo))
+                        .offer(&meter, period_ns, a.t, cost)
+                })
+                .collect();
+            let Some(next) = next else {
+                return false;
+            };
+            for ((id, ..), state) in charges.iter().zip(next) {
+                states.insert(*id, state);
+            }
+            true
         })
         .collect()
 }
 
+/// One meter's state; `offer` returns the state after admitting a request,
+/// or `None` when the meter refuses it.
+#[derive(Clone, Debug)]
+enum State {
+    Bucket(Bucket),
+    Windows(Windows),
+    Log(Vec<(u64, u64)>),
+}
+
+impl State {
+    fn new(algo: Algo) -> Self {
+        match algo {
+            Algo::Gcra => Self::Bucket(Bucket::default()),
+            Algo::SlidingLog => Self::Log(Vec::new()),
+            Algo::FixedWindow | Algo::SlidingWindow => Self::Windows(Windows {
+                sliding: algo == Algo::SlidingWindow,
+                ..Windows::default()
+            }),
+        }
+    }
+
+    fn offer(&self, meter: &Meter, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
+        match self {
+            Self::Bucket(b) => b.offer(meter, period_ns, t, cost).map(Self::Bucket),
+            Self::Windows(w) => w.offer(meter.rate, period_ns, t, cost).map(Self::Windows),
+            Self::Log(l) => offer_log(l, meter.rate, period_ns, t, cost).map(Self::Log),
+        }
+    }
+}
+
 /// GCRA as a leaky bucket: `level` ns of work queued as of `last`.
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 struct Bucket {
     level: i128,
     last: Option<i128>,
 }
 
 impl Bucket {
-    fn offer(&mut self, spec: &Spec, a: &Arrival) -> bool {
-        let rate = i128::from(spec.rate);
-        let period = i128::from(spec.period_ns);
+    fn offer(&self, meter: &Meter, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
+        let rate = i128::from(meter.rate);
+        let period = i128::from(period_ns);
         // One unit of cost is worth T = ceil(U / R) ns; the bucket holds B·T.
         let t_unit = (period + rate - 1) / rate;
-        let capacity = i128::from(spec.burst) * t_unit;
-        let now = i128::from(a.t);
-        // Drained since the last conformance; a clock that went backwards
-        // fills it instead, but never past full.
+        let capacity = i128::from(meter.burst) * t_unit;
+        let now = i128::from(t);
+        // Drained since the last conformance. A clock that went backwards
+        // drains nothing: the work queued stays queued until the clock
+        // passes the time it would be done by (the bucket is honoured as
+        // written, never refilled by a jump).
         let level = match self.last {
             None => 0,
-            Some(last) => (self.level - (now - last)).clamp(0, capacity),
+            Some(last) => (self.level - (now - last)).max(0),
         };
-        let charge = i128::from(a.cost) * t_unit;
+        let charge = i128::from(cost) * t_unit;
         // Conforms if it fits; and the time it would be done by must be a
         // representable (u64) time, as the state is kept in u64 ns.
         if level + charge > capacity || now + level + charge > i128::from(u64::MAX) {
-            return false;
+            return None;
         }
-        self.level = level + charge;
-        self.last = Some(now);
-        true
+        Some(Self {
+            level: level + charge,
+            last: Some(now),
+        })
     }
 }
 
@@ -122,58 +235,66 @@ impl Bucket {
 /// costs within `(now − U, now]` plus this one must stay within `R`. A
 /// request from before the newest admitted one is judged, and recorded, at
 /// that newest time.
-fn offer_log(admitted: &mut Vec<(u64, u64)>, spec: &Spec, a: &Arrival) -> bool {
+fn offer_log(
+    admitted: &[(u64, u64)],
+    limit: u64,
+    period_ns: u64,
+    t: u64,
+    cost: u64,
+) -> Option<Vec<(u64, u64)>> {
     let newest = admitted.iter().map(|e| e.0).max().unwrap_or(0);
-    let now = i128::from(a.t.max(newest));
+    let now = i128::from(t.max(newest));
     let in_window: i128 = admitted
         .iter()
-        .filter(|(t, _)| i128::from(*t) > now - i128::from(spec.period_ns))
+        .filter(|(t, _)| i128::from(*t) > now - i128::from(period_ns))
         .map(|(_, c)| i128::from(*c))
         .sum();
-    if in_window + i128::from(a.cost) > i128::from(spec.rate) {
-        return false;
+    if in_window + i128::from(cost) > i128::from(limit) {
+        return None;
     }
-    if a.cost > 0 {
-        admitted.push((now as u64, a.cost));
+    let mut next = admitted.to_vec();
+    if cost > 0 {
+        next.push((now as u64, cost));
     }
-    true
+    Some(next)
 }
 
 /// Admitted cost per window number, and the newest window admitted into.
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 struct Windows {
+    sliding: bool,
     counts: HashMap<u128, u128>,
     newest: Option<u128>,
 }
 
 impl Windows {
-    fn offer(&mut self, spec: &Spec, a: &Arrival) -> bool {
-        let length = u128::from(spec.period_ns);
-        let limit = u128::from(spec.rate);
-        let cost = u128::from(a.cost);
-        let t = u128::from(a.t);
+    fn offer(&self, limit: u64, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
+        let length = u128::from(period_ns);
+        let limit = u128::from(limit);
+        let cost = u128::from(cost);
+        let t = u128::from(t);
         // A request from before the newest window (the clock went back)
         // counts in the newest window, at its first instant.
         let window = (t / length).max(self.newest.unwrap_or(0));
         let elapsed = t.saturating_sub(window * length).min(length);
         let current = self.counts.get(&window).copied().unwrap_or(0);
-        let allowed = match spec.algo {
-            Algo::FixedWindow => current + cost <= limit,
-            Algo::SlidingWindow => {
-                let previous = window
-                    .checked_sub(1)
-                    .and_then(|w| self.counts.get(&w))
-                    .copied()
-                    .unwrap_or(0);
-                // previous × (U − elapsed) / U + current + cost ≤ R, times U.
-                previous * (length - elapsed) + (current + cost) * length <= limit * length
-            }
-            Algo::Gcra | Algo::SlidingLog => unreachable!("windows only"),
+        let allowed = if self.sliding {
+            let previous = window
+                .checked_sub(1)
+                .and_then(|w| self.counts.get(&w))
+                .copied()
+                .unwrap_or(0);
+            // previous × (U − elapsed) / U + current + cost ≤ R, times U.
+            previous * (length - elapsed) + (current + cost) * length <= limit * length
+        } else {
+            current + cost <= limit
         };
-        if allowed {
-            *self.counts.entry(window).or_default() += cost;
-            self.newest = Some(window);
+        if !allowed {
+            return None;
         }
-        allowed
+        let mut next = self.clone();
+        *next.counts.entry(window).or_default() += cost;
+        next.newest = Some(window);
+        Some(next)
     }
 }

@@ -3,7 +3,7 @@
 //! floods, idle gaps, clocks that go backwards, huge costs and the ends of
 //! the u64 clock.
 
-use crate::reference::{Algo, Arrival, Spec, Trace};
+use crate::reference::{Algo, Arrival, Limit, Meter, Spec, Trace};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -36,21 +36,22 @@ pub fn corpus() -> Vec<Trace> {
         Algo::SlidingWindow,
         Algo::SlidingLog,
     ] {
-        let burst = |b| if algo == Algo::Gcra { b } else { 0 };
-        let packets = |rate, period_ns, b| Spec {
-            algo,
+        let meter = |rate, burst| Meter {
             rate,
-            period_ns,
-            burst: burst(b),
-            bytes: false,
+            burst: if algo == Algo::Gcra { burst } else { 0 },
         };
-        let bytes = |rate, period_ns, b| Spec {
+        let limit = |period_ns, requests, bytes| Limit {
+            period_ns,
+            requests,
+            bytes,
+        };
+        let spec = |limit, aggregate| Spec {
             algo,
-            rate,
-            period_ns,
-            burst: burst(b),
-            bytes: true,
+            limit,
+            aggregate,
         };
+        let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
+        let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
         let name = |what: &str| format!("{algo:?}/{what}");
         traces.push(steady(
             name("steady"),
@@ -75,6 +76,11 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             13,
         ));
+        traces.push(backwards_then_recovery(
+            name("clock-back-10s-then-recovery"),
+            packets(10, SEC, 4),
+            1_700_000_000 * SEC,
+        ));
         traces.push(steady(name("from-zero"), packets(3, SEC, 2), 0));
         traces.push(steady(
             name("near-u64-max"),
@@ -92,6 +98,13 @@ pub fn corpus() -> Vec<Trace> {
             bytes(8_000, SEC, 3_000),
             1_700_000_000 * SEC,
             19,
+            2,
+        ));
+        traces.push(zero_costs(
+            name("zero-costs"),
+            bytes(3_000, SEC, 2_000),
+            1_700_000_000 * SEC,
+            37,
         ));
         traces.push(huge_costs(
             name("huge-costs"),
@@ -105,6 +118,41 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             29,
         ));
+        // Several meters on one request: a refusal by any charges none,
+        // so a meter that admitted first is refunded.
+        traces.push(frame_costs(
+            name("packets-and-bytes"),
+            spec(
+                limit(SEC, Some(meter(20, 10)), Some(meter(8_000, 4_000))),
+                None,
+            ),
+            1_700_000_000 * SEC,
+            41,
+            2,
+        ));
+        traces.push(bursty(
+            name("key-and-aggregate"),
+            spec(
+                limit(SEC, Some(meter(10, 5)), None),
+                Some(limit(SEC, Some(meter(14, 8)), None)),
+            ),
+            1_700_000_000 * SEC,
+            43,
+        ));
+        traces.push(frame_costs(
+            name("four-meters"),
+            spec(
+                limit(SEC, Some(meter(30, 10)), Some(meter(12_000, 6_000))),
+                Some(limit(
+                    2 * SEC,
+                    Some(meter(50, 15)),
+                    Some(meter(40_000, 10_000)),
+                )),
+            ),
+            1_700_000_000 * SEC,
+            47,
+            3,
+        ));
     }
     traces
 }
@@ -116,19 +164,39 @@ pub fn replayable_as_frames(trace: &Trace) -> bool {
         .arrivals
         .iter()
         .all(|a| (MIN_FRAME..=MAX_FRAME).contains(&a.cost));
-    trace.spec.algo != Algo::SlidingLog && (!trace.spec.bytes || frames)
+    trace.spec.algo != Algo::SlidingLog && (!trace.spec.charges_bytes() || frames)
+}
+
+/// The rate and period the arrivals of a trace are paced by: the key's
+/// first meter's.
+fn pace(spec: &Spec) -> (u64, u64) {
+    let meter = spec
+        .limit
+        .requests
+        .or(spec.limit.bytes)
+        .expect("a trace's rule has a meter");
+    (meter.rate, spec.limit.period_ns)
 }
 
 fn cost(spec: &Spec, rng: &mut Rng) -> u64 {
-    if spec.bytes {
+    if spec.charges_bytes() {
         MIN_FRAME + rng.below(MAX_FRAME - MIN_FRAME + 1)
     } else {
         1
     }
 }
 
+fn trace(name: String, spec: Spec, arrivals: Vec<Arrival>) -> Trace {
+    Trace {
+        name,
+        spec,
+        arrivals,
+    }
+}
+
 fn steady(name: String, spec: Spec, start: u64) -> Trace {
-    let step = spec.period_ns / spec.rate / 3;
+    let (rate, period) = pace(&spec);
+    let step = period / rate / 3;
     let arrivals = (0..120)
         .map(|i| Arrival {
             t: start.saturating_add(i * step),
@@ -136,45 +204,39 @@ fn steady(name: String, spec: Spec, start: u64) -> Trace {
             cost: 1,
         })
         .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }
 
 fn bursty(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (rate, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut arrivals = Vec::new();
     let mut t = start;
     for _ in 0..8 {
         // Each of two keys sends one and a half times its limit at once.
-        for i in 0..spec.rate.min(40) * 3 {
+        for i in 0..rate.min(40) * 3 {
             arrivals.push(Arrival {
                 t,
                 key: (i % 2) as u8,
                 cost: cost(&spec, &mut rng),
             });
         }
-        t += spec.period_ns / 2 + rng.below(spec.period_ns);
+        t += period / 2 + rng.below(period);
     }
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }
 
 fn idle_gaps(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (_, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut t = start;
     let arrivals = (0..150)
         .map(|_| {
             // Mostly close together, sometimes idle for several windows.
             t += if rng.below(10) == 0 {
-                rng.below(5 * spec.period_ns)
+                rng.below(5 * period)
             } else {
-                rng.below(spec.period_ns / 4)
+                rng.below(period / 4)
             };
             Arrival {
                 t,
@@ -183,89 +245,117 @@ fn idle_gaps(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
             }
         })
         .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }
 
 fn backwards(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (_, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut t = start;
     let arrivals = (0..150)
         .map(|_| {
             if rng.below(4) == 0 {
-                t -= rng.below(3 * spec.period_ns);
+                t -= rng.below(3 * period);
             } else {
-                t += rng.below(spec.period_ns / 5);
+                t += rng.below(period / 5);
             }
             Arrival { t, key: 0, cost: 1 }
         })
         .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }
 
-fn frame_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+/// A key exhausts its budget, then the clock jumps back ten periods and
+/// walks forward in small steps past where it was: the verdicts pin down
+/// exactly when the key is admitted again (a clamp that refilled the
+/// bucket at the jump, or one that never let the key recover, both show).
+fn backwards_then_recovery(name: String, spec: Spec, start: u64) -> Trace {
+    let (rate, period) = pace(&spec);
+    let mut arrivals: Vec<Arrival> = (0..3 * rate)
+        .map(|_| Arrival {
+            t: start,
+            key: 0,
+            cost: 1,
+        })
+        .collect();
+    let step = period / rate / 4;
+    let mut t = start - 10 * period;
+    while t < start + 3 * period {
+        arrivals.push(Arrival { t, key: 0, cost: 1 });
+        t += if t < start - period { period / 2 } else { step };
+    }
+    trace(name, spec, arrivals)
+}
+
+/// Byte costs of whole frames from `keys` keys, close together.
+fn frame_costs(name: String, spec: Spec, start: u64, seed: u64, keys: u64) -> Trace {
+    let (_, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut t = start;
     let arrivals = (0..150)
         .map(|_| {
-            t += rng.below(spec.period_ns / 20);
+            t += rng.below(period / 20);
             Arrival {
                 t,
-                key: rng.below(2) as u8,
+                key: rng.below(keys) as u8,
                 cost: cost(&spec, &mut rng),
             }
         })
         .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }
 
-fn huge_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
-    let mut rng = Rng(seed);
-    let mut t = start;
-    let edges = [
-        spec.rate,
-        spec.rate + 1,
-        spec.burst,
-        spec.burst + 1,
-        u64::MAX / 2,
-        u64::MAX,
-        0,
-    ];
-    let arrivals = (0..120)
-        .map(|i| {
-            t += rng.below(spec.period_ns / 10);
-            let cost = if i % 3 == 0 {
-                edges[rng.below(edges.len() as u64) as usize]
-            } else {
-                1 + rng.below(spec.rate)
-            };
-            Arrival { t, key: 0, cost }
-        })
-        .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
-}
-
-fn odd_period(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+/// Requests that cost nothing, mixed with ones that do: free requests
+/// conform even when the budget is spent, and change nothing.
+fn zero_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (rate, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut t = start;
     let arrivals = (0..150)
         .map(|_| {
-            t += rng.below(spec.period_ns / 20);
+            t += rng.below(period / 30);
+            let cost = if rng.below(3) == 0 {
+                0
+            } else {
+                1 + rng.below(rate / 4)
+            };
+            Arrival {
+                t,
+                key: rng.below(2) as u8,
+                cost,
+            }
+        })
+        .collect();
+    trace(name, spec, arrivals)
+}
+
+fn huge_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (rate, period) = pace(&spec);
+    let burst = spec.limit.bytes.map_or(0, |m| m.burst);
+    let mut rng = Rng(seed);
+    let mut t = start;
+    let edges = [rate, rate + 1, burst, burst + 1, u64::MAX / 2, u64::MAX, 0];
+    let arrivals = (0..120)
+        .map(|i| {
+            t += rng.below(period / 10);
+            let cost = if i % 3 == 0 {
+                edges[rng.below(edges.len() as u64) as usize]
+            } else {
+                1 + rng.below(rate)
+            };
+            Arrival { t, key: 0, cost }
+        })
+        .collect();
+    trace(name, spec, arrivals)
+}
+
+fn odd_period(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
+    let (_, period) = pace(&spec);
+    let mut rng = Rng(seed);
+    let mut t = start;
+    let arrivals = (0..150)
+        .map(|_| {
+            t += rng.below(period / 20);
             Arrival {
                 t,
                 key: rng.below(2) as u8,
@@ -273,9 +363,5 @@ fn odd_period(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
             }
         })
         .collect();
-    Trace {
-        name,
-        spec,
-        arrivals,
-    }
+    trace(name, spec, arrivals)
 }

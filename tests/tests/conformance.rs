@@ -11,12 +11,13 @@ use aya::{
 };
 use limiter_common::{
     gcra::Gcra,
-    meter::{Outcome, acquire, windows_all},
+    log::Log,
+    meter::{Outcome, acquire_all, windows_all},
     window::{Window, WindowState},
 };
 use limiter_tests::{
     frames, loaded_object,
-    reference::{self, Algo, Trace},
+    reference::{self, Algo, Arrival, Limit, Meter, Spec, Trace},
     rules, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
@@ -46,45 +47,117 @@ fn the_corpus_exercises_both_verdicts() {
     }
 }
 
+/// The meters of a trace's rule in the kernel's order (key requests, key
+/// bytes, aggregate requests, aggregate bytes): (period, meter, bytes).
+fn meters(spec: &Spec) -> [Option<(u64, Meter, bool)>; 4] {
+    let scope = |limit: Option<Limit>| {
+        limit.map_or([None, None], |l| {
+            [
+                l.requests.map(|m| (l.period_ns, m, false)),
+                l.bytes.map(|m| (l.period_ns, m, true)),
+            ]
+        })
+    };
+    let [a, b] = scope(Some(spec.limit));
+    let [c, d] = scope(spec.aggregate);
+    [a, b, c, d]
+}
+
+/// Per key, then for the aggregate (key `None`): one state per meter.
+type States<T> = HashMap<Option<u8>, [T; 2]>;
+
 fn shared_verdicts(trace: &Trace) -> Vec<bool> {
     let s = trace.spec;
+    let meters = meters(&s);
+    let cost = |a: &Arrival, i: usize| meters[i].map_or(0, |m| if m.2 { a.cost } else { 1 });
     match s.algo {
         Algo::Gcra => {
-            let gcra = Gcra::new(s.rate, s.period_ns, s.burst).expect("valid limit");
-            let mut cells: HashMap<u8, AtomicU64> = HashMap::new();
+            let gcras = meters.map(|m| {
+                m.map(|(period, meter, _)| {
+                    Gcra::new(meter.rate, period, meter.burst).expect("valid limit")
+                })
+            });
+            let mut cells: States<AtomicU64> = HashMap::new();
+            cells.insert(None, Default::default());
             trace
                 .arrivals
                 .iter()
                 .map(|a| {
-                    acquire(&*cells.entry(a.key).or_default(), &gcra, a.t, a.cost)
-                        == Outcome::Allowed
+                    cells.entry(Some(a.key)).or_default();
+                    let (key, aggregate) = (&cells[&Some(a.key)], &cells[&None]);
+                    let cell = |i: usize| if i < 2 { &key[i] } else { &aggregate[i - 2] };
+                    let charges: [Option<(&AtomicU64, &Gcra, u64)>; 4] = std::array::from_fn(|i| {
+                        gcras[i].as_ref().map(|g| (cell(i), g, cost(a, i)))
+                    });
+                    acquire_all(charges, a.t).outcome == Outcome::Allowed
                 })
                 .collect()
         }
         Algo::SlidingLog => {
-            let window = Window::new(s.rate, s.period_ns).expect("valid limit");
-            let mut logs: HashMap<u8, limiter_common::log::Log> = HashMap::new();
-            trace
-                .arrivals
-                .iter()
-                .map(|a| logs.entry(a.key).or_default().admit(&window, a.t, a.cost))
-                .collect()
-        }
-        Algo::FixedWindow | Algo::SlidingWindow => {
-            let window = Window::new(s.rate, s.period_ns).expect("valid limit");
-            let mut states: HashMap<u8, WindowState> = HashMap::new();
+            let windows = window_meters(&meters);
+            let mut logs: States<Log> = HashMap::new();
             trace
                 .arrivals
                 .iter()
                 .map(|a| {
-                    let state = states.entry(a.key).or_default();
-                    let sliding = s.algo == Algo::SlidingWindow;
-                    windows_all([Some((state, &window, a.cost))], a.t, sliding).outcome
-                        == Outcome::Allowed
+                    // Every log is tried on a copy; all are kept only if
+                    // all admit.
+                    let mut key = logs.get(&Some(a.key)).cloned().unwrap_or_default();
+                    let mut aggregate = logs.get(&None).cloned().unwrap_or_default();
+                    let admitted = (0..4).all(|i| {
+                        let log = if i < 2 {
+                            &mut key[i]
+                        } else {
+                            &mut aggregate[i - 2]
+                        };
+                        windows[i]
+                            .as_ref()
+                            .is_none_or(|w| log.admit(w, a.t, cost(a, i)))
+                    });
+                    if admitted {
+                        logs.insert(Some(a.key), key);
+                        logs.insert(None, aggregate);
+                    }
+                    admitted
+                })
+                .collect()
+        }
+        Algo::FixedWindow | Algo::SlidingWindow => {
+            let windows = window_meters(&meters);
+            let sliding = s.algo == Algo::SlidingWindow;
+            let mut states: States<WindowState> = HashMap::new();
+            states.insert(None, Default::default());
+            trace
+                .arrivals
+                .iter()
+                .map(|a| {
+                    let mut aggregate = states[&None];
+                    let key = states.entry(Some(a.key)).or_default();
+                    let [k0, k1] = key;
+                    let [a0, a1] = &mut aggregate;
+                    let [w0, w1, w2, w3] = &windows;
+                    let outcome = windows_all(
+                        [
+                            w0.as_ref().map(|w| (k0, w, cost(a, 0))),
+                            w1.as_ref().map(|w| (k1, w, cost(a, 1))),
+                            w2.as_ref().map(|w| (a0, w, cost(a, 2))),
+                            w3.as_ref().map(|w| (a1, w, cost(a, 3))),
+                        ],
+                        a.t,
+                        sliding,
+                    )
+                    .outcome;
+                    states.insert(None, aggregate);
+                    outcome == Outcome::Allowed
                 })
                 .collect()
         }
     }
+}
+
+fn window_meters(meters: &[Option<(u64, Meter, bool)>; 4]) -> [Option<Window>; 4] {
+    meters
+        .map(|m| m.map(|(period, meter, _)| Window::new(meter.rate, period).expect("valid limit")))
 }
 
 #[test]
@@ -98,6 +171,12 @@ fn shared_functions_match_the_reference() {
         );
     }
 }
+
+/// CLOCK_REALTIME − CLOCK_MONOTONIC in the replay: not a whole number of
+/// seconds, so a program that forgot it (or applied it to GCRA's
+/// monotonic state) would put window edges, or the end of the u64 clock,
+/// elsewhere than the reference.
+const REALTIME_OFFSET_NS: u64 = 1_234_567_890_123_456_789;
 
 #[test]
 fn the_xdp_program_matches_the_reference() {
@@ -116,18 +195,22 @@ fn the_xdp_program_matches_the_reference() {
             .expect("applying the trace's rule");
         let datapath = dp.engine.datapath_mut();
         let mut config = datapath.config().expect("config");
-        config.realtime_offset_ns = 0; // the test clock is the epoch clock
+        config.realtime_offset_ns = REALTIME_OFFSET_NS;
         datapath.set_config(config).expect("config");
         let mut got = Vec::new();
         for a in &trace.arrivals {
-            let frame = if trace.spec.bytes {
-                frames::udp4(
-                    Ipv4Addr::new(198, 18, 0, a.key + 1),
-                    9,
-                    a.cost as usize - 42,
-                )
+            let payload = if trace.spec.charges_bytes() {
+                a.cost as usize - 42
             } else {
-                frames::udp4(Ipv4Addr::new(198, 18, 0, a.key + 1), 9, 22)
+                22
+            };
+            let frame = frames::udp4(Ipv4Addr::new(198, 18, 0, a.key + 1), 9, payload);
+            // GCRA runs on the monotonic clock; windows on the epoch clock,
+            // which the program computes as monotonic + the offset.
+            let monotonic = if trace.spec.algo == Algo::Gcra {
+                a.t
+            } else {
+                a.t.wrapping_sub(REALTIME_OFFSET_NS)
             };
             let mut clock: Array<_, u64> = Array::try_from(
                 dp.engine
@@ -136,7 +219,7 @@ fn the_xdp_program_matches_the_reference() {
                     .expect("the test build has CLOCK"),
             )
             .expect("array");
-            clock.set(0, a.t, 0).expect("setting the clock");
+            clock.set(0, monotonic, 0).expect("setting the clock");
             let result = dp
                 .program()
                 .test_run(TestRunOptions {
@@ -154,7 +237,7 @@ fn the_xdp_program_matches_the_reference() {
         );
         replayed += 1;
     }
-    assert_eq!(replayed, 27, "traces replayed through the program");
+    assert_eq!(replayed, 39, "traces replayed through the program");
 }
 
 #[test]
@@ -182,24 +265,37 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
     }
 }
 
-/// governor's quota for our (R, U, B): one cell every U/R, burst B.
+/// The part of a trace's name after the algorithm.
+fn shape(trace: &Trace) -> &str {
+    trace.name.split_once('/').map_or("", |(_, shape)| shape)
+}
+
+/// governor's quota for our (R, U, B): one cell every U/R, burst B; a
+/// request of cost `c` is `check_key_n(c)`.
 #[test]
 fn governor_agrees_on_gcra() {
     use governor::{Quota, RateLimiter, clock::FakeRelativeClock};
     use std::{num::NonZeroU32, time::Duration};
-    let mut compared = 0;
+    let mut compared = Vec::new();
     for trace in corpus().into_iter().filter(|t| t.spec.algo == Algo::Gcra) {
-        let s = trace.spec;
-        // governor counts from its clock's start and cannot go backwards,
-        // and takes whole cells: it gets the traces it can express.
+        // governor has one meter, counts from its clock's start, cannot go
+        // backwards and takes costs from 1 to 2^32 − 1. And it has no end
+        // of the clock, where ours fails closed (the last 2^63 ns of u64).
+        let Some((period_ns, meter, _)) = trace.spec.single() else {
+            continue;
+        };
         let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
-        if !monotonic || s.bytes || trace.arrivals.iter().any(|a| a.t > u64::MAX / 2) {
+        let costs = trace
+            .arrivals
+            .iter()
+            .all(|a| a.cost >= 1 && a.cost <= u64::from(u32::MAX));
+        if !monotonic || !costs || trace.arrivals.iter().any(|a| a.t > u64::MAX / 2) {
             continue;
         }
-        let period = Duration::from_nanos(s.period_ns.div_ceil(s.rate));
+        let period = Duration::from_nanos(period_ns.div_ceil(meter.rate));
         let quota = Quota::with_period(period)
             .expect("nonzero")
-            .allow_burst(NonZeroU32::new(s.burst as u32).expect("nonzero burst"));
+            .allow_burst(NonZeroU32::new(meter.burst as u32).expect("nonzero burst"));
         let clock = FakeRelativeClock::default();
         let limiter = RateLimiter::dashmap_with_clock(quota, clock.clone());
         let start = trace.arrivals[0].t;
@@ -211,13 +307,26 @@ fn governor_agrees_on_gcra() {
                 let offset = a.t - start;
                 clock.advance(Duration::from_nanos(offset - at));
                 at = offset;
-                limiter.check_key(&a.key).is_ok()
+                let cells = NonZeroU32::new(a.cost as u32).expect("nonzero cost");
+                matches!(limiter.check_key_n(&a.key, cells), Ok(Ok(())))
             })
             .collect();
         assert_same(&trace, &reference::verdicts(&trace), &got, "governor");
-        compared += 1;
+        compared.push(shape(&trace).to_owned());
     }
-    assert!(compared >= 5, "governor compared on only {compared} traces");
+    assert_eq!(
+        compared,
+        [
+            "steady",
+            "bursty",
+            "idle-gaps",
+            "from-zero",
+            "near-2^62",
+            "bytes",
+            "odd-period"
+        ],
+        "the GCRA traces governor can express"
+    );
 }
 
 /// envoy ratelimit's fixed window: a counter per key and window
@@ -227,11 +336,15 @@ fn governor_agrees_on_gcra() {
 /// verdict, since a window once over stays over.)
 #[test]
 fn envoy_formula_agrees_on_fixed_windows() {
-    let mut compared = 0;
+    let mut compared = Vec::new();
     for trace in corpus()
         .into_iter()
         .filter(|t| t.spec.algo == Algo::FixedWindow)
     {
+        // One request limit, requests in time order, each costing 1.
+        let Some((period_ns, meter, false)) = trace.spec.single() else {
+            continue;
+        };
         let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
         if !monotonic || trace.arrivals.iter().any(|a| a.cost != 1) {
             continue;
@@ -241,11 +354,9 @@ fn envoy_formula_agrees_on_fixed_windows() {
             .arrivals
             .iter()
             .map(|a| {
-                let counter = counters
-                    .entry((a.key, a.t / trace.spec.period_ns))
-                    .or_default();
+                let counter = counters.entry((a.key, a.t / period_ns)).or_default();
                 *counter += 1;
-                *counter <= trace.spec.rate
+                *counter <= meter.rate
             })
             .collect();
         assert_same(
@@ -254,10 +365,19 @@ fn envoy_formula_agrees_on_fixed_windows() {
             &got,
             "envoy's formula",
         );
-        compared += 1;
+        compared.push(shape(&trace).to_owned());
     }
-    assert!(
-        compared >= 5,
-        "envoy's formula compared on only {compared} traces"
+    assert_eq!(
+        compared,
+        [
+            "steady",
+            "bursty",
+            "idle-gaps",
+            "from-zero",
+            "near-u64-max",
+            "near-2^62",
+            "odd-period"
+        ],
+        "the fixed-window traces envoy's formula can express"
     );
 }

@@ -291,6 +291,32 @@ async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
     .unwrap();
 }
 
+/// Guards the README's "that request was charged": the limiter decides
+/// before forwarding, so requests that met a dead upstream (502) used the
+/// budget, and the next one over it is refused (429), not forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_to_an_unreachable_upstream_is_charged() {
+    let dir = TempDir::new("proxy502charged");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, limit: { rate: 1, unit: hour, burst: 2 } }\n",
+    );
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let p = proxy(&config, &format!("http://{dead}"), &[]);
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let statuses: Vec<String> = (0..3)
+            .map(|_| status(&raw(p.addr, get)).to_owned())
+            .collect();
+        assert_eq!(statuses, ["502", "502", "429"]);
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pacing_holds_requests_until_they_conform() {
     // 10 per second, burst 1, held up to 250 ms: the 2nd and 3rd requests
@@ -358,6 +384,44 @@ fn the_key_store_is_bounded_like_the_kernels_lru() {
     );
     // The most recent key is still remembered: its second request is refused.
     assert!(!limiter.check(&request(9_999)).allowed);
+}
+
+/// Guards the eviction order: past `max_keys`, the least recently *seen*
+/// keys are forgotten (they start again with a full budget), not the
+/// oldest inserted or any others. Each key has spent its one-an-hour
+/// budget, so a refused request means "remembered".
+#[test]
+fn the_key_store_forgets_the_least_recently_seen_keys() {
+    let clock = Arc::new(TestClock::default());
+    let text = "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: hour, burst: 1 } }\n";
+    let limiter = Limiter::new(rules(text), clock.clone());
+    let check = |key: u32, t: u64| {
+        clock.0.store(t, Ordering::SeqCst);
+        limiter
+            .check(&limiter::l7::Request {
+                client: std::net::Ipv4Addr::from(0x0a00_0000 + key).into(),
+                port: None,
+                key: None,
+                bytes: 0,
+            })
+            .allowed
+    };
+    // Keys 0..=99 at t = 1..=100: a full store, nothing forgotten yet.
+    for key in 0..100 {
+        assert!(check(key, u64::from(key) + 1));
+    }
+    assert_eq!(limiter.tracked_keys(), 100);
+    // Key 0, the first inserted, is seen again: now the most recent but one.
+    assert!(!check(0, 101));
+    // Key 100 overflows the store: it keeps the 50 most recently seen.
+    assert!(check(100, 102));
+    assert_eq!(limiter.tracked_keys(), 50);
+    // (Asking about a forgotten key stores it again: ask about a few.)
+    let remembered: Vec<u32> = [0, 1, 50, 51, 52, 99, 100]
+        .into_iter()
+        .filter(|&key| !check(key, 103))
+        .collect();
+    assert_eq!(remembered, [0, 52, 99, 100], "keys still remembered");
 }
 
 #[test]

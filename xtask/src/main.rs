@@ -5,7 +5,9 @@
 //! - `cargo xtask build`    builds the XDP object and the `limiter` binary
 //! - `cargo xtask setup`    only installs what is missing
 //! - `cargo xtask bench`    benchmarks, with peers in the same run
+//! - `cargo xtask mutants`  mutation testing of `limiter-common` (on demand)
 
+mod mutants;
 mod setup;
 
 use std::{
@@ -41,6 +43,10 @@ enum Task {
     },
     /// Benchmarks: the layer-7 limiter against governor, in the same run.
     Bench,
+    /// Mutation testing (cargo-mutants) of `limiter-common` against the
+    /// tests that exercise it; survivors are checked against tests/MUTANTS.md.
+    /// Not part of `test`: it takes about an hour on two cores.
+    Mutants(mutants::Options),
     /// Set up, build, lint, and run every test (the root-only ones included).
     Test {
         /// Only run integration tests whose name contains this.
@@ -75,6 +81,13 @@ fn run() -> Result<()> {
             status(&mut command)
         }
         Task::Test { filter } => test(filter),
+        Task::Mutants(options) => {
+            require_root("the conformance replay loads the XDP program")?;
+            setup::all()?;
+            setup::cargo_mutants()?;
+            build(false)?;
+            mutants::run(&options)
+        }
         Task::Bench => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
@@ -171,7 +184,7 @@ pub fn root() -> PathBuf {
 }
 
 /// `cargo` for the workspace (stable), from the workspace root.
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     let mut command = Command::new("cargo");
     command.current_dir(root());
     command
@@ -210,7 +223,7 @@ pub fn status(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn require_root(why: &str) -> Result<()> {
+pub fn require_root(why: &str) -> Result<()> {
     // The same test as `id -u`, without a libc dependency.
     let uid = std::fs::read_to_string("/proc/self/status")?
         .lines()

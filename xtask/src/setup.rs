@@ -43,6 +43,26 @@ fn python_modules() -> Result<()> {
     Ok(())
 }
 
+/// cargo-mutants, for `cargo xtask mutants` only (27.1 builds with Rust 1.88+).
+const CARGO_MUTANTS_VERSION: &str = "27.1.0";
+
+pub fn cargo_mutants() -> Result<()> {
+    let version = output(Command::new("cargo").args(["mutants", "--version"])).unwrap_or_default();
+    if version.contains(CARGO_MUTANTS_VERSION) {
+        return Ok(());
+    }
+    step(&format!(
+        "installing cargo-mutants {CARGO_MUTANTS_VERSION} (a few minutes)"
+    ));
+    status(Command::new("cargo").args([
+        "install",
+        "--locked",
+        "cargo-mutants",
+        "--version",
+        CARGO_MUTANTS_VERSION,
+    ]))
+}
+
 /// The nightly with rust-src and clippy, and a bpf-linker that matches its LLVM.
 pub fn toolchain() -> Result<()> {
     if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
