@@ -373,3 +373,90 @@ mod pod {
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards the slot arithmetic: every (generation, id) and every
+    /// (interface, id) has its own slot, generations alternate by the low bit.
+    #[test]
+    fn slots_are_distinct_and_in_range() {
+        assert_eq!(rule_slot(0, 5), 5);
+        assert_eq!(rule_slot(1, 5), MAX_RULES + 5);
+        assert_eq!(rule_slot(2, 5), 5);
+        assert_eq!(rule_slot(3, MAX_RULES - 1), 2 * MAX_RULES - 1);
+        assert_eq!(counter_slot(0, 7), 7);
+        assert_eq!(counter_slot(3, 7), 3 * MAX_RULES + 7);
+        assert_eq!(
+            counter_slot(MAX_IFACES - 1, MAX_RULES - 1),
+            MAX_IFACES * MAX_RULES - 1
+        );
+    }
+
+    /// Guards the candidate test the kernel runs per packet.
+    #[test]
+    fn candidates_match_protocol_and_port() {
+        let any = Candidate::default();
+        assert!(any.matches(17, 53) && any.matches(6, NO_PORT));
+        let udp = Candidate {
+            protocol: 17,
+            flags: candidate_flag::MATCH_PROTOCOL,
+            ..Candidate::default()
+        };
+        assert!(udp.matches(17, 53) && udp.matches(17, NO_PORT));
+        assert!(!udp.matches(6, 53));
+        let dns = Candidate {
+            protocol: 17,
+            dest_port: 53,
+            flags: candidate_flag::MATCH_PROTOCOL | candidate_flag::MATCH_DEST_PORT,
+            ..Candidate::default()
+        };
+        assert!(dns.matches(17, 53));
+        assert!(!dns.matches(17, 54) && !dns.matches(6, 53) && !dns.matches(17, NO_PORT));
+    }
+
+    /// Guards key masking: the bits outside the mask never reach the key,
+    /// and IPv4 keys sit in the IPv4-mapped range.
+    #[test]
+    fn keys_are_masked_sources() {
+        let key = FlowKey::v4(9, [198, 18, 7, 200], [255, 255, 255, 0]);
+        assert_eq!(key.rule, 9);
+        assert_eq!(
+            key.addr,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 7, 0]
+        );
+        let src: [u8; 16] = core::array::from_fn(|i| 0xa0 + i as u8);
+        let mask: [u8; 16] = core::array::from_fn(|i| if i < 8 { 0xff } else { 0 });
+        let key = FlowKey::v6(3, src, mask);
+        assert_eq!(key.addr[..8], src[..8]);
+        assert_eq!(key.addr[8..], [0; 8]);
+    }
+
+    #[test]
+    fn names_lose_their_padding_and_counters_add_up() {
+        let mut rule = RuleConfig::default();
+        rule.name[..3].copy_from_slice(b"web");
+        assert_eq!(rule.name(), b"web");
+        rule.name = [b'x'; RULE_NAME_LEN];
+        assert_eq!(rule.name().len(), RULE_NAME_LEN);
+        let mut total = RuleCounters {
+            passed_packets: 1,
+            dropped_bytes: 2,
+            ..RuleCounters::default()
+        };
+        total.add(&RuleCounters {
+            passed_packets: 10,
+            aggregate_excess: 5,
+            ..RuleCounters::default()
+        });
+        assert_eq!(
+            (
+                total.passed_packets,
+                total.dropped_bytes,
+                total.aggregate_excess
+            ),
+            (11, 2, 5)
+        );
+    }
+}

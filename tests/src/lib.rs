@@ -3,8 +3,8 @@
 //! hold the limiter to.
 
 pub mod frames;
-pub mod reference;
-pub mod traces;
+
+pub use limiter_conformance::{reference, traces};
 
 use std::{
     fs,

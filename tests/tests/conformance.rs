@@ -1,23 +1,18 @@
-//! Conformance: on every trace of the corpus, the shared `limiter-common`
-//! functions and the loaded XDP program (the test build, whose clock is
-//! set by the test through BPF_PROG_TEST_RUN) give exactly the verdicts of
-//! the reference model; and for GCRA, so does the `governor` crate.
+//! Conformance of the kernel: the loaded XDP program (the test build,
+//! whose clock is set by the test through BPF_PROG_TEST_RUN) gives exactly
+//! the verdicts of the reference model on every trace of the corpus it can
+//! run (`limiter-conformance` holds the corpus, the model, and the
+//! comparisons that need no kernel).
 
-use std::{collections::HashMap, net::Ipv4Addr, sync::atomic::AtomicU64};
+use std::net::Ipv4Addr;
 
 use aya::{
     maps::Array,
     programs::{TestRun, TestRunOptions},
 };
-use limiter_common::{
-    gcra::Gcra,
-    log::Log,
-    meter::{Outcome, acquire_all, windows_all},
-    window::{Window, WindowState},
-};
 use limiter_tests::{
     frames, loaded_object,
-    reference::{self, Algo, Arrival, Limit, Meter, Spec, Trace},
+    reference::{self, Algo, Trace},
     rules, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
@@ -34,150 +29,15 @@ fn assert_same(trace: &Trace, expected: &[bool], got: &[bool], who: &str) {
     assert_eq!(expected.len(), got.len());
 }
 
-/// Sanity of the corpus itself: every trace admits some and denies some.
-#[test]
-fn the_corpus_exercises_both_verdicts() {
-    for trace in corpus() {
-        let v = reference::verdicts(&trace);
-        assert!(
-            v.contains(&true) && v.contains(&false),
-            "{} is one-sided: {v:?}",
-            trace.name
-        );
-    }
-}
-
-/// The meters of a trace's rule in the kernel's order (key requests, key
-/// bytes, aggregate requests, aggregate bytes): (period, meter, bytes).
-fn meters(spec: &Spec) -> [Option<(u64, Meter, bool)>; 4] {
-    let scope = |limit: Option<Limit>| {
-        limit.map_or([None, None], |l| {
-            [
-                l.requests.map(|m| (l.period_ns, m, false)),
-                l.bytes.map(|m| (l.period_ns, m, true)),
-            ]
-        })
-    };
-    let [a, b] = scope(Some(spec.limit));
-    let [c, d] = scope(spec.aggregate);
-    [a, b, c, d]
-}
-
-/// Per key, then for the aggregate (key `None`): one state per meter.
-type States<T> = HashMap<Option<u8>, [T; 2]>;
-
-fn shared_verdicts(trace: &Trace) -> Vec<bool> {
-    let s = trace.spec;
-    let meters = meters(&s);
-    let cost = |a: &Arrival, i: usize| meters[i].map_or(0, |m| if m.2 { a.cost } else { 1 });
-    match s.algo {
-        Algo::Gcra => {
-            let gcras = meters.map(|m| {
-                m.map(|(period, meter, _)| {
-                    Gcra::new(meter.rate, period, meter.burst).expect("valid limit")
-                })
-            });
-            let mut cells: States<AtomicU64> = HashMap::new();
-            cells.insert(None, Default::default());
-            trace
-                .arrivals
-                .iter()
-                .map(|a| {
-                    cells.entry(Some(a.key)).or_default();
-                    let (key, aggregate) = (&cells[&Some(a.key)], &cells[&None]);
-                    let cell = |i: usize| if i < 2 { &key[i] } else { &aggregate[i - 2] };
-                    let charges: [Option<(&AtomicU64, &Gcra, u64)>; 4] = std::array::from_fn(|i| {
-                        gcras[i].as_ref().map(|g| (cell(i), g, cost(a, i)))
-                    });
-                    acquire_all(charges, a.t).outcome == Outcome::Allowed
-                })
-                .collect()
-        }
-        Algo::SlidingLog => {
-            let windows = window_meters(&meters);
-            let mut logs: States<Log> = HashMap::new();
-            trace
-                .arrivals
-                .iter()
-                .map(|a| {
-                    // Every log is tried on a copy; all are kept only if
-                    // all admit.
-                    let mut key = logs.get(&Some(a.key)).cloned().unwrap_or_default();
-                    let mut aggregate = logs.get(&None).cloned().unwrap_or_default();
-                    let admitted = (0..4).all(|i| {
-                        let log = if i < 2 {
-                            &mut key[i]
-                        } else {
-                            &mut aggregate[i - 2]
-                        };
-                        windows[i]
-                            .as_ref()
-                            .is_none_or(|w| log.admit(w, a.t, cost(a, i)))
-                    });
-                    if admitted {
-                        logs.insert(Some(a.key), key);
-                        logs.insert(None, aggregate);
-                    }
-                    admitted
-                })
-                .collect()
-        }
-        Algo::FixedWindow | Algo::SlidingWindow => {
-            let windows = window_meters(&meters);
-            let sliding = s.algo == Algo::SlidingWindow;
-            let mut states: States<WindowState> = HashMap::new();
-            states.insert(None, Default::default());
-            trace
-                .arrivals
-                .iter()
-                .map(|a| {
-                    let mut aggregate = states[&None];
-                    let key = states.entry(Some(a.key)).or_default();
-                    let [k0, k1] = key;
-                    let [a0, a1] = &mut aggregate;
-                    let [w0, w1, w2, w3] = &windows;
-                    let outcome = windows_all(
-                        [
-                            w0.as_ref().map(|w| (k0, w, cost(a, 0))),
-                            w1.as_ref().map(|w| (k1, w, cost(a, 1))),
-                            w2.as_ref().map(|w| (a0, w, cost(a, 2))),
-                            w3.as_ref().map(|w| (a1, w, cost(a, 3))),
-                        ],
-                        a.t,
-                        sliding,
-                    )
-                    .outcome;
-                    states.insert(None, aggregate);
-                    outcome == Outcome::Allowed
-                })
-                .collect()
-        }
-    }
-}
-
-fn window_meters(meters: &[Option<(u64, Meter, bool)>; 4]) -> [Option<Window>; 4] {
-    meters
-        .map(|m| m.map(|(period, meter, _)| Window::new(meter.rate, period).expect("valid limit")))
-}
-
-#[test]
-fn shared_functions_match_the_reference() {
-    for trace in corpus() {
-        assert_same(
-            &trace,
-            &reference::verdicts(&trace),
-            &shared_verdicts(&trace),
-            "limiter-common",
-        );
-    }
-}
-
 /// CLOCK_REALTIME − CLOCK_MONOTONIC in the replay: not a whole number of
 /// seconds, so a program that forgot it (or applied it to GCRA's
 /// monotonic state) would put window edges, or the end of the u64 clock,
 /// elsewhere than the reference.
 const REALTIME_OFFSET_NS: u64 = 1_234_567_890_123_456_789;
 
+/// Guards the kernel's use of the shared functions: a meter order, cost,
+/// refund, lock or clock (monotonic for GCRA, epoch for windows) that
+/// differs from layer 7's shows as a verdict that differs from the model.
 #[test]
 fn the_xdp_program_matches_the_reference() {
     let object = test_clock_object();
@@ -263,121 +123,4 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
             "{error}"
         );
     }
-}
-
-/// The part of a trace's name after the algorithm.
-fn shape(trace: &Trace) -> &str {
-    trace.name.split_once('/').map_or("", |(_, shape)| shape)
-}
-
-/// governor's quota for our (R, U, B): one cell every U/R, burst B; a
-/// request of cost `c` is `check_key_n(c)`.
-#[test]
-fn governor_agrees_on_gcra() {
-    use governor::{Quota, RateLimiter, clock::FakeRelativeClock};
-    use std::{num::NonZeroU32, time::Duration};
-    let mut compared = Vec::new();
-    for trace in corpus().into_iter().filter(|t| t.spec.algo == Algo::Gcra) {
-        // governor has one meter, counts from its clock's start, cannot go
-        // backwards and takes costs from 1 to 2^32 − 1. And it has no end
-        // of the clock, where ours fails closed (the last 2^63 ns of u64).
-        let Some((period_ns, meter, _)) = trace.spec.single() else {
-            continue;
-        };
-        let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
-        let costs = trace
-            .arrivals
-            .iter()
-            .all(|a| a.cost >= 1 && a.cost <= u64::from(u32::MAX));
-        if !monotonic || !costs || trace.arrivals.iter().any(|a| a.t > u64::MAX / 2) {
-            continue;
-        }
-        let period = Duration::from_nanos(period_ns.div_ceil(meter.rate));
-        let quota = Quota::with_period(period)
-            .expect("nonzero")
-            .allow_burst(NonZeroU32::new(meter.burst as u32).expect("nonzero burst"));
-        let clock = FakeRelativeClock::default();
-        let limiter = RateLimiter::dashmap_with_clock(quota, clock.clone());
-        let start = trace.arrivals[0].t;
-        let mut at = 0;
-        let got: Vec<bool> = trace
-            .arrivals
-            .iter()
-            .map(|a| {
-                let offset = a.t - start;
-                clock.advance(Duration::from_nanos(offset - at));
-                at = offset;
-                let cells = NonZeroU32::new(a.cost as u32).expect("nonzero cost");
-                matches!(limiter.check_key_n(&a.key, cells), Ok(Ok(())))
-            })
-            .collect();
-        assert_same(&trace, &reference::verdicts(&trace), &got, "governor");
-        compared.push(shape(&trace).to_owned());
-    }
-    assert_eq!(
-        compared,
-        [
-            "steady",
-            "bursty",
-            "idle-gaps",
-            "from-zero",
-            "near-2^62",
-            "bytes",
-            "odd-period"
-        ],
-        "the GCRA traces governor can express"
-    );
-}
-
-/// envoy ratelimit's fixed window: a counter per key and window
-/// `floor(now / unit)`, incremented by every hit; a hit is over the limit
-/// when the incremented counter exceeds `requests_per_unit`. (envoy counts
-/// hits that are over the limit too; with unit costs that changes no
-/// verdict, since a window once over stays over.)
-#[test]
-fn envoy_formula_agrees_on_fixed_windows() {
-    let mut compared = Vec::new();
-    for trace in corpus()
-        .into_iter()
-        .filter(|t| t.spec.algo == Algo::FixedWindow)
-    {
-        // One request limit, requests in time order, each costing 1.
-        let Some((period_ns, meter, false)) = trace.spec.single() else {
-            continue;
-        };
-        let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
-        if !monotonic || trace.arrivals.iter().any(|a| a.cost != 1) {
-            continue;
-        }
-        let mut counters: HashMap<(u8, u64), u64> = HashMap::new();
-        let got: Vec<bool> = trace
-            .arrivals
-            .iter()
-            .map(|a| {
-                let counter = counters.entry((a.key, a.t / period_ns)).or_default();
-                *counter += 1;
-                *counter <= meter.rate
-            })
-            .collect();
-        assert_same(
-            &trace,
-            &reference::verdicts(&trace),
-            &got,
-            "envoy's formula",
-        );
-        compared.push(shape(&trace).to_owned());
-    }
-    assert_eq!(
-        compared,
-        [
-            "steady",
-            "bursty",
-            "idle-gaps",
-            "from-zero",
-            "near-u64-max",
-            "near-2^62",
-            "odd-period"
-        ],
-        "the fixed-window traces envoy's formula can express"
-    );
 }

@@ -266,6 +266,9 @@ fn detach_leaves_no_program_link_or_pin() {
     ok(daemon.cli(&["detach"]));
 }
 
+/// Guards the control socket against bad clients: a mode other than 0600,
+/// a request that kills the daemon, and a rejected request (bad JSON, bad
+/// prefix, unparsable rule file) that changes the rules or blocks in force.
 #[test]
 fn control_socket_is_root_only_and_survives_bad_clients() {
     let lab = Lab::create("lt-control").expect("lab");
@@ -352,6 +355,10 @@ print(json.dumps(out))\n";
     serde_json::from_slice(&out.stdout).expect("parser output")
 }
 
+/// Guards the exporter and the kernel's counters: an exposition Prometheus
+/// cannot parse, a verdict counted under the wrong label, and shadow
+/// packets never counted by the kernel (held to sent − B − R × duration, not
+/// to another reading of the same map).
 #[test]
 fn metrics_parse_and_agree_with_stats_and_the_receiver() {
     let lab = Lab::create("lt-metrics").expect("lab");

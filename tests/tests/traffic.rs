@@ -45,6 +45,9 @@ fn sum_of(addrs: &[IpAddr], counts: impl Fn(&IpAddr) -> u64) -> u64 {
     addrs.iter().map(counts).sum()
 }
 
+/// Guards the burst and the rate on real traffic: a burst doubled in
+/// `Gcra::new` (640 arrivals instead of 620 here, 40 instead of 20 from the
+/// one-a-minute sources), and counters that disagree with the receiver.
 #[test]
 fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     let lab = Lab::create("lt-flood").expect("lab");
@@ -149,6 +152,8 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     assert!(!pin_dir.exists(), "pins left behind");
 }
 
+/// Guards against a bucket per interface (twice the arrivals) and, with the
+/// tolerance of a quarter burst, a wrong burst.
 #[test]
 fn interfaces_share_one_set_of_buckets() {
     let lab = Lab::with_pairs("lt-twoif", 2).expect("lab");
@@ -235,6 +240,8 @@ fn shadow_mode_drops_nothing_and_counts_the_excess() {
     );
 }
 
+/// Guards the default /64 key (two budgets for one /64 would double the
+/// arrivals) and, with the tight tolerance, the burst.
 #[test]
 fn addresses_of_one_64_share_one_budget() {
     let lab = Lab::create("lt-slash64").expect("lab");

@@ -1,9 +1,11 @@
 //! `cargo xtask mutants`: cargo-mutants over `limiter-common`, where every
-//! verdict is computed, tested by what exercises it: its own unit and
-//! property tests, the conformance corpus (the shared functions, and the
-//! XDP program rebuilt from the mutated tree and replayed through
-//! BPF_PROG_TEST_RUN) and the layer-7 tests. Surviving mutants must each be
-//! explained in `tests/MUTANTS.md`; the run fails on one that is not.
+//! verdict is computed, tested by what exercises it, in two passes so it
+//! fits two cores: first its own unit and property tests and the reference
+//! model (seconds per mutant), then, for the mutants that survived, the
+//! conformance corpus through the XDP program rebuilt from the mutated tree
+//! (BPF_PROG_TEST_RUN) and the layer-7 tests (a minute per mutant).
+//! Surviving mutants must each be explained in `tests/MUTANTS.md`; the run
+//! fails on one that is not.
 
 use std::{collections::BTreeSet, fs, path::Path};
 
@@ -28,12 +30,10 @@ pub struct Options {
 /// Where cargo-mutants writes `mutants.out/`.
 const OUTPUT: &str = "target/mutants";
 
-/// The tests run against each mutant. The proxy tests are left out: they
-/// run the `limiter` binary, which cargo-mutants does not rebuild.
-const TEST_ARGS: [&str; 12] = [
-    "--lib",
-    "--test",
-    "gcra_properties",
+/// The second pass's tests: the corpus through the XDP program (rebuilt
+/// from the mutated tree) and over HTTP. The proxy tests are left out:
+/// they run the `limiter` binary, which cargo-mutants does not rebuild.
+const KERNEL_AND_HTTP_TESTS: [&str; 10] = [
     "--test",
     "conformance",
     "--test",
@@ -43,29 +43,50 @@ const TEST_ARGS: [&str; 12] = [
     "proxy",
     "--skip",
     "upstream",
+    "--test-threads=1",
 ];
 
 pub fn run(options: &Options) -> Result<()> {
-    let mut command = cargo();
-    command
-        .args(["mutants", "--package", "limiter-common"])
-        .args(["--test-package", "limiter-common,limiter-tests"])
-        // One build at a time: each uses both cores.
-        .args(["--jobs", "1", "--copy-target=true"])
-        .args(["--timeout", &options.timeout.to_string()])
-        .args(["--output", OUTPUT])
+    let mutants = |test_packages: &str, jobs: &str| {
+        let mut command = cargo();
+        command
+            .args(["mutants", "--package", "limiter-common"])
+            .args(["--test-package", test_packages])
+            .args(["--jobs", jobs, "--copy-target=true"])
+            .args(["--timeout", &options.timeout.to_string()])
+            .args(["--output", OUTPUT])
+            .env_remove("LIMITER_TEST_CLOCK_OBJECT");
+        if let Some(re) = &options.re {
+            command.args(["--re", re]);
+        }
+        command
+    };
+    if options.list {
+        return status(mutants("limiter-common", "1").arg("--list"));
+    }
+    step(
+        "mutants, pass 1: limiter-common's own tests and the reference model \
+         (limiter-conformance), two at a time",
+    );
+    run_mutants(&mut mutants("limiter-common,limiter-conformance", "2"))?;
+    step(
+        "mutants, pass 2: the survivors against the XDP program rebuilt from each \
+         mutated tree and the layer-7 tests, one at a time",
+    );
+    let mut second = mutants("limiter-tests", "1");
+    second
+        .arg("--iterate")
         // The copy's own test-clock object, built from the mutated source.
         .env("LIMITER_TESTS_BUILD_KERNEL", "1")
-        .env_remove("LIMITER_TEST_CLOCK_OBJECT");
-    if let Some(re) = &options.re {
-        command.args(["--re", re]);
-    }
-    if options.list {
-        return status(command.arg("--list"));
-    }
-    command.arg("--").args(TEST_ARGS);
-    step("cargo mutants over limiter-common (one mutant at a time; see target/mutants)");
-    // Exit 2 means mutants were missed: judged against MUTANTS.md below.
+        .arg("--")
+        .args(KERNEL_AND_HTTP_TESTS);
+    run_mutants(&mut second)?;
+    judge()
+}
+
+/// Runs cargo-mutants; missed mutants (exit 2) and timeouts (3) are judged
+/// against MUTANTS.md afterwards, anything else is a failure.
+fn run_mutants(command: &mut std::process::Command) -> Result<()> {
     let shown = format!("{command:?}");
     let code = command
         .status()
@@ -74,6 +95,11 @@ pub fn run(options: &Options) -> Result<()> {
     if !matches!(code, Some(0 | 2 | 3)) {
         bail!("{shown} failed ({code:?})");
     }
+    Ok(())
+}
+
+/// Every surviving mutant must be explained in tests/MUTANTS.md.
+fn judge() -> Result<()> {
     let out = root().join(OUTPUT).join("mutants.out");
     let survivors = read_names(&out.join("missed.txt"))?
         .into_iter()
