@@ -1,10 +1,10 @@
-//! For `cargo xtask mutants` only: rebuilds the test-clock XDP object from
-//! the source tree this crate is built in, so that the conformance replay
-//! runs the kernel program compiled from the mutated `limiter-common`
-//! (cargo-mutants builds and tests a copy of the tree and offers no other
-//! hook). Off unless `LIMITER_TESTS_BUILD_KERNEL` is set: plain builds, and
-//! `cargo xtask test` (which builds the objects itself), never run nightly
-//! cargo from here.
+//! Builds the test-clock XDP object (the program reading its clock from a
+//! map, which the conformance replay drives) from the source tree this
+//! crate is built in, whenever `limiter-common` or the program changes.
+//! `cargo xtask test` relies on it, and so does `cargo xtask mutants`,
+//! where the tree is cargo-mutants' mutated copy (it offers no other
+//! hook). Off unless `LIMITER_TESTS_BUILD_KERNEL` is set, so plain builds
+//! and clippy never need the nightly toolchain.
 
 use std::{env, path::PathBuf, process::Command};
 

@@ -234,4 +234,44 @@ mod tests {
         assert_eq!(g.refunded(new_tat, now, 1), Some(now));
         assert_eq!(g.refunded(now - 1, now, 1), None);
     }
+
+    /// Guards the cap on what a refund hands back: a cost beyond the burst
+    /// hands back at most a full bucket, without multiplying (cost × T
+    /// would overflow).
+    #[test]
+    fn refunds_never_hand_back_more_than_a_bucket() {
+        let g = Gcra::new(10, SEC, 4).unwrap();
+        let now = 100 * SEC;
+        let tat = now + 3 * g.emission_ns;
+        assert_eq!(g.refunded(tat, now, u64::MAX), Some(now));
+        assert_eq!(
+            g.refunded(now + 2 * g.capacity_ns, now, 5),
+            Some(now + g.capacity_ns)
+        );
+        assert_eq!(g.refunded(tat, now, 4), Some(now));
+    }
+
+    /// Guards the boundary of `wait_ns`: a cost equal to the burst fits a
+    /// full bucket at once; only a larger one never does.
+    #[test]
+    fn waits_at_the_burst_boundary() {
+        let g = Gcra::new(10, SEC, 4).unwrap();
+        let now = 100 * SEC;
+        assert_eq!(g.wait_ns(now, now, 4), 0);
+        assert_eq!(g.wait_ns(now + g.emission_ns, now, 4), g.emission_ns);
+        assert_eq!(g.wait_ns(now, now, 5), u64::MAX);
+    }
+
+    /// Guards the messages a rule file's errors show.
+    #[test]
+    fn limit_errors_say_what_is_wrong() {
+        extern crate std;
+        use std::string::ToString;
+        assert_eq!(LimitError::ZeroRate.to_string(), "rate must be at least 1");
+        assert!(
+            LimitError::WindowTooLarge
+                .to_string()
+                .contains("2 × rate × unit")
+        );
+    }
 }

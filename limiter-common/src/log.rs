@@ -77,4 +77,30 @@ mod tests {
         assert!(!log.admit(&w, t + 10 * SEC, 1));
         assert_eq!(log.total(), 3);
     }
+
+    /// Guards the window's edge: an entry at exactly `now − U` has left
+    /// the window `(now − U, now]`, also when `now − U` is 0.
+    #[test]
+    fn an_entry_leaves_at_exactly_one_window() {
+        let w = Window::new(1, 10 * SEC).unwrap();
+        let mut log = Log::default();
+        assert!(log.admit(&w, 0, 1));
+        assert!(!log.admit(&w, 10 * SEC - 1, 1));
+        assert!(log.admit(&w, 10 * SEC, 1));
+    }
+
+    /// Guards the cost bounds: a request costing exactly the limit fits an
+    /// empty window, and a free request is admitted but never logged (it
+    /// would otherwise become the oldest entry a `Reset` is computed from).
+    #[test]
+    fn costs_at_the_limit_and_free_requests() {
+        let w = Window::new(5, SEC).unwrap();
+        let mut log = Log::default();
+        assert!(log.admit(&w, 3 * SEC, 0));
+        assert_eq!(log.oldest(), None);
+        assert!(log.admit(&w, 4 * SEC, 5));
+        assert_eq!((log.total(), log.oldest()), (5, Some(4 * SEC)));
+        assert!(!log.admit(&w, 4 * SEC, 1));
+        assert!(log.admit(&w, 4 * SEC, 0));
+    }
 }

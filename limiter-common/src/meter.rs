@@ -10,6 +10,36 @@ use crate::{
     window::{Window, WindowState},
 };
 
+/// The order of a rule's meters wherever they are charged together
+/// ([`acquire_all`], [`windows_all`]): the kernel and layer 7 both pass
+/// them in this order, so "refused by meter i" means the same on both.
+/// A key's state and a rule's aggregate state each hold a packet meter
+/// (index 0 of the pair) and a byte meter (index 1).
+pub mod order {
+    /// The key's packet (request) meter: costs 1.
+    pub const KEY_PACKETS: usize = 0;
+    /// The key's byte meter: costs the frame's (or request's) length.
+    pub const KEY_BYTES: usize = 1;
+    /// The rule's aggregate packet meter, shared by all its keys.
+    pub const AGGREGATE_PACKETS: usize = 2;
+    /// The rule's aggregate byte meter.
+    pub const AGGREGATE_BYTES: usize = 3;
+    /// Meters a rule can have.
+    pub const METERS: usize = 4;
+
+    /// Whether meter `i` charges a request's length rather than 1.
+    #[inline(always)]
+    pub const fn charges_bytes(i: usize) -> bool {
+        i == KEY_BYTES || i == AGGREGATE_BYTES
+    }
+
+    /// Whether meter `i` is the rule's aggregate rather than the key's.
+    #[inline(always)]
+    pub const fn is_aggregate(i: usize) -> bool {
+        i >= AGGREGATE_PACKETS
+    }
+}
+
 /// How many times a contended update is retried before giving up. Each
 /// failed attempt means another CPU's update of the same key succeeded.
 pub const MAX_CAS_ATTEMPTS: usize = 8;

@@ -25,7 +25,7 @@ use limiter_common::{
         RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag, rule_flag,
         rule_slot,
     },
-    meter::{Outcome, Verdict, acquire_all, windows_all},
+    meter::{Charge, Outcome, Verdict, WindowCharge, acquire_all, order, windows_all},
     window::WindowState,
 };
 use maps::{
@@ -114,7 +114,7 @@ fn limit(config: &GlobalConfig, iface: u32, packet: &Packet, len: u64) -> u32 {
         if verdict.outcome == Outcome::Contended {
             c.contended += 1;
         }
-        if !allowed && verdict.refused_by >= AGGREGATE_METERS {
+        if !allowed && order::is_aggregate(verdict.refused_by) {
             c.aggregate_excess += 1;
         }
     });
@@ -165,9 +165,6 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
     DEFAULT_RULE
 }
 
-/// Meters 0 and 1 are the key's, 2 and 3 the rule's aggregate.
-const AGGREGATE_METERS: usize = 2;
-
 /// Charges the packet to its key's meters and the rule's aggregate meters.
 #[inline(always)]
 fn meter(
@@ -216,6 +213,8 @@ fn meter_gcra(
     aggregate: *mut KeyState,
     len: u64,
 ) -> Verdict {
+    // A key's state and its rule's aggregate each keep a packet meter
+    // (pair index 0) and a byte meter (1); `order` says which is which.
     let cells = unsafe {
         [
             MapCell(&raw mut (*state).meters[0][0]),
@@ -225,19 +224,25 @@ fn meter_gcra(
         ]
     };
     let has = |flag: u32| rule.flags & flag != 0;
-    acquire_all(
-        [
-            has(rule_flag::LIMIT_PACKETS).then_some((&cells[0], &rule.packets.gcra, 1)),
-            has(rule_flag::LIMIT_BYTES).then_some((&cells[1], &rule.bytes.gcra, len)),
-            has(rule_flag::AGGREGATE_PACKETS).then_some((
-                &cells[2],
-                &rule.aggregate_packets.gcra,
-                1,
-            )),
-            has(rule_flag::AGGREGATE_BYTES).then_some((&cells[3], &rule.aggregate_bytes.gcra, len)),
-        ],
-        clock::now(),
-    )
+    let mut charges: [Charge<'_, MapCell>; order::METERS] = [None; order::METERS];
+    charges[order::KEY_PACKETS] = has(rule_flag::LIMIT_PACKETS).then_some((
+        &cells[order::KEY_PACKETS],
+        &rule.packets.gcra,
+        1,
+    ));
+    charges[order::KEY_BYTES] =
+        has(rule_flag::LIMIT_BYTES).then_some((&cells[order::KEY_BYTES], &rule.bytes.gcra, len));
+    charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then_some((
+        &cells[order::AGGREGATE_PACKETS],
+        &rule.aggregate_packets.gcra,
+        1,
+    ));
+    charges[order::AGGREGATE_BYTES] = has(rule_flag::AGGREGATE_BYTES).then_some((
+        &cells[order::AGGREGATE_BYTES],
+        &rule.aggregate_bytes.gcra,
+        len,
+    ));
+    acquire_all(charges, clock::now())
 }
 
 /// Windows: a window's three fields change together, so the key's state
@@ -271,27 +276,27 @@ fn meter_windows(
     let [key_packets, key_bytes] = key_meters;
     let [aggregate_packets, aggregate_bytes] = aggregate_meters;
     let has = |flag: u32| rule.flags & flag != 0;
+    let mut charges: [WindowCharge<'_>; order::METERS] = [const { None }; order::METERS];
+    charges[order::KEY_PACKETS] = has(rule_flag::LIMIT_PACKETS)
+        .then(|| (WindowState::in_slots(key_packets), &rule.packets.window, 1));
+    charges[order::KEY_BYTES] = has(rule_flag::LIMIT_BYTES)
+        .then(|| (WindowState::in_slots(key_bytes), &rule.bytes.window, len));
+    charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then(|| {
+        (
+            WindowState::in_slots(aggregate_packets),
+            &rule.aggregate_packets.window,
+            1,
+        )
+    });
+    charges[order::AGGREGATE_BYTES] = has(rule_flag::AGGREGATE_BYTES).then(|| {
+        (
+            WindowState::in_slots(aggregate_bytes),
+            &rule.aggregate_bytes.window,
+            len,
+        )
+    });
     let verdict = windows_all(
-        [
-            has(rule_flag::LIMIT_PACKETS)
-                .then(|| (WindowState::in_slots(key_packets), &rule.packets.window, 1)),
-            has(rule_flag::LIMIT_BYTES)
-                .then(|| (WindowState::in_slots(key_bytes), &rule.bytes.window, len)),
-            has(rule_flag::AGGREGATE_PACKETS).then(|| {
-                (
-                    WindowState::in_slots(aggregate_packets),
-                    &rule.aggregate_packets.window,
-                    1,
-                )
-            }),
-            has(rule_flag::AGGREGATE_BYTES).then(|| {
-                (
-                    WindowState::in_slots(aggregate_bytes),
-                    &rule.aggregate_bytes.window,
-                    len,
-                )
-            }),
-        ],
+        charges,
         now,
         rule.algorithm == algorithm::SLIDING_WINDOW,
     );

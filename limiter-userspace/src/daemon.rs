@@ -16,23 +16,26 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::{
-    net::{UnixListener, UnixStream},
     signal::unix::{SignalKind, signal},
     sync::Notify,
 };
-use tokio_util::codec::{Framed, LinesCodec};
 
 use crate::{
-    config::{self, RuleSet},
-    control::{self, Request, Response},
-    datapath::{self, Attachment, Mode},
+    control::{
+        self, Request, Response,
+        protocol::{Detached, Status},
+    },
     engine::{Change, Engine},
-    keys, metrics,
-    pins::{self, PinLock},
-    report,
+    kernel::{
+        self, Attachment, Mode, keys,
+        links::LINKS_DIR,
+        pins::{self, PinLock},
+        require_root,
+    },
+    render::openmetrics,
+    rules::{self, RuleSet},
 };
 
 /// The daemon's own configuration file.
@@ -76,7 +79,7 @@ fn default_metrics() -> String {
 
 impl DaemonConfig {
     pub fn load(path: &Path) -> Result<Self> {
-        let mut config: Self = config::load_yaml(path)?;
+        let mut config: Self = rules::yaml::load(path)?;
         if config.rules.is_relative() {
             config.rules = path.parent().unwrap_or(Path::new(".")).join(&config.rules);
         }
@@ -117,13 +120,13 @@ struct Shared {
 }
 
 pub fn run(config_path: &Path) -> Result<()> {
-    crate::limiter::require_root()?;
+    require_root()?;
     let config = DaemonConfig::load(config_path)?;
     let metrics_addr = config.metrics_addr()?;
     let rules = RuleSet::load(&config.rules)?;
     pins::ensure_bpffs()?;
     let _lock = PinLock::acquire(&config.pin_dir)?;
-    let adopting = config.pin_dir.join(datapath::LINKS_DIR).exists();
+    let adopting = config.pin_dir.join(LINKS_DIR).exists();
     let mut engine = Engine::open(&config.pin_dir, rules.max_keys)?;
     let change = engine.apply(rules)?;
     log_change(&config.rules.display().to_string(), &change);
@@ -157,18 +160,7 @@ pub fn run(config_path: &Path) -> Result<()> {
 
 async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<()> {
     let socket = &shared.config.socket;
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(socket);
-    let listener = {
-        // Created with no permissions for group and others from the start.
-        // SAFETY: umask has no preconditions; restored right after bind.
-        let old = unsafe { libc::umask(0o177) };
-        let bound = UnixListener::bind(socket);
-        unsafe { libc::umask(old) };
-        bound.with_context(|| format!("listening on {}", socket.display()))?
-    };
+    let listener = control::server::bind(socket)?;
     tracing::info!("control socket {} (root only)", socket.display());
     if let Some(addr) = metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -191,7 +183,16 @@ async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => { tokio::spawn(connection(Arc::clone(&shared), stream)); }
+                Ok((stream, _)) => {
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        control::server::serve_connection(stream, |request| {
+                            let shared = Arc::clone(&shared);
+                            async move { handle(&shared, request).await.unwrap_or_else(Response::error) }
+                        })
+                        .await;
+                    });
+                }
                 Err(e) => tracing::warn!("control socket: {e}"),
             },
             _ = hangup.recv() => {
@@ -270,9 +271,7 @@ async fn housekeeping(shared: Arc<Shared>) {
             }
             // Counting a million keys takes a moment: every 5 s is enough.
             if ticks % 5 == 1
-                && let Ok(aya::maps::Map::LruHashMap(data)) =
-                    engine.datapath().map(limiter_common::abi::map_name::KEYS)
-                && let Ok(n) = keys::count(data)
+                && let Ok(n) = keys::count(engine.datapath().maps())
             {
                 work.tracked_keys.store(n as u64, Ordering::Relaxed);
             }
@@ -299,9 +298,9 @@ async fn scrape(
         let engine = shared.engine.lock().expect("engine lock");
         let snapshot = engine.snapshot()?;
         let blocks = engine.blocks()?.len() as u64;
-        anyhow::Ok(metrics::render(
+        anyhow::Ok(openmetrics::render(
             &snapshot,
-            metrics::Facts {
+            openmetrics::Facts {
                 ruleset_generation: shared.generation.load(Ordering::Relaxed),
                 tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
                 blocks,
@@ -331,56 +330,19 @@ async fn scrape(
     }
 }
 
-async fn connection(shared: Arc<Shared>, stream: UnixStream) {
-    let mut lines = Framed::new(
-        stream,
-        LinesCodec::new_with_max_length(control::MAX_REQUEST),
-    );
-    while let Some(line) = lines.next().await {
-        let (response, last) = match line {
-            Ok(line) => match serde_json::from_str::<Request>(&line) {
-                Ok(request) => {
-                    let detach = request == Request::Detach;
-                    (
-                        handle(&shared, request)
-                            .await
-                            .unwrap_or_else(Response::error),
-                        detach,
-                    )
-                }
-                Err(e) => (Response::error(format!("bad request: {e}")), false),
-            },
-            // Too long, or not UTF-8: answer, then hang up.
-            Err(e) => (Response::error(format!("bad request: {e}")), true),
-        };
-        let text = serde_json::to_string(&response).expect("a response serializes");
-        if lines.send(text).await.is_err() || last {
-            break;
-        }
-    }
-}
-
 async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
     Ok(match request {
-        Request::Status => Response::ok(serde_json::json!({
-            "pin_dir": shared.config.pin_dir,
-            "rules_file": shared.config.rules,
-            "interfaces": shared.attachments,
-            "ruleset_generation": shared.generation.load(Ordering::Relaxed),
-        })),
+        Request::Status => Response::ok(Status {
+            pin_dir: shared.config.pin_dir.clone(),
+            rules_file: shared.config.rules.clone(),
+            interfaces: shared.attachments.clone(),
+            ruleset_generation: shared.generation.load(Ordering::Relaxed),
+        }),
         Request::Stats => Response::ok(blocking(shared, |engine| engine.snapshot()).await?),
         Request::RulesApply { text, origin } => Response::ok(apply(shared, text, origin).await?),
-        Request::RulesShow => {
-            let shared = Arc::clone(shared);
-            let view = tokio::task::spawn_blocking(move || {
-                let engine = shared.engine.lock().expect("engine lock");
-                report::rules_view(&engine)
-            })
-            .await??;
-            Response::ok(view)
-        }
+        Request::RulesShow => Response::ok(blocking(shared, |engine| engine.rules_view()).await?),
         Request::Block { prefix, for_secs } => {
-            let net = config::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            let net = rules::parse_net(&prefix).map_err(anyhow::Error::msg)?;
             let duration = for_secs
                 .map(|s| {
                     Duration::try_from_secs_f64(s).context("for_secs must be a positive number")
@@ -394,7 +356,7 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             Response::ok(())
         }
         Request::Unblock { prefix } => {
-            let net = config::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            let net = rules::parse_net(&prefix).map_err(anyhow::Error::msg)?;
             if !blocking(shared, move |engine| engine.unblock(net)).await? {
                 anyhow::bail!("{net} is not blocked");
             }
@@ -408,13 +370,13 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             Response::ok(())
         }
         Request::Detach => {
-            let detached = datapath::detach_all(&shared.config.pin_dir)?;
+            let detached = kernel::detach_all(&shared.config.pin_dir)?;
             tracing::info!(
                 "detached from {detached:?} and removed {}",
                 shared.config.pin_dir.display()
             );
             shared.shutdown.notify_one();
-            Response::ok(serde_json::json!({ "detached": detached }))
+            Response::ok(Detached { detached })
         }
     })
 }

@@ -1,6 +1,7 @@
-//! The control logic over the datapath: applying rule sets atomically with
-//! stable rule ids, manual blocks, and dry-run switches. Used by the daemon
-//! and by `limiter run`.
+//! The control logic over the kernel: applying rule sets atomically with
+//! stable rule ids, manual blocks, dry-run switches, and the views of it
+//! all that the control protocol returns. Used by the daemon and by
+//! `limiter run`.
 
 use std::{collections::HashMap, net::IpAddr, path::Path, time::Duration};
 
@@ -10,10 +11,14 @@ use limiter_common::abi::{DEFAULT_RULE, MAX_RULES, RuleConfig, global_flag, rule
 use serde::Serialize;
 
 use crate::{
-    config::RuleSet,
-    datapath::{Attachment, Datapath, Mode},
-    stats::{CounterMaps, Snapshot},
-    tables,
+    clock::{monotonic_ns, realtime_offset_ns},
+    compile,
+    kernel::{
+        Attachment, Datapath, Mode,
+        counters::{self, Snapshot},
+    },
+    rules::RuleSet,
+    rules::describe::{Description, describe},
 };
 
 /// How long after a generation flip the old generation may still be read
@@ -86,7 +91,7 @@ impl Engine {
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {
-        CounterMaps::from_datapath(&self.datapath)?.read()
+        Ok(counters::read(self.datapath.maps())?)
     }
 
     /// Switches to `set`: writes it into the inactive generation, flips,
@@ -135,7 +140,7 @@ impl Engine {
         }
 
         self.datapath.clear_generation(next)?;
-        let tables = tables::build(&set, &ids, next as u8);
+        let tables = compile::build(&set, &ids, next as u8);
         self.datapath.write_generation(next, &tables)?;
         config.generation = next;
         config.malformed_action = tables.malformed_action;
@@ -299,27 +304,60 @@ impl Engine {
     }
 }
 
-/// `CLOCK_REALTIME − CLOCK_MONOTONIC` in ns.
-pub fn realtime_offset_ns() -> u64 {
-    realtime_ns().wrapping_sub(monotonic_ns())
+/// `limiter rules show`: the active rules with ids and counters, and blocks.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RulesView {
+    pub generation: u32,
+    /// Global dry run.
+    pub shadow: bool,
+    pub rules: Vec<RuleView>,
+    pub blocks: Vec<BlockView>,
 }
 
-/// Now on `CLOCK_REALTIME`, ns of the Unix epoch.
-pub fn realtime_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RuleView {
+    pub id: u32,
+    pub name: String,
+    #[serde(flatten)]
+    pub description: Description,
+    pub passed_packets: u64,
+    pub dropped_packets: u64,
+    pub shadow_packets: u64,
+    pub new_keys: u64,
 }
 
-/// Now on `CLOCK_MONOTONIC`, the clock the program reads.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+impl Engine {
+    /// The active rules with their ids and counters, and the blocks.
+    pub fn rules_view(&self) -> Result<RulesView> {
+        let snapshot = self.snapshot()?;
+        let (set, ids) = self.applied().context("no rules applied yet")?;
+        let rules = set
+            .rules
+            .iter()
+            .zip(ids)
+            .map(|(rule, &id)| {
+                let c = snapshot
+                    .rules
+                    .iter()
+                    .find(|r| r.id == id)
+                    .map(|r| r.counters)
+                    .unwrap_or_default();
+                RuleView {
+                    id,
+                    name: rule.name.clone(),
+                    description: describe(rule),
+                    passed_packets: c.passed_packets,
+                    dropped_packets: c.dropped_packets,
+                    shadow_packets: c.shadow_packets,
+                    new_keys: c.new_keys,
+                }
+            })
+            .collect();
+        Ok(RulesView {
+            generation: snapshot.generation,
+            shadow: snapshot.shadow,
+            rules,
+            blocks: self.blocks()?,
+        })
+    }
 }

@@ -13,7 +13,7 @@ use std::{collections::HashSet, path::Path};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use crate::config::{RuleSet, parse_net};
+use crate::rules::{RuleSet, parse_net};
 
 #[derive(Debug, Deserialize)]
 struct EnvoyConfig {
@@ -49,7 +49,7 @@ pub struct Conversion {
 }
 
 pub fn envoy(path: &Path) -> Result<Conversion> {
-    let config: EnvoyConfig = crate::config::load_yaml(path)?;
+    let config: EnvoyConfig = crate::rules::yaml::load(path)?;
     let mut rules = Vec::new();
     let mut skipped = Vec::new();
     let mut names = HashSet::new();
@@ -174,7 +174,7 @@ fn unique_name(descriptor: &str, names: &mut HashSet<String>) -> String {
 mod tests {
     use std::path::Path;
 
-    use crate::config::{Algorithm, Limit, RuleSet};
+    use crate::rules::{Algorithm, Limit, RuleSet};
 
     #[test]
     fn converts_what_it_can_and_says_what_it_cannot() {

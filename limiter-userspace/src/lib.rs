@@ -1,19 +1,21 @@
-//! The limiter's userspace: rule files, the kernel datapath's loader and
-//! counters, the daemon, and the lab used by the demo and the tests.
+//! The limiter's userspace. Data flows one way: the rule file ([`rules`])
+//! is compiled into the kernel's tables ([`compile`]), written into the
+//! loaded program's maps ([`kernel`]) by the [`engine`], which the
+//! [`daemon`] (through [`control`]) and `limiter run` ([`session`]) drive;
+//! [`render`] turns what they report into text and metrics. Layer 7
+//! ([`http`]) applies the same rules with `limiter-common`'s algorithms and
+//! uses no kernel module. [`lab`] is the demo's and the tests' network.
 
-pub mod config;
+pub mod clock;
+pub mod compile;
 pub mod control;
 pub mod daemon;
-pub mod datapath;
 pub mod engine;
+pub mod http;
 pub mod import;
-pub mod keys;
-pub mod l7;
+pub mod kernel;
 pub mod lab;
-pub mod limiter;
-pub mod metrics;
-pub mod pins;
-pub mod proxy;
-pub mod report;
-pub mod stats;
-pub mod tables;
+pub mod render;
+pub mod rules;
+pub mod session;
+pub mod units;

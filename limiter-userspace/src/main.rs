@@ -5,7 +5,10 @@ mod commands;
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use limiter::{control::DEFAULT_SOCKET, datapath::Mode, pins::DEFAULT_PIN_DIR};
+use limiter::{
+    control::DEFAULT_SOCKET,
+    kernel::{Mode, pins::DEFAULT_PIN_DIR},
+};
 
 #[derive(Parser)]
 #[command(
@@ -261,11 +264,13 @@ fn main() -> ExitCode {
             upstream_timeout,
             metrics,
         } => commands::proxy(
-            limiter::proxy::Options {
+            limiter::http::proxy::Options {
                 listen,
                 upstream,
-                key_by: key_header
-                    .map_or(limiter::l7::KeyBy::ClientAddr, limiter::l7::KeyBy::Header),
+                key_by: key_header.map_or(
+                    limiter::http::KeyBy::ClientAddr,
+                    limiter::http::KeyBy::Header,
+                ),
                 header_timeout,
                 max_header_bytes,
                 upstream_timeout,

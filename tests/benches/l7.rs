@@ -6,7 +6,7 @@ use std::{net::IpAddr, num::NonZeroU32, sync::Arc, time::Duration};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use limiter::l7::{Limiter, Request, SystemClock};
+use limiter::http::{Limiter, RequestMeta, SystemClock};
 use limiter_tests::rules;
 
 const KEYS: u32 = 10_000;
@@ -23,7 +23,7 @@ fn bench(c: &mut Criterion) {
     let addr = |i: u32| -> IpAddr { std::net::Ipv4Addr::from(0x0a00_0000 + i).into() };
 
     let mut group = c.benchmark_group("one key");
-    let one = Request {
+    let one = RequestMeta {
         client: addr(1),
         port: None,
         key: None,
@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("limiter l7", |b| {
         b.iter(|| {
             i = (i + 1) % KEYS;
-            ours.check(&Request {
+            ours.check(&RequestMeta {
                 client: addr(i),
                 port: None,
                 key: None,

@@ -18,10 +18,10 @@ use aya::{
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp, xdp::XdpMode},
 };
 use limiter::{
-    config::RuleSet,
-    datapath::{Mode, if_index},
+    kernel::{Mode, if_index},
     lab::{Lab, Netns, RX_IFACE, TX_IFACE, udp_frame},
-    limiter::Limiter,
+    rules::RuleSet,
+    session::Session,
 };
 
 const SOURCES: u32 = 256;
@@ -122,8 +122,8 @@ struct Result_ {
 
 fn main() -> Result<()> {
     // criterion-style filter arguments are accepted and ignored.
-    limiter::limiter::require_root()?;
-    limiter::pins::ensure_bpffs()?;
+    limiter::kernel::require_root()?;
+    limiter::kernel::pins::ensure_bpffs()?;
     let lab = Lab::create("lb-bench")?;
     let object = flood_object()?;
     let mut generator = Ebpf::load(&object)?;
@@ -169,7 +169,7 @@ fn main() -> Result<()> {
     {
         let rules = RuleSet::parse(RULES, Path::new("bench"))?;
         let limiter = lab.rx.enter(|| {
-            Limiter::start(
+            Session::start(
                 &rules,
                 &[RX_IFACE.to_owned()],
                 Mode::Native,
@@ -279,7 +279,7 @@ fn main() -> Result<()> {
         .collect();
     print!(
         "{}",
-        limiter::report::table(
+        limiter::render::text::table(
             &[
                 "PEER",
                 "GENERATED Mpps",

@@ -17,10 +17,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 use limiter::lab::{self, FloodReport, FloodSource, Lab, udp_frame};
 use limiter::{
-    config::RuleSet,
-    datapath::Datapath,
     engine::Engine,
-    stats::{CounterMaps, Snapshot},
+    kernel::{
+        Datapath,
+        counters::{self, Snapshot},
+    },
+    rules::RuleSet,
 };
 use std::{collections::HashMap, net::IpAddr};
 
@@ -56,20 +58,17 @@ impl std::ops::Deref for Loaded {
 
 /// Loads the program with `text`'s rules.
 pub fn loaded(text: &str) -> Loaded {
-    loaded_object(limiter::datapath::OBJECT, text)
+    loaded_object(limiter::kernel::OBJECT, text)
 }
 
-/// The build of the program that reads its clock from the `CLOCK` map.
+/// The build of the program that reads its clock from the `CLOCK` map,
+/// which this crate's build script makes from the same tree.
 pub fn test_clock_object() -> Vec<u8> {
-    let path = std::env::var_os("LIMITER_TEST_CLOCK_OBJECT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter")
-        });
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter");
     fs::read(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (build it with `cargo xtask build`)",
+            "{}: {e} (run the tests with `cargo xtask test`, which builds it)",
             path.display()
         )
     })
@@ -83,7 +82,7 @@ pub fn loaded_object(object: &[u8], text: &str) -> Loaded {
         "/sys/fs/bpf/limiter-test-{}-{n}",
         std::process::id()
     ));
-    limiter::pins::ensure_bpffs().expect("bpffs");
+    limiter::kernel::pins::ensure_bpffs().expect("bpffs");
     let _ = fs::remove_dir_all(&dir);
     let pins = PinDir(dir);
     let set = rules(text);
@@ -97,9 +96,7 @@ pub fn loaded_object(object: &[u8], text: &str) -> Loaded {
 }
 
 pub fn snapshot(datapath: &Datapath) -> Snapshot {
-    CounterMaps::from_datapath(datapath)
-        .and_then(|m| m.read())
-        .expect("reading counters")
+    counters::read(datapath.maps()).expect("reading counters")
 }
 
 /// A scratch directory, removed on drop.
@@ -420,7 +417,7 @@ impl Daemon {
         .context("spawning limiter daemon")?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !limiter::control::daemon_running(&self.socket) {
+        while !limiter::control::Client::new(&self.socket).daemon_running() {
             if let Some(status) = self.child.as_mut().expect("child").try_wait()? {
                 bail!("limiter daemon exited ({status}):\n{}", self.log());
             }
@@ -479,7 +476,7 @@ impl Drop for Daemon {
 }
 
 fn datapath_detach(pin_dir: &Path) -> Result<Vec<String>> {
-    Ok(limiter::datapath::detach_all(pin_dir)?)
+    Ok(limiter::kernel::detach_all(pin_dir)?)
 }
 
 /// The entry of rule `name` in `limiter stats --json` output.

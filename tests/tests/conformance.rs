@@ -6,28 +6,14 @@
 
 use std::net::Ipv4Addr;
 
-use aya::{
-    maps::Array,
-    programs::{TestRun, TestRunOptions},
-};
+use aya::programs::{TestRun, TestRunOptions};
+use limiter_conformance::assert_same;
 use limiter_tests::{
     frames, loaded_object,
-    reference::{self, Algo, Trace},
+    reference::{self, Algo},
     rules, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
-
-/// The first arrival where two verdict lists differ, for the message.
-#[track_caller]
-fn assert_same(trace: &Trace, expected: &[bool], got: &[bool], who: &str) {
-    if let Some(i) = expected.iter().zip(got).position(|(e, g)| e != g) {
-        panic!(
-            "{who} differs from the reference on {} at arrival {i} ({:?}): reference {}, got {}",
-            trace.name, trace.arrivals[i], expected[i], got[i]
-        );
-    }
-    assert_eq!(expected.len(), got.len());
-}
 
 /// CLOCK_REALTIME − CLOCK_MONOTONIC in the replay: not a whole number of
 /// seconds, so a program that forgot it (or applied it to GCRA's
@@ -72,14 +58,14 @@ fn the_xdp_program_matches_the_reference() {
             } else {
                 a.t.wrapping_sub(REALTIME_OFFSET_NS)
             };
-            let mut clock: Array<_, u64> = Array::try_from(
-                dp.engine
-                    .datapath_mut()
-                    .map_mut("CLOCK")
-                    .expect("the test build has CLOCK"),
-            )
-            .expect("array");
-            clock.set(0, monotonic, 0).expect("setting the clock");
+            dp.engine
+                .datapath_mut()
+                .maps_mut()
+                .test_clock
+                .as_mut()
+                .expect("the test build has CLOCK")
+                .set(0, monotonic, 0)
+                .expect("setting the clock");
             let result = dp
                 .program()
                 .test_run(TestRunOptions {

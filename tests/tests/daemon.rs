@@ -38,6 +38,16 @@ fn flood_while<T: Send>(
     })
 }
 
+/// The limits of the rules in `limiter rules show --json` output, in words.
+fn limits(view: &serde_json::Value) -> Vec<&str> {
+    view["rules"]
+        .as_array()
+        .expect("a rules array")
+        .iter()
+        .map(|r| r["limit"].as_str().expect("a limit"))
+        .collect()
+}
+
 const BIG_BURST: &str = "rules:
   - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 100, unit: second, burst: 200 } }
 ";
@@ -131,13 +141,10 @@ fn reloads_under_flood_keep_buckets_and_a_rejected_file_changes_nothing() {
     // The rejected file changed nothing: the last good rule set is in force.
     let show = ok(daemon.cli(&["rules", "show", "--json"]));
     let view: serde_json::Value = serde_json::from_str(&show).expect("rules show JSON");
-    let limits: Vec<&str> = view["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["limit"].as_str().unwrap())
-        .collect();
-    assert_eq!(limits, ["100 pkts/s, burst 200", "21 pkts/s, burst 21"]);
+    assert_eq!(
+        limits(&view),
+        ["100 pkts/s, burst 200", "21 pkts/s, burst 21"]
+    );
 }
 
 #[test]
@@ -304,13 +311,7 @@ fn control_socket_is_root_only_and_survives_bad_clients() {
     assert!(ask(b"{\"command\":\"status\"}\n").contains("\"ok\":true"));
     let view: serde_json::Value =
         serde_json::from_str(&ok(daemon.cli(&["rules", "show", "--json"]))).expect("JSON");
-    let limits: Vec<&str> = view["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["limit"].as_str().unwrap())
-        .collect();
-    assert_eq!(limits, ["100 pkts/s, burst 200"]);
+    assert_eq!(limits(&view), ["100 pkts/s, burst 200"]);
     assert_eq!(view["blocks"].as_array().map(Vec::len), Some(0), "{view}");
     let addrs = v4(1, 6);
     let (report, received) = flood(

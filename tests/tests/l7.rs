@@ -18,7 +18,7 @@ use axum::{Router, body::Body, routing::any};
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use limiter::l7::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
+use limiter::http::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
 use limiter_tests::{TempDir, limiter_command, reference, rules, traces::corpus};
 
 /// A clock the test sets before each request.
@@ -266,14 +266,11 @@ async fn the_proxy_limits_and_survives_bad_clients() {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
-    let dir = TempDir::new("proxy502");
-    let config = dir.write(
-        "rules.yaml",
-        "rules:\n  - { name: dry, limit: { rate: 1, unit: minute, burst: 1 }, action: shadow }\n",
-    );
-    // A port nothing listens on.
+/// The statuses `n` GETs get through a proxy whose upstream is a port
+/// nothing listens on.
+async fn through_a_dead_upstream(name: &str, rules: &str, n: usize) -> Vec<String> {
+    let dir = TempDir::new(name);
+    let config = dir.write("rules.yaml", rules);
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -281,14 +278,23 @@ async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
     let p = proxy(&config, &format!("http://{dead}"), &[]);
     tokio::task::spawn_blocking(move || {
         let get = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        // Over the limit, but a dry run: forwarded (and the upstream is dead).
-        for _ in 0..3 {
-            let answer = raw(p.addr, get);
-            assert_eq!(status(&answer), "502", "{answer}");
-        }
+        (0..n)
+            .map(|_| status(&raw(p.addr, get)).to_owned())
+            .collect()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
+    // Over the limit, but a dry run: forwarded (and the upstream is dead).
+    let rules =
+        "rules:\n  - { name: dry, limit: { rate: 1, unit: minute, burst: 1 }, action: shadow }\n";
+    assert_eq!(
+        through_a_dead_upstream("proxy502", rules, 3).await,
+        ["502", "502", "502"]
+    );
 }
 
 /// Guards the README's "that request was charged": the limiter decides
@@ -296,25 +302,11 @@ async fn an_unreachable_upstream_gets_502_and_shadow_passes() {
 /// budget, and the next one over it is refused (429), not forwarded again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_to_an_unreachable_upstream_is_charged() {
-    let dir = TempDir::new("proxy502charged");
-    let config = dir.write(
-        "rules.yaml",
-        "rules:\n  - { name: api, limit: { rate: 1, unit: hour, burst: 2 } }\n",
+    let rules = "rules:\n  - { name: api, limit: { rate: 1, unit: hour, burst: 2 } }\n";
+    assert_eq!(
+        through_a_dead_upstream("proxy502charged", rules, 3).await,
+        ["502", "502", "429"]
     );
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let p = proxy(&config, &format!("http://{dead}"), &[]);
-    tokio::task::spawn_blocking(move || {
-        let get = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let statuses: Vec<String> = (0..3)
-            .map(|_| status(&raw(p.addr, get)).to_owned())
-            .collect();
-        assert_eq!(statuses, ["502", "502", "429"]);
-    })
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,7 +317,7 @@ async fn pacing_holds_requests_until_they_conform() {
         "rules:\n  - { name: paced, limit: { rate: 10, unit: second, burst: 1, delay: 250ms } }\n";
     let limiter = Arc::new(Limiter::new(
         rules(text),
-        Arc::new(limiter::l7::SystemClock),
+        Arc::new(limiter::http::SystemClock),
     ));
     let addr = serve(RateLimitLayer::new(limiter)).await;
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
@@ -367,7 +359,7 @@ fn the_key_store_is_bounded_like_the_kernels_lru() {
     let clock = Arc::new(TestClock::default());
     let text = "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: hour, burst: 1 } }\n";
     let limiter = Limiter::new(rules(text), clock.clone());
-    let request = |i: u32| limiter::l7::Request {
+    let request = |i: u32| limiter::http::RequestMeta {
         client: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
         port: None,
         key: None,
@@ -398,7 +390,7 @@ fn the_key_store_forgets_the_least_recently_seen_keys() {
     let check = |key: u32, t: u64| {
         clock.0.store(t, Ordering::SeqCst);
         limiter
-            .check(&limiter::l7::Request {
+            .check(&limiter::http::RequestMeta {
                 client: std::net::Ipv4Addr::from(0x0a00_0000 + key).into(),
                 port: None,
                 key: None,
@@ -431,7 +423,7 @@ fn shadow_rules_pass_and_count_the_excess() {
     let text =
         "rules:\n  - { name: dry, limit: { rate: 1, unit: minute, burst: 2 }, action: shadow }\n";
     let limiter = Limiter::new(rules(text), clock);
-    let request = limiter::l7::Request {
+    let request = limiter::http::RequestMeta {
         client: [198, 18, 0, 1].into(),
         port: None,
         key: None,

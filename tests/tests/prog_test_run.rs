@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::programs::{TestRun, TestRunOptions};
-use limiter::datapath::Datapath;
+use limiter::kernel::Datapath;
 use limiter_common::abi::{GlobalCounters, RuleCounters};
 use limiter_tests::{
     frames::{self, Ext},

@@ -10,10 +10,10 @@ use std::{
 };
 
 use limiter::{
-    datapath::Mode,
+    kernel::Mode,
+    kernel::counters::Snapshot,
     lab::{Lab, RX_IFACE, pair_ifaces},
-    limiter::Limiter,
-    stats::Snapshot,
+    session::Session,
 };
 use limiter_tests::{
     RunningLimiter, TempDir, assert_close, flood, flood_pairs, limiter_command, rules, sources,
@@ -194,11 +194,11 @@ fn interfaces_share_one_set_of_buckets() {
     assert!(!xdp_attached(lab.rx.name(), RX_IFACE) && !xdp_attached(lab.rx.name(), &second_rx));
 }
 
-fn in_process(lab: &Lab, text: &str, pin_dir: &str) -> Limiter {
+fn in_process(lab: &Lab, text: &str, pin_dir: &str) -> Session {
     let set = rules(text);
     lab.rx
         .enter(|| {
-            Limiter::start(
+            Session::start(
                 &set,
                 &[RX_IFACE.to_owned()],
                 Mode::Native,

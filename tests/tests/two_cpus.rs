@@ -64,10 +64,7 @@ fn concurrent_packets_of_one_key_lose_no_update() {
     );
 
     // Both CPUs really admitted packets of that key, so the updates raced.
-    use aya::maps::PerCpuArray;
-    use limiter_common::abi::{RuleCounters, map_name};
-    let per_cpu: PerCpuArray<_, RuleCounters> =
-        PerCpuArray::try_from(dp.map(map_name::RULE_STATS).expect("map")).expect("per-CPU array");
+    let per_cpu = &dp.maps().rule_stats;
     let rule_id = snapshot(&dp)
         .rules
         .iter()

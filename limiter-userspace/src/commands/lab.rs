@@ -13,12 +13,12 @@ use std::{
 
 use anyhow::Result;
 use limiter::{
-    config::{EXAMPLE, Limit, RuleSet},
-    datapath::Mode,
+    kernel::{Mode, require_root},
     lab::{self, FloodSource, Lab},
-    limiter::{Limiter, require_root},
-    report::{self, count},
-    tables,
+    render::text,
+    rules::{EXAMPLE, RuleSet, describe::describe, matching::matching_rule},
+    session::Session,
+    units::count,
 };
 
 /// Demo sources: (address, packets per second, UDP payload bytes).
@@ -43,7 +43,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     println!("lab: creating namespaces {LAB_NAME}-tx and {LAB_NAME}-rx joined by a veth pair");
     let lab = Lab::create(LAB_NAME)?;
     let limiter = lab.rx.enter(|| {
-        Limiter::start(
+        Session::start(
             &rules,
             &[lab::RX_IFACE.to_owned()],
             mode,
@@ -55,7 +55,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         lab::RX_IFACE,
         format!("{:?}", limiter.attachments[0].mode).to_lowercase()
     );
-    print!("{}", report::rules_table(&rules));
+    print!("{}", text::rules_table(&rules));
 
     let target = lab.target(0);
     let sources: Vec<FloodSource> = SOURCES
@@ -101,7 +101,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         println!("t = {:>4.1} s", start.elapsed().as_secs_f64());
         print!(
             "{}",
-            report::table(
+            text::table(
                 &[
                     "SOURCE",
                     "RULE",
@@ -137,10 +137,10 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     );
     print!(
         "{}",
-        report::table(&["SOURCE", "SENT", "ARRIVED", "DROPPED"], &total_rows)
+        text::table(&["SOURCE", "SENT", "ARRIVED", "DROPPED"], &total_rows)
     );
     println!("\nthe limiter's own counters:");
-    print!("{}", report::stats_table(&limiter.snapshot()?));
+    print!("{}", text::stats_table(&limiter.snapshot()?));
     drop(limiter);
     drop(lab);
     println!("\nlab: detached and removed the namespaces");
@@ -157,21 +157,11 @@ fn rows(
         .iter()
         .enumerate()
         .map(|(i, source)| {
-            let rule =
-                tables::matching_rule(rules, source.addr, 17, Some(9)).map(|i| &rules.rules[i]);
-            let limit =
-                match rule.map(|r| r.limit) {
-                    None => format!("default: {:?}", rules.default).to_lowercase(),
-                    Some(Limit::Unlimited) => "unlimited".into(),
-                    Some(Limit::Metered { packets, bytes }) => packets
-                        .map(|m| format!("{} pkt/{}", count(m.rate), report::per(m.period)))
-                        .into_iter()
-                        .chain(bytes.map(|m| {
-                            format!("{}/{}", report::bytes(m.rate), report::per(m.period))
-                        }))
-                        .collect::<Vec<_>>()
-                        .join(" + "),
-                };
+            let rule = matching_rule(rules, source.addr, 17, Some(9)).map(|i| &rules.rules[i]);
+            let limit = rule.map_or_else(
+                || format!("default: {:?}", rules.default).to_lowercase(),
+                |r| describe(r).limit,
+            );
             let (sent, arrived) = rates(i, &source.addr);
             vec![
                 source.addr.to_string(),

@@ -1,3 +1,6 @@
+//! The CLI's subcommands, one function each: they parse nothing (clap
+//! did), call the library, and print through [`limiter::render`] (or JSON).
+
 pub mod lab;
 pub mod run;
 pub mod top;
@@ -6,25 +9,27 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use limiter::{
-    config::RuleSet,
-    control::{self, Request},
-    datapath, report,
-    stats::CounterMaps,
+    control::Client,
+    kernel::{self, Maps, counters, require_root},
+    render::{openmetrics, text},
+    rules::RuleSet,
+    units::count,
 };
 
 /// From the daemon if one answers on `socket`, else from the pins of
 /// whatever limiter runs (`limiter run` has no socket).
 pub fn stats(pin_dir: &Path, socket: &Path, json: bool, watch: bool) -> Result<()> {
-    limiter::limiter::require_root()?;
-    let maps = if control::daemon_running(socket) {
+    require_root()?;
+    let daemon = Client::new(socket);
+    let maps = if daemon.daemon_running() {
         None
     } else {
-        Some(CounterMaps::from_pins(pin_dir)?)
+        Some(Maps::open_pinned(pin_dir)?)
     };
     loop {
         let snapshot = match &maps {
-            Some(maps) => maps.read()?,
-            None => serde_json::from_value(control::call(socket, &Request::Stats)?)?,
+            Some(maps) => counters::read(maps)?,
+            None => daemon.stats()?,
         };
         if json {
             println!("{}", serde_json::to_string(&snapshot)?);
@@ -32,7 +37,7 @@ pub fn stats(pin_dir: &Path, socket: &Path, json: bool, watch: bool) -> Result<(
             if watch {
                 print!("\x1b[2J\x1b[H");
             }
-            print!("{}", report::stats_table(&snapshot));
+            print!("{}", text::stats_table(&snapshot));
         }
         if !watch {
             return Ok(());
@@ -47,12 +52,11 @@ pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
     // Validate here too, so a wrong file is reported even with no daemon.
     RuleSet::parse(&text, file)?;
     let origin = file.display().to_string();
-    let result = control::call(socket, &Request::RulesApply { text, origin })?;
+    let change = Client::new(socket).rules_apply(text, origin)?;
     if json {
-        println!("{result}");
+        println!("{}", serde_json::to_string(&change)?);
         return Ok(());
     }
-    let change: limiter::engine::Change = serde_json::from_value(result)?;
     println!(
         "applied {} (generation {}):",
         file.display(),
@@ -71,32 +75,25 @@ pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
     if change.forgotten_keys > 0 {
         println!(
             "  {} keys of removed or modified rules forgotten",
-            report::count(change.forgotten_keys as u64)
+            count(change.forgotten_keys as u64)
         );
     }
     Ok(())
 }
 
 pub fn rules_show(socket: &Path, json: bool) -> Result<()> {
-    let result = control::call(socket, &Request::RulesShow)?;
+    let view = Client::new(socket).rules_show()?;
     if json {
-        println!("{result}");
+        println!("{}", serde_json::to_string(&view)?);
     } else {
-        let view: report::RulesView = serde_json::from_value(result)?;
-        print!("{}", report::rules_view_text(&view));
+        print!("{}", text::rules_view_text(&view));
     }
     Ok(())
 }
 
 pub fn block(socket: &Path, prefix: String, duration: Option<Duration>) -> Result<()> {
     let what = prefix.clone();
-    control::call(
-        socket,
-        &Request::Block {
-            prefix,
-            for_secs: duration.map(|d| d.as_secs_f64()),
-        },
-    )?;
+    Client::new(socket).block(prefix, duration.map(|d| d.as_secs_f64()))?;
     match duration {
         Some(d) => println!("blocked {what} for {}", humantime::format_duration(d)),
         None => println!("blocked {what} until `limiter unblock {what}`"),
@@ -106,7 +103,7 @@ pub fn block(socket: &Path, prefix: String, duration: Option<Duration>) -> Resul
 
 pub fn unblock(socket: &Path, prefix: String) -> Result<()> {
     let what = prefix.clone();
-    control::call(socket, &Request::Unblock { prefix })?;
+    Client::new(socket).unblock(prefix)?;
     println!("unblocked {what}");
     Ok(())
 }
@@ -115,19 +112,19 @@ pub fn shadow(socket: &Path, rule: Option<String>, on: bool) -> Result<()> {
     let what = rule
         .clone()
         .map_or("every rule".to_owned(), |r| format!("rule {r:?}"));
-    control::call(socket, &Request::Shadow { rule, on })?;
+    Client::new(socket).shadow(rule, on)?;
     println!("dry run {} for {what}", if on { "on" } else { "off" });
     Ok(())
 }
 
 /// Through the daemon if one runs (it exits after), else directly.
 pub fn detach(pin_dir: &Path, socket: &Path) -> Result<()> {
-    limiter::limiter::require_root()?;
-    let detached: Vec<String> = if control::daemon_running(socket) {
-        let result = control::call(socket, &Request::Detach)?;
-        serde_json::from_value(result["detached"].clone())?
+    require_root()?;
+    let daemon = Client::new(socket);
+    let detached: Vec<String> = if daemon.daemon_running() {
+        daemon.detach()?.detached
     } else {
-        datapath::detach_all(pin_dir)?
+        kernel::detach_all(pin_dir)?
     };
     if detached.is_empty() {
         println!(
@@ -167,7 +164,7 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
         );
     } else {
         println!("{}: valid, {} rules\n", path.display(), set.rules.len());
-        print!("{}", report::rules_table(&set));
+        print!("{}", text::rules_table(&set));
         if let Err(why) = set.kernel_compatible() {
             println!("\nnote: for `limiter proxy` and the library only: {why}");
         }
@@ -175,19 +172,22 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn proxy(options: limiter::proxy::Options, config: &Path) -> Result<()> {
+pub fn proxy(options: limiter::http::proxy::Options, config: &Path) -> Result<()> {
     let rules = RuleSet::load(config)?;
-    let limiter = std::sync::Arc::new(limiter::l7::Limiter::new(
+    let limiter = std::sync::Arc::new(limiter::http::Limiter::new(
         rules,
-        std::sync::Arc::new(limiter::l7::SystemClock),
+        std::sync::Arc::new(limiter::http::SystemClock),
     ));
     let upstream = options.upstream.clone();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(limiter::proxy::serve(options, limiter, |addr| {
-            println!("limiter proxy: listening on {addr}, forwarding to {upstream}")
-        }))
+        .block_on(limiter::http::proxy::serve(
+            options,
+            limiter,
+            std::sync::Arc::new(openmetrics::render_http),
+            |addr| println!("limiter proxy: listening on {addr}, forwarding to {upstream}"),
+        ))
 }
 
 pub fn import_envoy(file: &Path) -> Result<()> {

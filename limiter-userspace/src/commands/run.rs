@@ -3,7 +3,7 @@
 use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result};
-use limiter::{config::RuleSet, datapath::Mode, limiter::Limiter, report};
+use limiter::{kernel::Mode, render::text, rules::RuleSet, session::Session};
 use tokio::signal::unix::{SignalKind, signal};
 
 pub fn run(
@@ -15,7 +15,7 @@ pub fn run(
 ) -> Result<()> {
     // Validate before touching anything.
     let rules = RuleSet::load(config)?;
-    let limiter = Limiter::start(&rules, ifaces, mode, pin_dir)?;
+    let limiter = Session::start(&rules, ifaces, mode, pin_dir)?;
     let attached: Vec<String> = limiter
         .attachments
         .iter()
@@ -42,7 +42,7 @@ pub fn run(
             tokio::select! {
                 _ = ticker.tick() => {
                     let now = limiter.snapshot()?;
-                    println!("{}", report::summary_line(&previous, &now, interval));
+                    println!("{}", text::summary_line(&previous, &now, interval));
                     previous = now;
                 }
                 _ = interrupt.recv() => break,
@@ -53,7 +53,7 @@ pub fn run(
     })?;
     let last = limiter.snapshot()?;
     drop(limiter);
-    print!("{}", report::stats_table(&last));
+    print!("{}", text::stats_table(&last));
     println!(
         "limiter: detached from {} and removed the pins",
         attached.join(", ")

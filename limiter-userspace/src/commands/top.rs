@@ -9,12 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
-use aya::maps::{Array, Map};
-use limiter::{datapath::open_pinned, keys, report};
-use limiter_common::abi::{
-    FlowKey, GlobalConfig, KeyState, MAX_RULES, RuleConfig, map_name, rule_slot,
+use anyhow::Result;
+use limiter::{
+    kernel::{Maps, keys, require_root},
+    render::text,
+    units,
 };
+use limiter_common::abi::{FlowKey, KeyState, MAX_RULES, RuleConfig, rule_slot};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -28,23 +29,14 @@ struct Row {
 }
 
 pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: bool) -> Result<()> {
-    limiter::limiter::require_root()?;
-    let open = |name: &str| {
-        open_pinned(pin_dir, name).with_context(|| {
-            format!(
-                "no limiter state at {} (is a limiter running?)",
-                pin_dir.display()
-            )
-        })
-    };
-    let keys_map = open(map_name::KEYS)?;
-    let config: Array<_, GlobalConfig> = Array::try_from(Map::Array(open(map_name::CONFIG)?))?;
-    let rules: Array<_, RuleConfig> = Array::try_from(Map::Array(open(map_name::RULES)?))?;
-    let mut previous: HashMap<FlowKey, KeyState> = keys::dump(&keys_map)?.into_iter().collect();
+    require_root()?;
+    let maps = Maps::open_pinned(pin_dir)?;
+    let (config, rules) = (&maps.config, &maps.rules);
+    let mut previous: HashMap<FlowKey, KeyState> = keys::dump(&maps)?.into_iter().collect();
     let mut at = Instant::now();
     loop {
         thread::sleep(interval);
-        let now: HashMap<FlowKey, KeyState> = keys::dump(&keys_map)?.into_iter().collect();
+        let now: HashMap<FlowKey, KeyState> = keys::dump(&maps)?.into_iter().collect();
         let elapsed = at.elapsed().as_secs_f64();
         at = Instant::now();
         let generation = config.get(&0, 0)?.generation;
@@ -101,16 +93,16 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
                     vec![
                         r.source.clone(),
                         r.rule.clone(),
-                        report::count(r.dropped_per_sec.round() as u64),
-                        report::count(r.passed_per_sec.round() as u64),
-                        report::count(r.dropped_total),
-                        report::count(r.passed_total),
+                        units::count(r.dropped_per_sec.round() as u64),
+                        units::count(r.passed_per_sec.round() as u64),
+                        units::count(r.dropped_total),
+                        units::count(r.passed_total),
                     ]
                 })
                 .collect();
             print!(
                 "{}",
-                report::table(
+                text::table(
                     &[
                         "SOURCE",
                         "RULE",

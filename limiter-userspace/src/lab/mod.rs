@@ -117,7 +117,7 @@ impl Lab {
     pub fn sender(&self, n: u8) -> Result<FrameSocket> {
         let (tx_if, _) = pair_ifaces(n);
         self.tx
-            .enter(|| FrameSocket::open(crate::datapath::if_index(&tx_if)?))?
+            .enter(|| FrameSocket::open(crate::kernel::if_index(&tx_if)?))?
     }
 
     /// Counts every frame that reaches a receiving interface's ingress (that

@@ -3,7 +3,6 @@
 
 use std::{
     fs::File,
-    os::fd::AsRawFd,
     process::{Command, Stdio},
     thread,
 };
@@ -65,11 +64,9 @@ impl Netns {
         thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    // SAFETY: a valid namespace fd; affects this thread only.
-                    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                        return Err(std::io::Error::last_os_error())
-                            .with_context(|| format!("entering network namespace {}", self.name));
-                    }
+                    // Affects this thread only.
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .with_context(|| format!("entering network namespace {}", self.name))?;
                     Ok(f())
                 })
                 .join()

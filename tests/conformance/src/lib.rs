@@ -6,3 +6,18 @@
 
 pub mod reference;
 pub mod traces;
+
+use reference::Trace;
+
+/// Asserts two verdict lists agree, naming the first arrival where they
+/// differ and who (`who`) gave the other verdict.
+#[track_caller]
+pub fn assert_same(trace: &Trace, expected: &[bool], got: &[bool], who: &str) {
+    if let Some(i) = expected.iter().zip(got).position(|(e, g)| e != g) {
+        panic!(
+            "{who} differs from the reference on {} at arrival {i} ({:?}): reference {}, got {}",
+            trace.name, trace.arrivals[i], expected[i], got[i]
+        );
+    }
+    assert_eq!(expected.len(), got.len(), "{who}: one verdict per arrival");
+}

@@ -93,7 +93,7 @@ pub fn corpus() -> Vec<Trace> {
             1 << 62,
             17,
         ));
-        traces.push(frame_costs(
+        traces.push(close_together(
             name("bytes"),
             bytes(8_000, SEC, 3_000),
             1_700_000_000 * SEC,
@@ -112,15 +112,16 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             23,
         ));
-        traces.push(odd_period(
+        traces.push(close_together(
             name("odd-period"),
             packets(7, 3 * SEC + 1, 3),
             1_700_000_000 * SEC,
             29,
+            2,
         ));
         // Several meters on one request: a refusal by any charges none,
         // so a meter that admitted first is refunded.
-        traces.push(frame_costs(
+        traces.push(close_together(
             name("packets-and-bytes"),
             spec(
                 limit(SEC, Some(meter(20, 10)), Some(meter(8_000, 4_000))),
@@ -139,7 +140,7 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             43,
         ));
-        traces.push(frame_costs(
+        traces.push(close_together(
             name("four-meters"),
             spec(
                 limit(SEC, Some(meter(30, 10)), Some(meter(12_000, 6_000))),
@@ -287,8 +288,9 @@ fn backwards_then_recovery(name: String, spec: Spec, start: u64) -> Trace {
     trace(name, spec, arrivals)
 }
 
-/// Byte costs of whole frames from `keys` keys, close together.
-fn frame_costs(name: String, spec: Spec, start: u64, seed: u64, keys: u64) -> Trace {
+/// Arrivals from `keys` keys a twentieth of a period apart at most, each
+/// costing a whole frame (byte limits) or 1.
+fn close_together(name: String, spec: Spec, start: u64, seed: u64, keys: u64) -> Trace {
     let (_, period) = pace(&spec);
     let mut rng = Rng(seed);
     let mut t = start;
@@ -344,23 +346,6 @@ fn huge_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
                 1 + rng.below(rate)
             };
             Arrival { t, key: 0, cost }
-        })
-        .collect();
-    trace(name, spec, arrivals)
-}
-
-fn odd_period(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
-    let (_, period) = pace(&spec);
-    let mut rng = Rng(seed);
-    let mut t = start;
-    let arrivals = (0..150)
-        .map(|_| {
-            t += rng.below(period / 20);
-            Arrival {
-                t,
-                key: rng.below(2) as u8,
-                cost: 1,
-            }
         })
         .collect();
     trace(name, spec, arrivals)

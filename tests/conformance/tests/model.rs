@@ -12,21 +12,10 @@ use limiter_common::{
     window::{Window, WindowState},
 };
 use limiter_conformance::{
+    assert_same,
     reference::{self, Algo, Arrival, Limit, Meter, Spec, Trace},
     traces::corpus,
 };
-
-/// The first arrival where two verdict lists differ, for the message.
-#[track_caller]
-fn assert_same(trace: &Trace, expected: &[bool], got: &[bool], who: &str) {
-    if let Some(i) = expected.iter().zip(got).position(|(e, g)| e != g) {
-        panic!(
-            "{who} differs from the reference on {} at arrival {i} ({:?}): reference {}, got {}",
-            trace.name, trace.arrivals[i], expected[i], got[i]
-        );
-    }
-    assert_eq!(expected.len(), got.len());
-}
 
 /// Sanity of the corpus itself: every trace admits some and denies some.
 #[test]
@@ -169,33 +158,57 @@ fn shared_functions_match_the_reference() {
     }
 }
 
-/// The part of a trace's name after the algorithm.
-fn shape(trace: &Trace) -> &str {
-    trace.name.split_once('/').map_or("", |(_, shape)| shape)
+/// Holds a peer to the reference on every trace of `algo` it can express
+/// (`replay` returns `None` for the others), and checks which those were
+/// by name, so a trace that silently drops out shows.
+fn compare_peer(
+    who: &str,
+    algo: Algo,
+    expected: &[&str],
+    replay: impl Fn(&Trace) -> Option<Vec<bool>>,
+) {
+    let mut compared = Vec::new();
+    for trace in corpus().into_iter().filter(|t| t.spec.algo == algo) {
+        let Some(got) = replay(&trace) else {
+            continue;
+        };
+        assert_same(&trace, &reference::verdicts(&trace), &got, who);
+        let shape = trace.name.split_once('/').map_or("", |(_, shape)| shape);
+        compared.push(shape.to_owned());
+    }
+    assert_eq!(compared, expected, "the traces {who} can express");
+}
+
+fn monotonic(trace: &Trace) -> bool {
+    trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t)
 }
 
 /// governor's quota for our (R, U, B): one cell every U/R, burst B; a
-/// request of cost `c` is `check_key_n(c)`. Compares exactly the traces it
-/// can express, by name, so a trace that silently drops out shows.
+/// request of cost `c` is `check_key_n(c)`.
 #[test]
 fn governor_agrees_on_gcra() {
     use governor::{Quota, RateLimiter, clock::FakeRelativeClock};
     use std::{num::NonZeroU32, time::Duration};
-    let mut compared = Vec::new();
-    for trace in corpus().into_iter().filter(|t| t.spec.algo == Algo::Gcra) {
+    let expresses = [
+        "steady",
+        "bursty",
+        "idle-gaps",
+        "from-zero",
+        "near-2^62",
+        "bytes",
+        "odd-period",
+    ];
+    compare_peer("governor", Algo::Gcra, &expresses, |trace| {
         // governor has one meter, counts from its clock's start, cannot go
         // backwards and takes costs from 1 to 2^32 − 1. And it has no end
         // of the clock, where ours fails closed (the last 2^63 ns of u64).
-        let Some((period_ns, meter, _)) = trace.spec.single() else {
-            continue;
-        };
-        let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
+        let (period_ns, meter, _) = trace.spec.single()?;
         let costs = trace
             .arrivals
             .iter()
             .all(|a| a.cost >= 1 && a.cost <= u64::from(u32::MAX));
-        if !monotonic || !costs || trace.arrivals.iter().any(|a| a.t > u64::MAX / 2) {
-            continue;
+        if !monotonic(trace) || !costs || trace.arrivals.iter().any(|a| a.t > u64::MAX / 2) {
+            return None;
         }
         let period = Duration::from_nanos(period_ns.div_ceil(meter.rate));
         let quota = Quota::with_period(period)
@@ -205,85 +218,57 @@ fn governor_agrees_on_gcra() {
         let limiter = RateLimiter::dashmap_with_clock(quota, clock.clone());
         let start = trace.arrivals[0].t;
         let mut at = 0;
-        let got: Vec<bool> = trace
-            .arrivals
-            .iter()
-            .map(|a| {
-                let offset = a.t - start;
-                clock.advance(Duration::from_nanos(offset - at));
-                at = offset;
-                let cells = NonZeroU32::new(a.cost as u32).expect("nonzero cost");
-                matches!(limiter.check_key_n(&a.key, cells), Ok(Ok(())))
-            })
-            .collect();
-        assert_same(&trace, &reference::verdicts(&trace), &got, "governor");
-        compared.push(shape(&trace).to_owned());
-    }
-    assert_eq!(
-        compared,
-        [
-            "steady",
-            "bursty",
-            "idle-gaps",
-            "from-zero",
-            "near-2^62",
-            "bytes",
-            "odd-period"
-        ],
-        "the GCRA traces governor can express"
-    );
+        Some(
+            trace
+                .arrivals
+                .iter()
+                .map(|a| {
+                    let offset = a.t - start;
+                    clock.advance(Duration::from_nanos(offset - at));
+                    at = offset;
+                    let cells = NonZeroU32::new(a.cost as u32).expect("nonzero cost");
+                    matches!(limiter.check_key_n(&a.key, cells), Ok(Ok(())))
+                })
+                .collect(),
+        )
+    });
 }
 
 /// envoy ratelimit's fixed window: a counter per key and window
 /// `floor(now / unit)`, incremented by every hit; a hit is over the limit
 /// when the incremented counter exceeds `requests_per_unit`. (envoy counts
 /// hits that are over the limit too; with unit costs that changes no
-/// verdict, since a window once over stays over.) Compares exactly the
-/// traces the formula expresses, by name.
+/// verdict, since a window once over stays over.)
 #[test]
 fn envoy_formula_agrees_on_fixed_windows() {
-    let mut compared = Vec::new();
-    for trace in corpus()
-        .into_iter()
-        .filter(|t| t.spec.algo == Algo::FixedWindow)
-    {
+    let expresses = [
+        "steady",
+        "bursty",
+        "idle-gaps",
+        "from-zero",
+        "near-u64-max",
+        "near-2^62",
+        "odd-period",
+    ];
+    compare_peer("envoy's formula", Algo::FixedWindow, &expresses, |trace| {
         // One request limit, requests in time order, each costing 1.
-        let Some((period_ns, meter, false)) = trace.spec.single() else {
-            continue;
+        let (period_ns, meter, false) = trace.spec.single()? else {
+            return None;
         };
-        let monotonic = trace.arrivals.windows(2).all(|w| w[0].t <= w[1].t);
-        if !monotonic || trace.arrivals.iter().any(|a| a.cost != 1) {
-            continue;
+        if !monotonic(trace) || trace.arrivals.iter().any(|a| a.cost != 1) {
+            return None;
         }
         let mut counters: HashMap<(u8, u64), u64> = HashMap::new();
-        let got: Vec<bool> = trace
-            .arrivals
-            .iter()
-            .map(|a| {
-                let counter = counters.entry((a.key, a.t / period_ns)).or_default();
-                *counter += 1;
-                *counter <= meter.rate
-            })
-            .collect();
-        assert_same(
-            &trace,
-            &reference::verdicts(&trace),
-            &got,
-            "envoy's formula",
-        );
-        compared.push(shape(&trace).to_owned());
-    }
-    assert_eq!(
-        compared,
-        [
-            "steady",
-            "bursty",
-            "idle-gaps",
-            "from-zero",
-            "near-u64-max",
-            "near-2^62",
-            "odd-period"
-        ],
-        "the fixed-window traces envoy's formula can express"
-    );
+        Some(
+            trace
+                .arrivals
+                .iter()
+                .map(|a| {
+                    let counter = counters.entry((a.key, a.t / period_ns)).or_default();
+                    *counter += 1;
+                    *counter <= meter.rate
+                })
+                .collect(),
+        )
+    });
 }

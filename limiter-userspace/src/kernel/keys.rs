@@ -9,8 +9,10 @@ use std::{
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::maps::MapData;
+use aya::maps::{IterableMap, MapData};
 use limiter_common::abi::{FlowKey, KeyState};
+
+use super::Maps;
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// Keys per system call.
@@ -30,9 +32,9 @@ struct BatchAttr {
 }
 
 /// Every (key, state) of the map, read in batches.
-pub fn dump(map: &MapData) -> io::Result<Vec<(FlowKey, KeyState)>> {
+pub fn dump(maps: &Maps) -> io::Result<Vec<(FlowKey, KeyState)>> {
     let mut out = Vec::new();
-    for_each_batch(map, |keys, values| {
+    for_each_batch(maps.keys.map(), |keys, values| {
         out.extend(keys.iter().copied().zip(values.iter().copied()))
     })?;
     Ok(out)
@@ -40,9 +42,9 @@ pub fn dump(map: &MapData) -> io::Result<Vec<(FlowKey, KeyState)>> {
 
 /// How many keys the map holds, without keeping them (the daemon counts a
 /// million-key map every few seconds for its metrics).
-pub fn count(map: &MapData) -> io::Result<usize> {
+pub fn count(maps: &Maps) -> io::Result<usize> {
     let mut n = 0;
-    for_each_batch(map, |keys, _| n += keys.len())?;
+    for_each_batch(maps.keys.map(), |keys, _| n += keys.len())?;
     Ok(n)
 }
 

@@ -1,17 +1,17 @@
-//! Rate-limit response fields: the IETF `RateLimit-Policy` and `RateLimit`
+//! Rate-limit response fields: the IETF `RateLimit-Quota` and `RateLimit`
 //! fields (draft-ietf-httpapi-ratelimit-headers), the `X-RateLimit-*`
 //! fields many clients still read, and `Retry-After` on refusals.
 
 use http::{HeaderMap, HeaderValue};
 
-use super::{Decision, Policy};
+use super::{Admission, Quota};
 
 /// The policy's name in the IETF fields.
 const POLICY: &str = "default";
 
-/// Adds the fields that describe `decision` to a response's headers.
-pub fn apply(headers: &mut HeaderMap, decision: &Decision) {
-    let Some(p) = decision.policy else {
+/// Adds the fields that describe `admission` to a response's headers.
+pub fn apply(headers: &mut HeaderMap, admission: &Admission) {
+    let Some(p) = admission.quota else {
         return;
     };
     let mut set = |name: &'static str, value: String| {
@@ -27,11 +27,11 @@ pub fn apply(headers: &mut HeaderMap, decision: &Decision) {
     set("x-ratelimit-limit", p.quota.to_string());
     set("x-ratelimit-remaining", p.remaining.to_string());
     set("x-ratelimit-reset", p.reset_secs.to_string());
-    if !decision.allowed {
+    if !admission.allowed {
         set("retry-after", p.retry_after_secs.max(1).to_string());
     }
 }
 
-fn policy_field(p: &Policy) -> String {
+fn policy_field(p: &Quota) -> String {
     format!("\"{POLICY}\";q={};w={}", p.quota, p.window_secs)
 }

@@ -22,7 +22,7 @@ use hyper_util::{
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use crate::l7::{ClientAddr, KeyBy, Limiter, RateLimitLayer};
+use super::{ClientAddr, KeyBy, Limiter, RateLimitLayer};
 
 /// Proxy settings.
 pub struct Options {
@@ -38,6 +38,9 @@ pub struct Options {
     /// Where to serve `/metrics` (loopback unless configured otherwise).
     pub metrics: Option<SocketAddr>,
 }
+
+/// Renders the limiter's metrics exposition (the caller chooses the format).
+pub type RenderMetrics = Arc<dyn Fn(&Limiter) -> String + Send + Sync>;
 
 /// Hop-by-hop fields, which a proxy must not forward.
 const HOP_BY_HOP: [&str; 8] = [
@@ -55,6 +58,7 @@ const HOP_BY_HOP: [&str; 8] = [
 pub async fn serve(
     options: Options,
     limiter: Arc<Limiter>,
+    render_metrics: RenderMetrics,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     let listener = TcpListener::bind(options.listen)
@@ -69,8 +73,8 @@ pub async fn serve(
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let limiter = Arc::clone(&limiter);
-                async move { crate::metrics::render_l7(&limiter) }
+                let (limiter, render) = (Arc::clone(&limiter), Arc::clone(&render_metrics));
+                async move { render(&limiter) }
             }),
         );
         tokio::spawn(async move { axum::serve(metrics, app).await });

@@ -13,17 +13,19 @@ use serde::{
 #[serde(deny_unknown_fields)]
 pub struct RuleFile {
     #[serde(default)]
-    pub default: Verdict,
+    pub default: Fallback,
     #[serde(default)]
-    pub malformed: Verdict,
+    pub malformed: Fallback,
     pub max_keys: Option<u32>,
     #[serde(default)]
     pub rules: Vec<Rule>,
 }
 
+/// What happens to traffic no rule matches (`default`) and to frames the
+/// parser rejects (`malformed`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub enum Fallback {
     #[default]
     Pass,
     Drop,
@@ -38,7 +40,7 @@ pub struct Rule {
     pub key: Option<String>,
     pub limit: Limit,
     /// One budget shared by every key of the rule.
-    pub aggregate: Option<Rates>,
+    pub aggregate: Option<RateFields>,
     pub action: Option<Excess>,
     pub algorithm: Option<Algorithm>,
 }
@@ -110,12 +112,13 @@ pub enum Excess {
 #[derive(Debug)]
 pub enum Limit {
     Unlimited,
-    Rates(Rates),
+    Rates(RateFields),
 }
 
+/// The fields of a `limit` or `aggregate` mapping.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Rates {
+pub struct RateFields {
     /// Packets per unit.
     pub rate: Option<u64>,
     /// Bytes per unit.
@@ -144,7 +147,7 @@ impl<'de> Deserialize<'de> for Limit {
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Limit, A::Error> {
-                Rates::deserialize(MapAccessDeserializer::new(map)).map(Limit::Rates)
+                RateFields::deserialize(MapAccessDeserializer::new(map)).map(Limit::Rates)
             }
         }
         deserializer.deserialize_any(LimitVisitor)

@@ -3,49 +3,11 @@
 use std::{fmt::Write, time::Duration};
 
 use crate::{
-    config::{Limit, Meter, Rule, RuleSet},
-    stats::Snapshot,
+    engine::RulesView,
+    kernel::counters::Snapshot,
+    rules::{Rule, RuleSet, describe::describe},
+    units::{bytes, count},
 };
-
-/// `1234567` -> `1,234,567`.
-pub fn count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Bytes with a decimal unit: `1.5 MB`.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-/// A unit of time as a rate's denominator: `s`, `min`, `h`, `day`, or `30s`.
-pub fn per(period: Duration) -> String {
-    match period.as_secs() {
-        1 if period.subsec_nanos() == 0 => "s".into(),
-        60 if period.subsec_nanos() == 0 => "min".into(),
-        3600 if period.subsec_nanos() == 0 => "h".into(),
-        86_400 if period.subsec_nanos() == 0 => "day".into(),
-        _ => humantime::format_duration(period).to_string(),
-    }
-}
 
 /// Renders rows as columns: the first left-aligned, the rest right-aligned.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -152,7 +114,7 @@ pub fn rules_table(set: &RuleSet) -> String {
         &["RULE", "MATCH", "KEY", "LIMIT", "AGGREGATE", "ON EXCESS"],
         &rows,
     );
-    let verdict = |v: crate::config::Verdict| format!("{v:?}").to_lowercase();
+    let verdict = |v: crate::rules::Fallback| format!("{v:?}").to_lowercase();
     let _ = writeln!(
         out,
         "\nunmatched traffic: {}   malformed frames: {}   key capacity: {} keys",
@@ -173,139 +135,6 @@ fn rule_row(rule: &Rule) -> Vec<String> {
         d.aggregate,
         d.action,
     ]
-}
-
-/// A rule in words, one field per column.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct Description {
-    pub matches: String,
-    pub key: String,
-    pub limit: String,
-    pub aggregate: String,
-    pub action: String,
-}
-
-pub fn describe(rule: &Rule) -> Description {
-    let m = &rule.matches;
-    let mut matches = vec![m.source.map_or("any source".into(), |s| s.to_string())];
-    if let Some(p) = m.protocol {
-        matches.push(match p {
-            6 => "tcp".into(),
-            17 => "udp".into(),
-            1 => "icmp".into(),
-            58 => "icmpv6".into(),
-            132 => "sctp".into(),
-            other => format!("proto {other}"),
-        });
-    }
-    if let Some(port) = m.dest_port {
-        matches.push(format!("port {port}"));
-    }
-    let meters = |packets: Option<Meter>, bytes: Option<Meter>| {
-        // Windows and logs admit `rate` per window: no burst to show.
-        let meter = |m: Meter, what: &str| match rule.algorithm {
-            crate::config::Algorithm::Gcra => {
-                format!(
-                    "{} {what}/{}, burst {}",
-                    count(m.rate),
-                    per(m.period),
-                    count(m.burst)
-                )
-            }
-            other => {
-                let name = serde_json::to_value(other)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned));
-                format!(
-                    "{} {what}/{} ({})",
-                    count(m.rate),
-                    per(m.period),
-                    name.unwrap_or_default()
-                )
-            }
-        };
-        [
-            packets.map(|m| meter(m, "pkts")),
-            bytes.map(|m| meter(m, "bytes")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" + ")
-    };
-    Description {
-        matches: matches.join(" "),
-        key: format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
-        limit: match rule.limit {
-            Limit::Unlimited => "unlimited".to_owned(),
-            Limit::Metered { packets, bytes } => meters(packets, bytes),
-        },
-        aggregate: rule
-            .aggregate
-            .map_or("-".into(), |a| meters(a.packets, a.bytes)),
-        action: match (rule.limit, rule.shadow) {
-            (Limit::Unlimited, _) => "-".into(),
-            (_, true) => "shadow".into(),
-            (_, false) => "drop".into(),
-        },
-    }
-}
-
-/// `limiter rules show`: the active rules with ids and counters, and blocks.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RulesView {
-    pub generation: u32,
-    /// Global dry run.
-    pub shadow: bool,
-    pub rules: Vec<RuleView>,
-    pub blocks: Vec<crate::engine::BlockView>,
-}
-
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RuleView {
-    pub id: u32,
-    pub name: String,
-    #[serde(flatten)]
-    pub description: Description,
-    pub passed_packets: u64,
-    pub dropped_packets: u64,
-    pub shadow_packets: u64,
-    pub new_keys: u64,
-}
-
-pub fn rules_view(engine: &crate::engine::Engine) -> anyhow::Result<RulesView> {
-    let snapshot = engine.snapshot()?;
-    let (set, ids) = engine
-        .applied()
-        .ok_or_else(|| anyhow::anyhow!("no rules applied yet"))?;
-    let rules = set
-        .rules
-        .iter()
-        .zip(ids)
-        .map(|(rule, &id)| {
-            let c = snapshot
-                .rules
-                .iter()
-                .find(|r| r.id == id)
-                .map(|r| r.counters)
-                .unwrap_or_default();
-            RuleView {
-                id,
-                name: rule.name.clone(),
-                description: describe(rule),
-                passed_packets: c.passed_packets,
-                dropped_packets: c.dropped_packets,
-                shadow_packets: c.shadow_packets,
-                new_keys: c.new_keys,
-            }
-        })
-        .collect();
-    Ok(RulesView {
-        generation: snapshot.generation,
-        shadow: snapshot.shadow,
-        rules,
-        blocks: engine.blocks()?,
-    })
 }
 
 pub fn rules_view_text(view: &RulesView) -> String {
@@ -376,16 +205,6 @@ pub fn rules_view_text(view: &RulesView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn numbers_have_units_and_separators() {
-        assert_eq!(count(0), "0");
-        assert_eq!(count(1234567), "1,234,567");
-        assert_eq!(bytes(999), "999 B");
-        assert_eq!(bytes(1_500_000), "1.5 MB");
-        assert_eq!(per(Duration::from_secs(60)), "min");
-        assert_eq!(per(Duration::from_secs(30)), "30s");
-    }
 
     #[test]
     fn tables_align() {

@@ -12,7 +12,7 @@ use std::{
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use super::{Decision, Limiter};
+use super::{Admission, Limiter};
 
 /// What identifies a client.
 #[derive(Clone)]
@@ -109,30 +109,30 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let decision = self.decide(&request);
-        if !decision.allowed {
+        let admission = self.admit(&request);
+        if !admission.allowed {
             let mut response = Response::new(R::from(format!(
                 "429 Too Many Requests: rate limited by rule {:?}\n",
-                decision.rule.as_deref().unwrap_or("default")
+                admission.rule.as_deref().unwrap_or("default")
             )));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            super::headers::apply(response.headers_mut(), &decision);
+            super::headers::apply(response.headers_mut(), &admission);
             return Box::pin(async move { Ok(response) });
         }
         let future = self.inner.call(request);
         Box::pin(async move {
-            if decision.delay_ns > 0 {
-                tokio::time::sleep(std::time::Duration::from_nanos(decision.delay_ns)).await;
+            if admission.delay_ns > 0 {
+                tokio::time::sleep(std::time::Duration::from_nanos(admission.delay_ns)).await;
             }
             let mut response = future.await?;
-            super::headers::apply(response.headers_mut(), &decision);
+            super::headers::apply(response.headers_mut(), &admission);
             Ok(response)
         })
     }
 }
 
 impl<S> RateLimit<S> {
-    fn decide<B>(&self, request: &Request<B>) -> Decision {
+    fn admit<B>(&self, request: &Request<B>) -> Admission {
         let extensions = request.extensions();
         let client = extensions
             .get::<ClientAddr>()
@@ -161,7 +161,7 @@ impl<S> RateLimit<S> {
                 .unwrap_or(0),
             CostBy::Custom(f) => f(&parts),
         };
-        self.config.limiter.check(&super::Request {
+        self.config.limiter.check(&super::RequestMeta {
             client,
             port: self.config.port,
             key: key.as_deref(),

@@ -9,7 +9,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::stats::Snapshot;
+use crate::kernel::counters::Snapshot;
 
 /// What the daemon knows beyond the kernel's counters.
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,7 +34,7 @@ pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
     let aggregate = Family::<Labels, Counter>::default();
     let contended = Family::<Labels, Counter>::default();
     // Slot 0 ("other": unregistered interfaces, test runs) only when used.
-    let used = |iface: &&crate::stats::InterfaceStats| {
+    let used = |iface: &&crate::kernel::counters::InterfaceStats| {
         iface.ifindex != 0 || iface.rules.iter().any(|r| r.counters != Default::default())
     };
     for iface in snapshot.interfaces.iter().filter(used) {
@@ -178,7 +178,7 @@ pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
 
 /// The exposition of a layer-7 limiter (`limiter proxy --metrics`): the
 /// kernel's names, with `layer="http"`.
-pub fn render_l7(limiter: &crate::l7::Limiter) -> String {
+pub fn render_http(limiter: &crate::http::Limiter) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let mut registry = Registry::default();
     let packets = Family::<Labels, Counter>::default();

@@ -1,8 +1,11 @@
+//! The rule file's errors, each with its file, line and field, and what
+//! valid files mean.
+
 use std::path::Path;
 
 use super::*;
 
-fn parse(text: &str) -> Result<RuleSet, ConfigError> {
+fn parse(text: &str) -> Result<RuleSet, InvalidFile> {
     RuleSet::parse(text, Path::new("rules.yaml"))
 }
 

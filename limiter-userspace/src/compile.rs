@@ -1,6 +1,6 @@
 //! Compiles a validated rule set into the kernel's tables: one rule slot per
-//! rule (slot 0 is the default) and, per source prefix, the ordered list of
-//! rules that may apply to it.
+//! rule (slot 0 is the default) and, per source prefix, the rules that may
+//! apply to it in the order [`crate::rules::matching`] defines.
 
 use std::net::IpAddr;
 
@@ -10,7 +10,10 @@ use limiter_common::abi::{
     RuleConfig, action, algorithm, candidate_flag, rule_flag,
 };
 
-use crate::config::{Algorithm, Limit, Rule, RuleSet, Verdict};
+use crate::rules::{
+    Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
+    matching::{all_prefixes, covering_rules, key_masks},
+};
 
 /// Everything the kernel needs for one generation of a rule set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +32,8 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
     assert_eq!(ids.len(), set.rules.len(), "one id per rule");
     let default = RuleConfig {
         flags: match set.default {
-            Verdict::Pass => rule_flag::UNLIMITED,
-            Verdict::Drop => rule_flag::BLOCK,
+            Fallback::Pass => rule_flag::UNLIMITED,
+            Fallback::Drop => rule_flag::BLOCK,
         },
         name: name_bytes("default"),
         ..RuleConfig::default()
@@ -46,8 +49,8 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
     let prefix_len = |net: &IpNet| 8 + u32::from(net.prefix_len());
     Tables {
         malformed_action: match set.malformed {
-            Verdict::Pass => action::PASS,
-            Verdict::Drop => action::DROP,
+            Fallback::Pass => action::PASS,
+            Fallback::Drop => action::DROP,
         },
         rules,
         v4: v4
@@ -81,40 +84,6 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
     }
 }
 
-/// Checks that no source prefix is covered by more rules than a trie entry
-/// holds; the error names the rule whose prefix overflows.
-pub fn check_fits(set: &RuleSet) -> Result<(), (usize, String)> {
-    for net in all_prefixes(set) {
-        let covering = covering_rules(set, net);
-        if covering.len() > MAX_CANDIDATES {
-            let owner = covering[0];
-            return Err((
-                owner,
-                format!(
-                    "{} rules cover {net}; at most {MAX_CANDIDATES} may cover one prefix",
-                    covering.len()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The masks that turn a source address into the rule's key, for IPv4 and
-/// IPv6 (network byte order): the kernel and the L7 limiter both use them.
-pub fn key_masks(rule: &Rule) -> ([u8; 4], [u8; 16]) {
-    (
-        (u32::MAX
-            .checked_shl(32 - u32::from(rule.key.v4))
-            .unwrap_or(0))
-        .to_be_bytes(),
-        (u128::MAX
-            .checked_shl(128 - u32::from(rule.key.v6))
-            .unwrap_or(0))
-        .to_be_bytes(),
-    )
-}
-
 fn rule_config(rule: &Rule) -> RuleConfig {
     let (v4_key_mask, v6_key_mask) = key_masks(rule);
     let mut config = RuleConfig {
@@ -134,7 +103,7 @@ fn rule_config(rule: &Rule) -> RuleConfig {
         Algorithm::SlidingLog => algorithm::SLIDING_WINDOW,
         Algorithm::SlidingWindow => algorithm::SLIDING_WINDOW,
     };
-    let meter = |m: crate::config::Meter| MeterConfig {
+    let meter = |m: Rate| MeterConfig {
         gcra: m.gcra,
         window: m.window,
     };
@@ -171,27 +140,6 @@ fn name_bytes(name: &str) -> [u8; RULE_NAME_LEN] {
     bytes
 }
 
-/// Every prefix that needs a trie entry: each rule's source, and /0 of both
-/// families when a rule matches any source.
-fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
-    let mut nets: Vec<IpNet> = Vec::new();
-    for rule in &set.rules {
-        let sources = match rule.matches.source {
-            Some(net) => vec![net],
-            None => vec![
-                "0.0.0.0/0".parse().expect("literal"),
-                "::/0".parse().expect("literal"),
-            ],
-        };
-        for net in sources {
-            if !nets.contains(&net) {
-                nets.push(net);
-            }
-        }
-    }
-    nets
-}
-
 /// Trie entries: a source prefix and the rules that may apply under it.
 type Entries = Vec<(IpNet, Candidates)>;
 
@@ -210,61 +158,6 @@ fn prefixes(set: &RuleSet, ids: &[u32]) -> (Entries, Entries) {
         (net, candidates)
     });
     entries.partition(|(net, _)| matches!(net, IpNet::V4(_)))
-}
-
-/// Indexes of the rules whose source covers `net`, most specific first:
-/// longer source prefix, then protocol and port, then protocol, then file order.
-fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
-    match_order(set)
-        .into_iter()
-        .filter(|&i| {
-            set.rules[i]
-                .matches
-                .source
-                .is_none_or(|source| source.contains(&net))
-        })
-        .collect()
-}
-
-/// Every rule, most specific first: longer source prefix, then protocol and
-/// port, then protocol only, then neither, then file order. The kernel's
-/// trie entries list their candidates in this order.
-pub fn match_order(set: &RuleSet) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..set.rules.len()).collect();
-    order.sort_by_key(|&i| {
-        let m = &set.rules[i].matches;
-        let prefix = m.source.map_or(0, |s| s.prefix_len());
-        let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
-        (std::cmp::Reverse(prefix), std::cmp::Reverse(specificity), i)
-    });
-    order
-}
-
-/// The first rule in `order` ([`match_order`]) that applies to a packet
-/// from `source` with this protocol and port: the rule the kernel applies.
-pub fn first_match(
-    set: &RuleSet,
-    order: &[usize],
-    source: IpAddr,
-    protocol: u8,
-    dest_port: Option<u16>,
-) -> Option<usize> {
-    order.iter().copied().find(|&i| {
-        let m = &set.rules[i].matches;
-        m.source.is_none_or(|s| s.contains(&source))
-            && m.protocol.is_none_or(|p| p == protocol)
-            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
-    })
-}
-
-/// [`first_match`] for a one-off question (`limiter lab`'s table).
-pub fn matching_rule(
-    set: &RuleSet,
-    source: IpAddr,
-    protocol: u8,
-    dest_port: Option<u16>,
-) -> Option<usize> {
-    first_match(set, &match_order(set), source, protocol, dest_port)
 }
 
 fn candidate(id: u32, rule: &Rule) -> Candidate {

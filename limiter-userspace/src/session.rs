@@ -8,14 +8,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::{
-    config::RuleSet,
-    datapath::{Attachment, LINKS_DIR, Mode},
     engine::Engine,
-    pins::{self, PinLock},
-    stats::Snapshot,
+    kernel::{
+        Attachment, Mode,
+        counters::Snapshot,
+        if_index,
+        links::LINKS_DIR,
+        pins::{self, PinLock},
+        require_root,
+    },
+    rules::RuleSet,
 };
 
-pub struct Limiter {
+/// A `limiter run`: the program attached for as long as this value lives.
+pub struct Session {
     // Field order is drop order: detach (engine) before removing the pins.
     engine: Engine,
     pins: PinGuard,
@@ -33,7 +39,7 @@ impl Drop for PinGuard {
     }
 }
 
-impl Limiter {
+impl Session {
     /// Loads `rules`, pins the maps under `pin_dir` and attaches to every
     /// interface (in the calling thread's network namespace). On any error
     /// nothing stays attached or pinned.
@@ -43,7 +49,7 @@ impl Limiter {
             bail!("no interface given (--iface)");
         }
         for iface in ifaces {
-            crate::datapath::if_index(iface)?;
+            if_index(iface)?;
         }
         pins::ensure_bpffs()?;
         let lock = PinLock::acquire(pin_dir)?;
@@ -88,13 +94,4 @@ impl Limiter {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
-}
-
-/// Fails with a clear message unless running as root.
-pub fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("this needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN for bpffs); try sudo");
-    }
-    Ok(())
 }

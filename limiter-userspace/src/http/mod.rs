@@ -7,6 +7,7 @@
 
 pub mod headers;
 pub mod layer;
+pub mod proxy;
 
 use std::{
     collections::HashMap,
@@ -19,18 +20,19 @@ use std::{
 
 use limiter_common::{
     abi::FlowKey,
-    gcra::Gcra,
     log::Log,
-    meter::{AtomicCell, Outcome, acquire_all, acquire_delayed, windows_all},
-    window::{Window, WindowState},
+    meter::{
+        AtomicCell, Charge, Outcome, WindowCharge, acquire_all, acquire_delayed, order, windows_all,
+    },
+    window::WindowState,
 };
 use serde::Serialize;
 
 pub use layer::{ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
 
-use crate::{
-    config::{Algorithm, Limit, Meter, Meters, Rule, RuleSet, Verdict},
-    tables,
+use crate::rules::{
+    Algorithm, Fallback, Limit, Rate, Rates, Rule, RuleSet,
+    matching::{first_match, key_masks, match_order},
 };
 
 /// Where the limiter reads the time: monotonic ns for GCRA, Unix-epoch ns
@@ -45,17 +47,17 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn monotonic_ns(&self) -> u64 {
-        crate::engine::monotonic_ns()
+        crate::clock::monotonic_ns()
     }
 
     fn epoch_ns(&self) -> u64 {
-        crate::engine::realtime_ns()
+        crate::clock::realtime_ns()
     }
 }
 
 /// One request as the limiter sees it.
 #[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
+pub struct RequestMeta<'a> {
     pub client: IpAddr,
     /// The service's port, for rules that name `dest_port`.
     pub port: Option<u16>,
@@ -67,7 +69,7 @@ pub struct Request<'a> {
 
 /// What to tell the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub struct Admission {
     /// Forward the request.
     pub allowed: bool,
     /// Excess let through by a dry run.
@@ -75,13 +77,13 @@ pub struct Decision {
     /// The rule that applied (`None`: the default).
     pub rule: Option<Arc<str>>,
     /// The rule's packet (request) limit: quota and window, for headers.
-    pub policy: Option<Policy>,
+    pub quota: Option<Quota>,
     /// Pacing: hold the request this long before forwarding it.
     pub delay_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Policy {
+pub struct Quota {
     /// Requests per window.
     pub quota: u64,
     pub window_secs: u64,
@@ -95,7 +97,7 @@ pub struct Policy {
 
 /// Counters per rule, as the kernel keeps them.
 #[derive(Default)]
-pub struct RuleCounters {
+pub struct HttpCounters {
     pub passed: AtomicU64,
     pub dropped: AtomicU64,
     pub shadow: AtomicU64,
@@ -147,7 +149,7 @@ pub struct Limiter {
     /// By (rule index, key).
     keys: Mutex<HashMap<StateKey, Arc<State>>>,
     aggregates: Vec<State>,
-    pub counters: Vec<RuleCounters>,
+    pub counters: Vec<HttpCounters>,
 }
 
 impl Limiter {
@@ -155,8 +157,8 @@ impl Limiter {
         let n = rules.rules.len();
         Self {
             aggregates: (0..n).map(|_| State::default()).collect(),
-            counters: (0..n).map(|_| RuleCounters::default()).collect(),
-            order: tables::match_order(&rules),
+            counters: (0..n).map(|_| HttpCounters::default()).collect(),
+            order: match_order(&rules),
             names: rules
                 .rules
                 .iter()
@@ -178,39 +180,59 @@ impl Limiter {
     }
 
     /// Meters one request and decides.
-    pub fn check(&self, request: &Request<'_>) -> Decision {
-        let Some(index) =
-            tables::first_match(&self.rules, &self.order, request.client, 6, request.port)
+    pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
+        let Some(index) = first_match(&self.rules, &self.order, request.client, 6, request.port)
         else {
-            let allowed = self.rules.default == Verdict::Pass;
-            return Decision {
+            let allowed = self.rules.default == Fallback::Pass;
+            return Admission {
                 allowed,
                 shadow: false,
                 rule: None,
-                policy: None,
+                quota: None,
                 delay_ns: 0,
             };
         };
         let rule = &self.rules.rules[index];
         let Limit::Metered { packets, bytes } = rule.limit else {
-            return Decision {
+            return Admission {
                 allowed: true,
                 shadow: false,
                 rule: Some(Arc::clone(&self.names[index])),
-                policy: None,
+                quota: None,
                 delay_ns: 0,
             };
         };
         let monotonic = self.clock.monotonic_ns();
         let state = self.state(index, rule, request, monotonic);
         let aggregate = &self.aggregates[index];
-        let none = Meters {
+        let none = Rates {
             packets: None,
             bytes: None,
         };
         let agg = rule.aggregate.unwrap_or(none);
-        let costs = [1, request.bytes];
-        let meters = [packets, bytes, agg.packets, agg.bytes];
+        // In `order`: the key's packets and bytes, the aggregate's.
+        let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
+        rates[order::KEY_PACKETS] = packets;
+        rates[order::KEY_BYTES] = bytes;
+        rates[order::AGGREGATE_PACKETS] = agg.packets;
+        rates[order::AGGREGATE_BYTES] = agg.bytes;
+        let cost = |i: usize| {
+            if order::charges_bytes(i) {
+                request.bytes
+            } else {
+                1
+            }
+        };
+        // Each state keeps its packet meter, then its byte meter.
+        let (key_state, aggregate_state) = (&*state, aggregate);
+        let state_of = |i: usize| {
+            if order::is_aggregate(i) {
+                aggregate_state
+            } else {
+                key_state
+            }
+        };
+        let pair = |i: usize| usize::from(order::charges_bytes(i));
         let mut delay_ns = 0;
         let allowed = match rule.algorithm {
             Algorithm::Gcra if rule.delay.is_some() => {
@@ -232,44 +254,36 @@ impl Limiter {
                 let mut key_logs = state.logs.lock().expect("log lock");
                 let mut agg_logs = aggregate.logs.lock().expect("log lock");
                 // Check every log on a copy first: a refusal charges none.
-                let mut trial = [
-                    key_logs[0].clone(),
-                    key_logs[1].clone(),
-                    agg_logs[0].clone(),
-                    agg_logs[1].clone(),
-                ];
-                let ok = meters
-                    .iter()
-                    .zip(&mut trial)
-                    .enumerate()
-                    .all(|(i, (m, log))| {
-                        m.as_ref()
-                            .is_none_or(|m| log.admit(&m.window, now, costs[i % 2]))
-                    });
+                let mut trial: [Log; order::METERS] = std::array::from_fn(|i| {
+                    if order::is_aggregate(i) {
+                        agg_logs[pair(i)].clone()
+                    } else {
+                        key_logs[pair(i)].clone()
+                    }
+                });
+                let ok = (0..order::METERS).all(|i| {
+                    rates[i]
+                        .as_ref()
+                        .is_none_or(|m| trial[i].admit(&m.window, now, cost(i)))
+                });
                 if ok {
-                    let [k0, k1, a0, a1] = trial;
-                    *key_logs = [k0, k1];
-                    *agg_logs = [a0, a1];
+                    for (i, log) in trial.into_iter().enumerate() {
+                        if order::is_aggregate(i) {
+                            agg_logs[pair(i)] = log;
+                        } else {
+                            key_logs[pair(i)] = log;
+                        }
+                    }
                 }
                 ok
             }
             Algorithm::Gcra => {
-                let now = monotonic;
-                fn charge<'a>(
-                    m: &'a Option<Meter>,
-                    s: &'a State,
-                    i: usize,
-                    cost: u64,
-                ) -> Option<(&'a AtomicU64, &'a Gcra, u64)> {
-                    m.as_ref().map(|m| (&s.cells[i], &m.gcra, cost))
-                }
-                let charges: [Option<(&AtomicU64, &Gcra, u64)>; 4] = [
-                    charge(&meters[0], &state, 0, costs[0]),
-                    charge(&meters[1], &state, 1, costs[1]),
-                    charge(&meters[2], aggregate, 0, costs[0]),
-                    charge(&meters[3], aggregate, 1, costs[1]),
-                ];
-                acquire_all(charges, now).outcome == Outcome::Allowed
+                let charges: [Charge<'_, AtomicU64>; order::METERS] = std::array::from_fn(|i| {
+                    rates[i]
+                        .as_ref()
+                        .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, cost(i)))
+                });
+                acquire_all(charges, monotonic).outcome == Outcome::Allowed
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let now = self.clock.epoch_ns();
@@ -279,19 +293,13 @@ impl Limiter {
                 let mut agg_windows = aggregate.windows.lock().expect("window lock");
                 let [k0, k1] = &mut *key_windows;
                 let [a0, a1] = &mut *agg_windows;
-                let window = |m: &Option<Meter>| m.as_ref().map(|m| m.window);
-                let (w0, w1, w2, w3) = (
-                    window(&meters[0]),
-                    window(&meters[1]),
-                    window(&meters[2]),
-                    window(&meters[3]),
-                );
-                let charges: [Option<(&mut WindowState, &Window, u64)>; 4] = [
-                    w0.as_ref().map(|w| (k0, w, costs[0])),
-                    w1.as_ref().map(|w| (k1, w, costs[1])),
-                    w2.as_ref().map(|w| (a0, w, costs[0])),
-                    w3.as_ref().map(|w| (a1, w, costs[1])),
-                ];
+                // The key's then the aggregate's: `order`'s sequence.
+                let mut states = [Some(k0), Some(k1), Some(a0), Some(a1)];
+                let windows = rates.map(|m| m.map(|m| m.window));
+                let charges: [WindowCharge<'_>; order::METERS] = std::array::from_fn(|i| {
+                    let state = states[i].take().expect("each state once");
+                    windows[i].as_ref().map(|w| (state, w, cost(i)))
+                });
                 windows_all(charges, now, sliding).outcome == Outcome::Allowed
             }
         };
@@ -302,11 +310,11 @@ impl Limiter {
             (false, true) => counters.shadow.fetch_add(1, Ordering::Relaxed),
             (false, false) => counters.dropped.fetch_add(1, Ordering::Relaxed),
         };
-        Decision {
+        Admission {
             allowed: allowed || shadow,
             shadow,
             rule: Some(Arc::clone(&self.names[index])),
-            policy: packets.map(|m| self.policy(rule, &m, &state, monotonic)),
+            quota: packets.map(|m| self.quota(rule, &m, &state, monotonic)),
             delay_ns,
         }
     }
@@ -314,11 +322,11 @@ impl Limiter {
     /// The key's state, created on first sight. Keys are the rule's index
     /// and either the caller's key or the client address masked exactly as
     /// the kernel masks it.
-    fn state(&self, index: usize, rule: &Rule, request: &Request<'_>, now: u64) -> Arc<State> {
+    fn state(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>, now: u64) -> Arc<State> {
         let key = match request.key {
             Some(key) => KeyBytes::Custom(key.into()),
             None => {
-                let mask = crate::tables::key_masks(rule);
+                let mask = key_masks(rule);
                 let flow = match request.client {
                     IpAddr::V4(a) => FlowKey::v4(0, a.octets(), mask.0),
                     IpAddr::V6(a) => FlowKey::v6(0, a.octets(), mask.1),
@@ -337,7 +345,7 @@ impl Limiter {
     }
 
     /// Quota, remaining and timing of a key's request meter, for headers.
-    fn policy(&self, rule: &Rule, meter: &Meter, state: &State, monotonic: u64) -> Policy {
+    fn quota(&self, rule: &Rule, meter: &Rate, state: &State, monotonic: u64) -> Quota {
         let window_secs = meter.period.as_secs().max(1);
         let secs = |ns: u64| ns.div_ceil(1_000_000_000);
         match rule.algorithm {
@@ -346,7 +354,7 @@ impl Limiter {
                 let tat = AtomicCell::load(&state.cells[0]);
                 let g = meter.gcra;
                 let used = tat.saturating_sub(now).min(g.capacity_ns);
-                Policy {
+                Quota {
                     quota: meter.rate,
                     window_secs,
                     remaining: (g.capacity_ns - used) / g.emission_ns,
@@ -361,7 +369,7 @@ impl Limiter {
                 let reset = log
                     .oldest()
                     .map_or(0, |t| t.saturating_add(w.length_ns).saturating_sub(now));
-                Policy {
+                Quota {
                     quota: meter.rate,
                     window_secs,
                     remaining: w.limit.saturating_sub(log.total()),
@@ -386,7 +394,7 @@ impl Limiter {
                     s.current + weighted.div_ceil(u128::from(w.length_ns)) as u64
                 };
                 let reset = w.reset_ns(&s, now);
-                Policy {
+                Quota {
                     quota: meter.rate,
                     window_secs,
                     remaining: w.limit.saturating_sub(used),

@@ -11,17 +11,15 @@
 //! ```
 //!
 //! A line longer than [`MAX_REQUEST`] bytes is refused and the connection
-//! closed.
+//! closed. Each request has one reply type, named below; the client
+//! ([`super::client`]) returns it typed.
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
-    path::Path,
-    time::Duration,
-};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+
+use crate::kernel::Attachment;
+pub use crate::{engine::Change, engine::RulesView, kernel::counters::Snapshot};
 
 /// Where the daemon listens unless configured otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/control.sock";
@@ -85,36 +83,22 @@ impl Response {
     }
 }
 
-/// Whether a daemon answers on `socket`.
-pub fn daemon_running(socket: &Path) -> bool {
-    UnixStream::connect(socket).is_ok()
+/// The reply to [`Request::Status`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub pin_dir: PathBuf,
+    pub rules_file: PathBuf,
+    pub interfaces: Vec<Attachment>,
+    /// Rule sets applied since the daemon started (the first is 1).
+    pub ruleset_generation: u64,
 }
 
-/// Sends one request and returns the daemon's result, or its error.
-pub fn call(socket: &Path, request: &Request) -> Result<serde_json::Value> {
-    let mut stream = UnixStream::connect(socket).with_context(|| {
-        format!(
-            "no daemon answers on {} (is `limiter daemon` running? root only)",
-            socket.display()
-        )
-    })?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let mut line = serde_json::to_string(request)?;
-    line.push('\n');
-    stream.write_all(line.as_bytes())?;
-    let mut answer = String::new();
-    BufReader::new(stream)
-        .read_line(&mut answer)
-        .context("reading the daemon's answer")?;
-    let response: Response = serde_json::from_str(&answer)
-        .with_context(|| format!("the daemon's answer is not a response: {answer:?}"))?;
-    if !response.ok {
-        bail!(
-            "{}",
-            response
-                .error
-                .unwrap_or_else(|| "the daemon refused without saying why".into())
-        );
-    }
-    Ok(response.result.unwrap_or(serde_json::Value::Null))
+/// The reply to [`Request::Detach`]: the interfaces it detached from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Detached {
+    pub detached: Vec<String>,
 }
+
+// The replies to the other requests: `Stats` → [`Snapshot`], `RulesApply`
+// → [`Change`], `RulesShow` → [`RulesView`]; `Block`, `Unblock` and
+// `Shadow` → `()` (`null`).

@@ -1,0 +1,166 @@
+//! The program's counters summed over CPUs, per rule and interface, from
+//! a loaded program's maps or a running limiter's pins.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::maps::{IterableMap, MapData};
+use limiter_common::abi::{
+    GlobalCounters, MAX_RULES, RuleCounters, counter_slot, global_flag, map_name, rule_slot,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{KernelError, Maps, maps::map_error};
+
+/// Counters summed over CPUs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The active generation of the rule tables.
+    pub generation: u32,
+    /// Whether global dry-run is on.
+    pub shadow: bool,
+    pub global: GlobalCounters,
+    /// Every rule of the active generation, summed over interfaces.
+    pub rules: Vec<RuleStats>,
+    /// The same per registered interface (slot 0: any other, e.g. test runs).
+    pub interfaces: Vec<InterfaceStats>,
+    pub keys: KeyMap,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RuleStats {
+    pub id: u32,
+    pub name: String,
+    #[serde(flatten)]
+    pub counters: RuleCounters,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InterfaceStats {
+    pub ifindex: u32,
+    pub name: String,
+    pub rules: Vec<RuleStats>,
+}
+
+/// The per-key state map, as the kernel accounts for it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyMap {
+    /// Keys it holds before the least recently used are evicted.
+    pub capacity: u64,
+    /// Kernel memory charged for it (`memlock` in the map's fdinfo); the
+    /// LRU hash preallocates every entry, so this is its size when full.
+    pub memory_bytes: u64,
+}
+
+impl KeyMap {
+    fn read(map: &MapData) -> Result<Self, KernelError> {
+        let path = format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd());
+        let info = std::fs::read_to_string(&path).map_err(|source| KernelError::Io {
+            path: path.clone().into(),
+            source,
+        })?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Ok(Self {
+            capacity: field("max_entries:"),
+            memory_bytes: field("memlock:"),
+        })
+    }
+}
+
+/// Sums every CPU's counters, per rule and interface, from the maps of a
+/// loaded program or of a running limiter's pins.
+pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
+    let config = maps
+        .config
+        .get(&0, 0)
+        .map_err(map_error(map_name::CONFIG))?;
+    let mut snapshot = Snapshot {
+        generation: config.generation,
+        shadow: config.flags & global_flag::SHADOW != 0,
+        keys: KeyMap::read(maps.keys.map())?,
+        ..Snapshot::default()
+    };
+    for cpu in maps
+        .global_stats
+        .get(&0, 0)
+        .map_err(map_error(map_name::GLOBAL_STATS))?
+        .iter()
+    {
+        snapshot.global.add(cpu);
+    }
+    let mut names = Vec::new();
+    for id in 0..MAX_RULES {
+        let rule = maps
+            .rules
+            .get(&rule_slot(config.generation, id), 0)
+            .map_err(map_error(map_name::RULES))?;
+        if rule.name[0] != 0 {
+            names.push((id, String::from_utf8_lossy(rule.name()).into_owned()));
+        }
+    }
+    let mut slots: Vec<(u32, u32)> = maps
+        .ifaces
+        .iter()
+        .collect::<Result<_, _>>()
+        .map_err(map_error(map_name::IFACES))?;
+    slots.push((0, 0));
+    slots.sort_by_key(|&(_, slot)| slot);
+    snapshot.rules = names
+        .iter()
+        .map(|(id, name)| RuleStats {
+            id: *id,
+            name: name.clone(),
+            counters: RuleCounters::default(),
+        })
+        .collect();
+    for (ifindex, slot) in slots {
+        let mut rules = Vec::with_capacity(names.len());
+        for (i, (id, name)) in names.iter().enumerate() {
+            let mut counters = RuleCounters::default();
+            for cpu in maps
+                .rule_stats
+                .get(&counter_slot(slot, *id), 0)
+                .map_err(map_error(map_name::RULE_STATS))?
+                .iter()
+            {
+                counters.add(cpu);
+            }
+            snapshot.rules[i].counters.add(&counters);
+            rules.push(RuleStats {
+                id: *id,
+                name: name.clone(),
+                counters,
+            });
+        }
+        snapshot.interfaces.push(InterfaceStats {
+            ifindex,
+            name: iface_name(ifindex),
+            rules,
+        });
+    }
+    Ok(snapshot)
+}
+
+/// The interface's name in our network namespace, or `if<N>`; `other` for slot 0.
+fn iface_name(ifindex: u32) -> String {
+    if ifindex == 0 {
+        return "other".into();
+    }
+    nix::net::if_::if_indextoname(ifindex).map_or_else(
+        |_| format!("if{ifindex}"),
+        |name| name.to_string_lossy().into_owned(),
+    )
+}
+
+impl Snapshot {
+    pub fn rule(&self, name: &str) -> Option<&RuleCounters> {
+        self.rules
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| &r.counters)
+    }
+}

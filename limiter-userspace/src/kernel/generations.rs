@@ -1,0 +1,155 @@
+//! The rule tables in two generations: a rule set is written whole into the
+//! generation packets do not read, then one write to `CONFIG` flips it (see
+//! `crate::engine`). Also the per-rule state that goes with a rule id.
+
+use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
+use limiter_common::abi::{
+    Candidates, FlowKey, KeyState, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
+    counter_slot, map_name, rule_slot,
+};
+
+use super::{Datapath, KernelError, maps::map_error};
+use crate::compile::Tables;
+
+impl Datapath {
+    /// The named rules of `generation`, by id.
+    pub fn rules(&self, generation: u32) -> Result<Vec<(u32, RuleConfig)>, KernelError> {
+        let mut out = Vec::new();
+        for id in 0..MAX_RULES {
+            let rule = self
+                .maps
+                .rules
+                .get(&rule_slot(generation, id), 0)
+                .map_err(map_error(map_name::RULES))?;
+            if rule.name[0] != 0 {
+                out.push((id, rule));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rewrites one rule of one generation in place (a single map update,
+    /// so packets see the old or the new value, never a mix).
+    pub fn set_rule(
+        &mut self,
+        generation: u32,
+        id: u32,
+        rule: &RuleConfig,
+    ) -> Result<(), KernelError> {
+        self.maps
+            .rules
+            .set(rule_slot(generation, id), rule, 0)
+            .map_err(map_error(map_name::RULES))
+    }
+
+    /// Empties every table of `generation`.
+    pub fn clear_generation(&mut self, generation: u32) -> Result<(), KernelError> {
+        let rules = &mut self.maps.rules;
+        for id in 0..MAX_RULES {
+            let slot = rule_slot(generation, id);
+            if rules
+                .get(&slot, 0)
+                .map_err(map_error(map_name::RULES))?
+                .name[0]
+                != 0
+            {
+                rules
+                    .set(slot, RuleConfig::default(), 0)
+                    .map_err(map_error(map_name::RULES))?;
+            }
+        }
+        let generation = (generation & 1) as u8;
+        remove_prefixes(&mut self.maps.lpm_v4, map_name::LPM_V4, generation)?;
+        remove_prefixes(&mut self.maps.lpm_v6, map_name::LPM_V6, generation)?;
+        Ok(())
+    }
+
+    /// Writes a generation's tables (into an inactive, cleared generation).
+    pub fn write_generation(
+        &mut self,
+        generation: u32,
+        tables: &Tables,
+    ) -> Result<(), KernelError> {
+        for (id, rule) in &tables.rules {
+            self.set_rule(generation, *id, rule)?;
+        }
+        for (prefix, key, candidates) in &tables.v4 {
+            self.maps
+                .lpm_v4
+                .insert(&Key::new(*prefix, *key), candidates, 0)
+                .map_err(map_error(map_name::LPM_V4))?;
+        }
+        for (prefix, key, candidates) in &tables.v6 {
+            self.maps
+                .lpm_v6
+                .insert(&Key::new(*prefix, *key), candidates, 0)
+                .map_err(map_error(map_name::LPM_V6))?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes a rule id's aggregate state and counters before the id is
+    /// given to a new rule.
+    pub fn reset_rule_state(&mut self, id: u32) -> Result<(), KernelError> {
+        self.maps
+            .aggregates
+            .set(id, KeyState::default(), 0)
+            .map_err(map_error(map_name::AGGREGATES))?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| KernelError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        })?;
+        for iface in 0..MAX_IFACES {
+            let zeros =
+                PerCpuValues::try_from(vec![RuleCounters::default(); cpus]).map_err(|source| {
+                    KernelError::Io {
+                        path: "/sys/devices/system/cpu/possible".into(),
+                        source,
+                    }
+                })?;
+            self.maps
+                .rule_stats
+                .set(counter_slot(iface, id), zeros, 0)
+                .map_err(map_error(map_name::RULE_STATS))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every key of the given rule ids; returns how many.
+    pub fn forget_keys(&mut self, ids: &[u32]) -> Result<usize, KernelError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let keys = &mut self.maps.keys;
+        let doomed: Vec<FlowKey> = keys
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| ids.contains(&k.rule))
+            .collect();
+        for key in &doomed {
+            // Already evicted by the LRU is fine.
+            let _ = keys.remove(key);
+        }
+        Ok(doomed.len())
+    }
+}
+
+/// Removes one generation's entries from an LPM trie of rules.
+fn remove_prefixes<const N: usize>(
+    trie: &mut LpmTrie<MapData, PrefixKey<N>, Candidates>,
+    name: &'static str,
+    generation: u8,
+) -> Result<(), KernelError>
+where
+    PrefixKey<N>: aya::Pod,
+{
+    let stale: Vec<_> = trie
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.data().generation == generation)
+        .collect();
+    for key in stale {
+        trie.remove(&key).map_err(map_error(name))?;
+    }
+    Ok(())
+}

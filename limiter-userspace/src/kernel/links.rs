@@ -1,0 +1,224 @@
+//! Attaching the program to interfaces: native (driver) or skb mode, and
+//! links pinned under `<pin dir>/links/<interface>` that outlive the
+//! process; adopting such a link (the program replaced on it atomically)
+//! and detaching everything.
+
+use std::{io, path::Path};
+
+use aya::programs::{
+    links::{FdLink, LinkError, PinnedLink},
+    xdp::{XdpLink, XdpMode},
+};
+use limiter_common::abi::{MAX_IFACES, map_name};
+
+use super::{Datapath, KernelError, maps::map_error};
+
+/// Pinned links live here, one file per interface.
+pub const LINKS_DIR: &str = "links";
+
+/// How to attach: `auto` tries native (driver) mode and falls back to skb.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Auto,
+    Native,
+    Skb,
+}
+
+/// An interface the program is attached to, and how.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Attachment {
+    pub iface: String,
+    pub mode: Mode,
+    /// The link was pinned by an earlier process and the program replaced on it.
+    pub adopted: bool,
+}
+
+impl Datapath {
+    /// The counter slot of interface `ifindex`, registering it if new.
+    fn iface_slot(&mut self, ifindex: u32) -> Result<u32, KernelError> {
+        let ifaces = &mut self.maps.ifaces;
+        if let Ok(slot) = ifaces.get(&ifindex, 0) {
+            return Ok(slot);
+        }
+        let used: Vec<u32> = ifaces
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, slot)| slot)
+            .collect();
+        let slot = (1..MAX_IFACES)
+            .find(|s| !used.contains(s))
+            .ok_or(KernelError::TooManyInterfaces)?;
+        ifaces
+            .insert(ifindex, slot, 0)
+            .map_err(map_error(map_name::IFACES))?;
+        Ok(slot)
+    }
+
+    /// Registered interfaces: (ifindex, counter slot).
+    pub fn iface_slots(&self) -> Result<Vec<(u32, u32)>, KernelError> {
+        self.maps
+            .ifaces
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(map_name::IFACES))
+    }
+
+    /// Attaches to `iface`; `auto` falls back from native to skb mode.
+    ///
+    /// With `pin_link`, the link is pinned under `<pin dir>/links/<iface>`
+    /// and outlives this process; a link already pinned there is adopted:
+    /// this program replaces the old one on it atomically, so the interface
+    /// is never without a limiter.
+    pub fn attach(
+        &mut self,
+        iface: &str,
+        mode: Mode,
+        pin_link: bool,
+    ) -> Result<Attachment, KernelError> {
+        let ifindex = if_index(iface)?;
+        self.iface_slot(ifindex)?;
+        let link_path = self.pin_dir.join(LINKS_DIR).join(iface);
+        if pin_link && link_path.exists() {
+            return self.adopt(iface, &link_path);
+        }
+        let attempts: &[Mode] = match mode {
+            Mode::Auto => &[Mode::Native, Mode::Skb],
+            Mode::Native => &[Mode::Native],
+            Mode::Skb => &[Mode::Skb],
+        };
+        let mut last = None;
+        for &attempt in attempts {
+            let flags = match attempt {
+                Mode::Skb => XdpMode::Skb,
+                _ => XdpMode::Driver,
+            };
+            match self.program_mut().attach(iface, flags) {
+                Ok(id) => {
+                    if pin_link {
+                        let link = self.program_mut().take_link(id).map_err(|source| {
+                            KernelError::Attach {
+                                iface: iface.to_owned(),
+                                mode: attempt,
+                                source,
+                            }
+                        })?;
+                        pin(link, &link_path)?;
+                    }
+                    return Ok(Attachment {
+                        iface: iface.to_owned(),
+                        mode: attempt,
+                        adopted: false,
+                    });
+                }
+                Err(source) => {
+                    if mode == Mode::Auto {
+                        tracing::warn!(
+                            iface,
+                            "native XDP attach failed ({source}); trying skb mode"
+                        );
+                    }
+                    last = Some(KernelError::Attach {
+                        iface: iface.to_owned(),
+                        mode: attempt,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    fn adopt(&mut self, iface: &str, path: &Path) -> Result<Attachment, KernelError> {
+        let adopt_error = |detail: String| KernelError::Adopt {
+            path: path.to_owned(),
+            detail,
+        };
+        let pinned = PinnedLink::from_pin(path).map_err(|e| adopt_error(e.to_string()))?;
+        let link = XdpLink::try_from(FdLink::from(pinned))
+            .map_err(|e: LinkError| adopt_error(e.to_string()))?;
+        let id = self
+            .program_mut()
+            .attach_to_link(link)
+            .map_err(|e| adopt_error(e.to_string()))?;
+        // The pin keeps the link; the program must not hold (and on drop
+        // close) it as one of its own.
+        drop(
+            self.program_mut()
+                .take_link(id)
+                .map_err(|e| adopt_error(e.to_string()))?,
+        );
+        Ok(Attachment {
+            iface: iface.to_owned(),
+            mode: Mode::Auto,
+            adopted: true,
+        })
+    }
+}
+
+fn pin(link: XdpLink, path: &Path) -> Result<(), KernelError> {
+    let io_error = |source| KernelError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(path.parent().expect("a links dir")).map_err(io_error)?;
+    let fd_link = FdLink::try_from(link).map_err(|e| KernelError::Adopt {
+        path: path.to_owned(),
+        detail: format!("the kernel gave no bpf_link to pin ({e}); Linux 5.9 or newer is needed"),
+    })?;
+    fd_link.pin(path).map_err(|e| KernelError::Adopt {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    })?;
+    Ok(())
+}
+
+/// The index of `iface` in the calling thread's network namespace.
+pub fn if_index(iface: &str) -> Result<u32, KernelError> {
+    nix::net::if_::if_nametoindex(iface).map_err(|_| KernelError::NoInterface(iface.to_owned()))
+}
+
+/// Unpins every link under `pin_dir` (which detaches the program from its
+/// interface once nothing else holds the link) and removes every pin.
+/// Returns the interfaces detached.
+pub fn detach_all(pin_dir: &Path) -> Result<Vec<String>, KernelError> {
+    let links = pin_dir.join(LINKS_DIR);
+    let mut detached = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&links) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let pinned = PinnedLink::from_pin(&path).map_err(|e| KernelError::Adopt {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+            let link = pinned.unpin().map_err(|source| KernelError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            drop(link);
+            detached.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    match std::fs::remove_dir_all(pin_dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(KernelError::Io {
+                path: pin_dir.to_owned(),
+                source: e,
+            });
+        }
+        _ => {}
+    }
+    detached.sort();
+    Ok(detached)
+}

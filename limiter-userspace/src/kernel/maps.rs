@@ -1,0 +1,117 @@
+//! One typed handle per map of the program, taken from a freshly loaded
+//! object or opened from the pins of a running limiter. This is the only
+//! code that opens a map by name: everything else reads and writes these
+//! handles.
+
+use std::path::Path;
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
+};
+use limiter_common::abi::{
+    Block, Candidates, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
+    RuleCounters, map_name,
+};
+
+use super::KernelError;
+
+/// Every map of the program (see `limiter-common`'s `abi` for the layouts).
+pub struct Maps {
+    /// Index 0: the settings every packet reads.
+    pub config: Array<MapData, GlobalConfig>,
+    /// Both generations of the rule table (`abi::rule_slot`).
+    pub rules: Array<MapData, RuleConfig>,
+    /// Source prefix (generation first) → candidate rules.
+    pub lpm_v4: LpmTrie<MapData, PrefixKey<4>, Candidates>,
+    pub lpm_v6: LpmTrie<MapData, PrefixKey<16>, Candidates>,
+    /// The per-key state, an LRU hash (read in batches by [`super::keys`]).
+    pub keys: HashMap<MapData, FlowKey, KeyState>,
+    /// Per rule id: the state of its aggregate limit.
+    pub aggregates: Array<MapData, KeyState>,
+    pub blocks_v4: LpmTrie<MapData, [u8; 4], Block>,
+    pub blocks_v6: LpmTrie<MapData, [u8; 16], Block>,
+    /// ifindex → counter slot.
+    pub ifaces: HashMap<MapData, u32, u32>,
+    /// Per CPU, per (interface slot, rule id) (`abi::counter_slot`).
+    pub rule_stats: PerCpuArray<MapData, RuleCounters>,
+    pub global_stats: PerCpuArray<MapData, GlobalCounters>,
+    /// The test build's clock (`--features test-clock`); absent otherwise.
+    pub test_clock: Option<Array<MapData, u64>>,
+}
+
+/// The test build's clock map.
+const TEST_CLOCK: &str = "CLOCK";
+
+impl Maps {
+    /// Takes every map out of a loaded object (the program keeps using
+    /// them: it was relocated against their file descriptors).
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
+        let mut open = |name: &str| ebpf.take_map(name).ok_or(KernelError::NoObject);
+        let maps = Self::from_maps(&mut open)?;
+        Ok(Self {
+            test_clock: ebpf
+                .take_map(TEST_CLOCK)
+                .map(|m| typed(TEST_CLOCK, m))
+                .transpose()?,
+            ..maps
+        })
+    }
+
+    /// Opens the maps a running limiter pinned under `pin_dir`.
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, KernelError> {
+        let mut open = |name: &str| {
+            let path = pin_dir.join(name);
+            let data = MapData::from_pin(&path).map_err(|_| KernelError::NotRunning {
+                dir: pin_dir.to_owned(),
+            })?;
+            Map::from_map_data(data).map_err(|source| KernelError::Map {
+                name: name.to_owned(),
+                source,
+            })
+        };
+        Self::from_maps(&mut open)
+    }
+
+    fn from_maps(
+        open: &mut dyn FnMut(&str) -> Result<Map, KernelError>,
+    ) -> Result<Self, KernelError> {
+        Ok(Self {
+            config: handle(open, map_name::CONFIG)?,
+            rules: handle(open, map_name::RULES)?,
+            lpm_v4: handle(open, map_name::LPM_V4)?,
+            lpm_v6: handle(open, map_name::LPM_V6)?,
+            keys: handle(open, map_name::KEYS)?,
+            aggregates: handle(open, map_name::AGGREGATES)?,
+            blocks_v4: handle(open, map_name::BLOCKS_V4)?,
+            blocks_v6: handle(open, map_name::BLOCKS_V6)?,
+            ifaces: handle(open, map_name::IFACES)?,
+            rule_stats: handle(open, map_name::RULE_STATS)?,
+            global_stats: handle(open, map_name::GLOBAL_STATS)?,
+            test_clock: None,
+        })
+    }
+}
+
+/// Opens map `name` and gives it its type.
+fn handle<T: TryFrom<Map, Error = MapError>>(
+    open: &mut dyn FnMut(&str) -> Result<Map, KernelError>,
+    name: &str,
+) -> Result<T, KernelError> {
+    typed(name, open(name)?)
+}
+
+fn typed<T: TryFrom<Map, Error = MapError>>(name: &str, map: Map) -> Result<T, KernelError> {
+    T::try_from(map).map_err(|source| KernelError::Map {
+        name: name.to_owned(),
+        source,
+    })
+}
+
+/// Turns a map error into ours, naming the map.
+pub(super) fn map_error(name: &'static str) -> impl FnOnce(MapError) -> KernelError {
+    move |source| KernelError::Map {
+        name: name.to_owned(),
+        source,
+    }
+}

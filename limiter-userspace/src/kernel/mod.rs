@@ -1,0 +1,164 @@
+//! The kernel side as userspace drives it: the embedded XDP object and its
+//! loading ([`object`]), one typed handle per map ([`maps`]), the rule
+//! tables in two generations ([`generations`]), manual blocks ([`blocks`]),
+//! attaching, adopting and detaching ([`links`]), the counters
+//! ([`counters`]), batched reads of the key map ([`keys`]), and where state
+//! is pinned ([`pins`]).
+
+pub mod blocks;
+pub mod counters;
+pub mod generations;
+pub mod keys;
+pub mod links;
+pub mod maps;
+pub mod object;
+pub mod pins;
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    maps::MapError,
+    programs::{ProgramError, Xdp},
+};
+use limiter_common::abi::{GlobalConfig, MAX_IFACES};
+
+pub use links::{Attachment, Mode, detach_all, if_index};
+pub use maps::Maps;
+use maps::map_error;
+pub use object::{OBJECT, PROGRAM};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "this limiter binary was built without its XDP program; build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("loading an XDP program needs root (CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
+    NotPermitted,
+    #[error("the kernel rejected the XDP program: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error(
+        "the kernel's verifier rejected the XDP program (it needs Linux 5.12 or newer): {0} \
+         (LIMITER_LOG=debug prints the whole verifier log)"
+    )]
+    Verifier(String),
+    #[error(
+        "the state pinned at {} was written by an incompatible build ({detail}); \
+         `limiter detach --pin-dir {0}` removes it (and every bucket)",
+        dir.display()
+    )]
+    IncompatiblePins { dir: PathBuf, detail: String },
+    #[error("the object is not a limiter program: {0}")]
+    BadObject(String),
+    #[error(
+        "no limiter state at {} (is a limiter running? reading it needs root)",
+        dir.display()
+    )]
+    NotRunning { dir: PathBuf },
+    #[error("no network interface named {0:?}")]
+    NoInterface(String),
+    #[error("attaching to {iface} in {mode:?} mode failed: {source}")]
+    Attach {
+        iface: String,
+        mode: Mode,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("adopting the pinned link {path}: {detail}")]
+    Adopt { path: PathBuf, detail: String },
+    #[error("more than {} interfaces", MAX_IFACES - 1)]
+    TooManyInterfaces,
+    #[error("map {name}: {source}")]
+    Map {
+        name: String,
+        #[source]
+        source: MapError,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A loaded limiter program and its (pinned) maps.
+pub struct Datapath {
+    ebpf: Ebpf,
+    maps: Maps,
+    pin_dir: PathBuf,
+}
+
+impl Datapath {
+    /// Loads the embedded object with its maps pinned under `pin_dir`:
+    /// maps already pinned there are reused, state and all.
+    pub fn open(pin_dir: &Path, max_keys: u32) -> Result<Self, KernelError> {
+        Self::open_object(OBJECT, pin_dir, max_keys)
+    }
+
+    /// Loads a given object (the tests load the build that takes its clock
+    /// from a map).
+    pub fn open_object(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Self, KernelError> {
+        let mut ebpf = object::load(object, pin_dir, max_keys)?;
+        let maps = Maps::take(&mut ebpf)?;
+        Ok(Self {
+            ebpf,
+            maps,
+            pin_dir: pin_dir.to_owned(),
+        })
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    pub fn maps(&self) -> &Maps {
+        &self.maps
+    }
+
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.maps
+    }
+
+    pub fn config(&self) -> Result<GlobalConfig, KernelError> {
+        self.maps
+            .config
+            .get(&0, 0)
+            .map_err(map_error(limiter_common::abi::map_name::CONFIG))
+    }
+
+    pub fn set_config(&mut self, value: GlobalConfig) -> Result<(), KernelError> {
+        self.maps
+            .config
+            .set(0, value, 0)
+            .map_err(map_error(limiter_common::abi::map_name::CONFIG))
+    }
+
+    pub fn program(&self) -> &Xdp {
+        self.ebpf
+            .program(PROGRAM)
+            .and_then(|p| p.try_into().ok())
+            .expect("checked at load")
+    }
+
+    fn program_mut(&mut self) -> &mut Xdp {
+        self.ebpf
+            .program_mut(PROGRAM)
+            .and_then(|p| p.try_into().ok())
+            .expect("checked at load")
+    }
+}
+
+/// Fails with a clear message unless running as root.
+pub fn require_root() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!(
+            "this needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN for bpffs); try sudo"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! The XDP object: embedded at build time, checked against the state a
+//! previous build pinned (map by map, from the object's own ELF), loaded
+//! with its maps pinned by name, and its verifier's verdict made readable.
+
+use std::path::Path;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapError, MapInfo},
+    programs::{ProgramError, Xdp},
+};
+use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
+use limiter_common::abi::map_name;
+use nix::errno::Errno;
+
+use super::KernelError;
+
+/// The XDP object `cargo xtask build` compiled, embedded at build time.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
+
+/// The program's name in the object.
+pub const PROGRAM: &str = "limiter";
+
+/// Loads `object` with its maps pinned under `pin_dir` (maps already pinned
+/// there are reused, state and all), `KEYS` sized for `max_keys`, and the
+/// program loaded into the kernel (not attached).
+pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, KernelError> {
+    if object.is_empty() {
+        return Err(KernelError::NoObject);
+    }
+    check_pins(object, pin_dir, max_keys)?;
+    std::fs::create_dir_all(pin_dir).map_err(|source| KernelError::Io {
+        path: pin_dir.to_owned(),
+        source,
+    })?;
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(pin_dir)
+        .map_max_entries(map_name::KEYS, max_keys)
+        .load(object)
+        .map_err(|e| match &e {
+            aya::EbpfError::MapError(MapError::CreateError { io_error, .. })
+                if io_error.raw_os_error() == Some(Errno::EPERM as i32) =>
+            {
+                KernelError::NotPermitted
+            }
+            _ => KernelError::Load(Box::new(e)),
+        })?;
+    let program: &mut Xdp = ebpf
+        .program_mut(PROGRAM)
+        .ok_or(KernelError::NoObject)?
+        .try_into()
+        .map_err(|_| KernelError::NoObject)?;
+    program.load().map_err(|e| match e {
+        // EPERM is a missing capability; EACCES and EINVAL are the verifier.
+        ProgramError::LoadError { io_error, .. }
+            if io_error.raw_os_error() == Some(Errno::EPERM as i32) =>
+        {
+            KernelError::NotPermitted
+        }
+        ProgramError::LoadError { verifier_log, .. } => {
+            let log = verifier_log.to_string();
+            tracing::debug!("verifier log:\n{log}");
+            KernelError::Verifier(verifier_verdict(&log).to_owned())
+        }
+        other => KernelError::Load(Box::new(aya::EbpfError::ProgramError(other))),
+    })?;
+    Ok(ebpf)
+}
+
+/// Refuses pins whose layout differs from the object's: a map pinned by an
+/// incompatible build would be misread, and aya reuses pins unchecked. The
+/// expected key size, value size and capacity come from the ELF itself.
+fn check_pins(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<(), KernelError> {
+    let parsed = Object::parse(object).map_err(|e| KernelError::BadObject(e.to_string()))?;
+    for (name, map) in &parsed.maps {
+        let data_section = matches!(
+            map.section_kind(),
+            EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
+        );
+        let path = pin_dir.join(name);
+        if data_section || map.pinning() != PinningType::ByName || !path.exists() {
+            continue;
+        }
+        let pinned = MapInfo::from_pin(&path).map_err(|source| KernelError::Map {
+            name: name.clone(),
+            source,
+        })?;
+        let mismatch = |what: &str, pinned: u32, ours: u32| KernelError::IncompatiblePins {
+            dir: pin_dir.to_owned(),
+            detail: format!("{name}: {what} is {pinned}, this build uses {ours}"),
+        };
+        if pinned.key_size() != map.key_size() {
+            return Err(mismatch("key size", pinned.key_size(), map.key_size()));
+        }
+        if pinned.value_size() != map.value_size() {
+            return Err(mismatch(
+                "value size",
+                pinned.value_size(),
+                map.value_size(),
+            ));
+        }
+        if name == map_name::KEYS {
+            // Sized at load time from the rule file's `max_keys`.
+            if pinned.max_entries() != max_keys {
+                tracing::warn!(
+                    "{name} keeps its capacity of {} keys (asked for {max_keys}); `limiter detach` first to change it",
+                    pinned.max_entries()
+                );
+            }
+        } else if pinned.max_entries() != map.max_entries() {
+            return Err(mismatch(
+                "capacity",
+                pinned.max_entries(),
+                map.max_entries(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The line of a verifier log that says why it refused: the last one
+/// before the statistics it ends with.
+fn verifier_verdict(log: &str) -> &str {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| {
+            !l.is_empty()
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
+                && !l.starts_with("processed ")
+        })
+        .unwrap_or("no verifier log")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn verifier_verdict_is_the_reason_line() {
+        let log = "683: (79) r4 = *(u64 *)(r10 -64)\n684: (54) w4 &= 65535\nR4 32-bit pointer arithmetic prohibited\nverification time 97473 usec\nstack depth 192+0\nprocessed 9597 insns (limit 1000000)\n";
+        assert_eq!(
+            super::verifier_verdict(log),
+            "R4 32-bit pointer arithmetic prohibited"
+        );
+        assert_eq!(super::verifier_verdict(""), "no verifier log");
+    }
+}

@@ -1,0 +1,82 @@
+//! A rule in words (`10.0.0.0/8 udp port 53`, `1,000 pkts/s, burst 100`),
+//! as `limiter check`, `rules show` and the lab print it.
+
+use super::{Algorithm, Limit, Rate, Rule};
+use crate::units::{count, per};
+
+/// A rule in words, one field per column.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Description {
+    pub matches: String,
+    pub key: String,
+    pub limit: String,
+    pub aggregate: String,
+    pub action: String,
+}
+
+/// Describes `rule`, one field per column.
+pub fn describe(rule: &Rule) -> Description {
+    let m = &rule.matches;
+    let mut matches = vec![m.source.map_or("any source".into(), |s| s.to_string())];
+    if let Some(p) = m.protocol {
+        matches.push(match p {
+            6 => "tcp".into(),
+            17 => "udp".into(),
+            1 => "icmp".into(),
+            58 => "icmpv6".into(),
+            132 => "sctp".into(),
+            other => format!("proto {other}"),
+        });
+    }
+    if let Some(port) = m.dest_port {
+        matches.push(format!("port {port}"));
+    }
+    let rates = |packets: Option<Rate>, bytes: Option<Rate>| {
+        // Windows and logs admit `rate` per window: no burst to show.
+        let rate = |m: Rate, what: &str| match rule.algorithm {
+            Algorithm::Gcra => {
+                format!(
+                    "{} {what}/{}, burst {}",
+                    count(m.rate),
+                    per(m.period),
+                    count(m.burst)
+                )
+            }
+            other => {
+                let name = serde_json::to_value(other)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned));
+                format!(
+                    "{} {what}/{} ({})",
+                    count(m.rate),
+                    per(m.period),
+                    name.unwrap_or_default()
+                )
+            }
+        };
+        [
+            packets.map(|m| rate(m, "pkts")),
+            bytes.map(|m| rate(m, "bytes")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" + ")
+    };
+    Description {
+        matches: matches.join(" "),
+        key: format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
+        limit: match rule.limit {
+            Limit::Unlimited => "unlimited".to_owned(),
+            Limit::Metered { packets, bytes } => rates(packets, bytes),
+        },
+        aggregate: rule
+            .aggregate
+            .map_or("-".into(), |a| rates(a.packets, a.bytes)),
+        action: match (rule.limit, rule.shadow) {
+            (Limit::Unlimited, _) => "-".into(),
+            (_, true) => "shadow".into(),
+            (_, false) => "drop".into(),
+        },
+    }
+}

@@ -1,0 +1,100 @@
+//! Which rule applies to a packet: the one place that defines it. The
+//! kernel's trie entries list candidates in [`match_order`], and layer 7
+//! and the lab ask [`first_match`]; both mask sources with [`key_masks`].
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{Rule, RuleSet};
+
+/// The masks that turn a source address into the rule's key, for IPv4 and
+/// IPv6 (network byte order): the kernel and the L7 limiter both use them.
+pub fn key_masks(rule: &Rule) -> ([u8; 4], [u8; 16]) {
+    (
+        (u32::MAX
+            .checked_shl(32 - u32::from(rule.key.v4))
+            .unwrap_or(0))
+        .to_be_bytes(),
+        (u128::MAX
+            .checked_shl(128 - u32::from(rule.key.v6))
+            .unwrap_or(0))
+        .to_be_bytes(),
+    )
+}
+
+/// Every prefix that needs a trie entry: each rule's source, and /0 of both
+/// families when a rule matches any source.
+pub fn all_prefixes(set: &RuleSet) -> Vec<IpNet> {
+    let mut nets: Vec<IpNet> = Vec::new();
+    for rule in &set.rules {
+        let sources = match rule.matches.source {
+            Some(net) => vec![net],
+            None => vec![
+                "0.0.0.0/0".parse().expect("literal"),
+                "::/0".parse().expect("literal"),
+            ],
+        };
+        for net in sources {
+            if !nets.contains(&net) {
+                nets.push(net);
+            }
+        }
+    }
+    nets
+}
+
+/// Indexes of the rules whose source covers `net`, most specific first:
+/// longer source prefix, then protocol and port, then protocol, then file order.
+pub fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
+    match_order(set)
+        .into_iter()
+        .filter(|&i| {
+            set.rules[i]
+                .matches
+                .source
+                .is_none_or(|source| source.contains(&net))
+        })
+        .collect()
+}
+
+/// Every rule, most specific first: longer source prefix, then protocol and
+/// port, then protocol only, then neither, then file order. The kernel's
+/// trie entries list their candidates in this order.
+pub fn match_order(set: &RuleSet) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..set.rules.len()).collect();
+    order.sort_by_key(|&i| {
+        let m = &set.rules[i].matches;
+        let prefix = m.source.map_or(0, |s| s.prefix_len());
+        let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
+        (std::cmp::Reverse(prefix), std::cmp::Reverse(specificity), i)
+    });
+    order
+}
+
+/// The first rule in `order` ([`match_order`]) that applies to a packet
+/// from `source` with this protocol and port: the rule the kernel applies.
+pub fn first_match(
+    set: &RuleSet,
+    order: &[usize],
+    source: IpAddr,
+    protocol: u8,
+    dest_port: Option<u16>,
+) -> Option<usize> {
+    order.iter().copied().find(|&i| {
+        let m = &set.rules[i].matches;
+        m.source.is_none_or(|s| s.contains(&source))
+            && m.protocol.is_none_or(|p| p == protocol)
+            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+    })
+}
+
+/// [`first_match`] for a one-off question (`limiter lab`'s table).
+pub fn matching_rule(
+    set: &RuleSet,
+    source: IpAddr,
+    protocol: u8,
+    dest_port: Option<u16>,
+) -> Option<usize> {
+    first_match(set, &match_order(set), source, protocol, dest_port)
+}

@@ -1,0 +1,141 @@
+//! The rule file: the validated rule set and what it means, shared by the
+//! kernel and layer 7. Parsing and errors with file, line and field
+//! ([`yaml`]), the checks ([`validate`]), which rule applies to a packet
+//! ([`matching`]), and what identifies a rule's buckets ([`fingerprint`]).
+
+pub mod describe;
+mod fingerprint;
+pub mod matching;
+mod raw;
+mod validate;
+pub mod yaml;
+
+use std::{path::Path, time::Duration};
+
+use ipnet::IpNet;
+use limiter_common::{gcra::Gcra, window::Window};
+pub use raw::{Algorithm, Fallback};
+pub use validate::{parse_net, parse_unit};
+pub use yaml::InvalidFile;
+
+/// The default rule file, used by the lab and shown in the README.
+pub const EXAMPLE: &str = include_str!("../../../examples/rules.yaml");
+
+/// A validated rule file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSet {
+    /// For traffic that matches no rule.
+    pub default: Fallback,
+    /// For frames the parser rejects.
+    pub malformed: Fallback,
+    /// Capacity of the per-key state map.
+    pub max_keys: u32,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub name: String,
+    pub matches: Match,
+    /// Key granularity: the source prefix length that forms a key.
+    pub key: KeyPrefix,
+    pub limit: Limit,
+    /// Budgets shared by all the rule's keys together (hierarchical limits).
+    pub aggregate: Option<Rates>,
+    /// How every meter of the rule counts.
+    pub algorithm: Algorithm,
+    /// Pacing (layer 7 only): how long a request may be held until it
+    /// conforms before it is refused instead.
+    pub delay: Option<Duration>,
+    /// Excess is counted and passed instead of dropped.
+    pub shadow: bool,
+}
+
+/// A packet rate, a byte rate, or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rates {
+    pub packets: Option<Rate>,
+    pub bytes: Option<Rate>,
+}
+
+/// What a rule applies to. `source: None` means every address of both families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Match {
+    pub source: Option<IpNet>,
+    pub protocol: Option<u8>,
+    pub dest_port: Option<u16>,
+}
+
+/// Prefix lengths that form a key: one bucket per source `/v4` or `/v6`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyPrefix {
+    pub v4: u8,
+    pub v6: u8,
+}
+
+impl KeyPrefix {
+    /// One bucket per IPv4 address and per IPv6 /64 (one host owns a /64).
+    pub const DEFAULT: Self = Self { v4: 32, v6: 64 };
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Unlimited,
+    Metered {
+        packets: Option<Rate>,
+        bytes: Option<Rate>,
+    },
+}
+
+/// `rate` per `period`, with `burst` headroom, and the parameters of the
+/// meter (GCRA or window) that enforces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub rate: u64,
+    pub period: Duration,
+    /// GCRA only (windows admit `rate` per window).
+    pub burst: u64,
+    pub gcra: Gcra,
+    pub window: Window,
+}
+
+impl RuleSet {
+    /// Whether the kernel can enforce every rule: the sliding log and
+    /// pacing need per-request logs and queues, which XDP cannot keep.
+    pub fn kernel_compatible(&self) -> Result<(), String> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let what = if rule.algorithm == Algorithm::SlidingLog {
+                "algorithm sliding_log"
+            } else if rule.delay.is_some() {
+                "limit.delay (pacing)"
+            } else {
+                continue;
+            };
+            return Err(format!(
+                "rules[{i}] ({:?}): {what} works at layer 7 only (limiter proxy or the library); \
+                 the kernel cannot queue or log requests",
+                rule.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads and validates a rule file.
+    pub fn load(path: &Path) -> Result<Self, InvalidFile> {
+        Self::parse(&yaml::read(path)?, path)
+    }
+
+    /// Validates rule-file text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, InvalidFile> {
+        let raw: raw::RuleFile = yaml::parse(text, origin)?;
+        validate::rule_set(raw).map_err(|(field, message)| InvalidFile {
+            file: origin.to_owned(),
+            line: yaml::Lines::index(text).line(&field),
+            field,
+            message,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
