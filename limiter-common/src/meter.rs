@@ -285,4 +285,22 @@ mod tests {
         assert_eq!(verdict.outcome, Outcome::Allowed);
         assert_eq!(AtomicCell::load(&p), now + packets.emission_ns);
     }
+
+    /// Guards pacing: a request that conforms now waits 0; one that will
+    /// conform within the allowed delay waits exactly until then (the
+    /// boundary included) and is charged for that time; one beyond it is
+    /// refused and charged nothing.
+    #[test]
+    fn pacing_waits_exactly_until_conformance() {
+        let gcra = Gcra::new(10, SEC, 1).unwrap();
+        let cell = AtomicU64::new(0);
+        let now = 9 * SEC;
+        let t = gcra.emission_ns;
+        assert_eq!(acquire_delayed(&cell, &gcra, now, 1, 0), Some(0));
+        assert_eq!(acquire_delayed(&cell, &gcra, now, 1, t - 1), None);
+        assert_eq!(AtomicCell::load(&cell), now + t);
+        assert_eq!(acquire_delayed(&cell, &gcra, now, 1, t), Some(t));
+        assert_eq!(AtomicCell::load(&cell), now + 2 * t);
+        assert_eq!(acquire_delayed(&cell, &gcra, now, 1, 10 * t), Some(2 * t));
+    }
 }

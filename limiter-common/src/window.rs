@@ -8,7 +8,7 @@
 //! excluded when the limit is loaded), and the one remainder needed when a
 //! key returns after two or more idle windows is computed by multiplying
 //! with a reciprocal of `U` computed at load time, then correcting by at
-//! most two subtractions.
+//! most one subtraction.
 
 use crate::gcra::LimitError;
 
@@ -154,19 +154,15 @@ impl Window {
 }
 
 /// `value mod divisor`, given `reciprocal = floor((2^64 − 1) / divisor)`:
-/// the estimated quotient `value × reciprocal / 2^64` is at most two short
-/// of the true one, so at most two subtractions correct the remainder.
+/// the estimated quotient `value × reciprocal / 2^64` is at most one short
+/// of the true one (`reciprocal > (2^64 − divisor) / divisor`, so the
+/// estimate exceeds `value / divisor − value / 2^64 > value / divisor − 1`),
+/// so one subtraction corrects the remainder.
 #[inline(always)]
 pub fn remainder(value: u64, divisor: u64, reciprocal: u64) -> u64 {
     let quotient = mul_high(value, reciprocal);
-    let mut rem = value - quotient * divisor;
-    if rem >= divisor {
-        rem -= divisor;
-    }
-    if rem >= divisor {
-        rem -= divisor;
-    }
-    rem
+    let rem = value - quotient * divisor;
+    if rem >= divisor { rem - divisor } else { rem }
 }
 
 /// The high 64 bits of a 64 × 64-bit product, from 32-bit halves (BPF has
@@ -254,5 +250,39 @@ mod tests {
             Err(LimitError::WindowTooLarge)
         );
         assert!(Window::new(100_000, 86_400 * SEC).is_ok());
+    }
+
+    /// Guards the cost bounds: a request costing exactly the limit fits an
+    /// empty window of either kind; one unit more never does.
+    #[test]
+    fn a_cost_of_exactly_the_limit_fits_an_empty_window() {
+        let w = Window::new(5, SEC).unwrap();
+        let fresh = WindowState::default();
+        let t = 1_000 * SEC + SEC / 3;
+        for sliding in [false, true] {
+            let s = w.check(&fresh, t, 5, sliding).expect("the limit fits");
+            assert_eq!((s.start, s.previous, s.current), (1_000 * SEC, 0, 5));
+            assert_eq!(w.check(&fresh, t, 6, sliding), None);
+            assert_eq!(w.check(&s, t, 1, sliding), None);
+        }
+    }
+
+    /// Guards the roll-over: a key back exactly two windows later starts
+    /// the window `now` is in, with nothing carried over, not the window
+    /// after its old one.
+    #[test]
+    fn exactly_two_windows_later_starts_afresh() {
+        let w = Window::new(3, 10 * SEC).unwrap();
+        let s = WindowState {
+            start: 100 * SEC,
+            previous: 3,
+            current: 3,
+        };
+        let next = w.check_fixed(&s, 120 * SEC, 1).expect("a new window");
+        assert_eq!((next.start, next.previous, next.current), (120 * SEC, 0, 1));
+        let next = w
+            .check_sliding(&s, 120 * SEC, 3)
+            .expect("nothing carried over");
+        assert_eq!((next.start, next.previous, next.current), (120 * SEC, 0, 3));
     }
 }
