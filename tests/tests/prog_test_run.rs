@@ -357,3 +357,49 @@ fn fixed_windows_turn_over_at_epoch_seconds() {
         assert_eq!(run(&dp, &frame).0, XDP_DROP);
     }
 }
+
+/// Guards the check of pinned state against the object's own map
+/// definitions: a `CONFIG` pinned with another value size (as an
+/// incompatible build would leave it) is refused with a message naming the
+/// map and both sizes, instead of being misread.
+#[test]
+fn pins_of_an_incompatible_build_are_refused() {
+    use aya::maps::MapData;
+    use aya_obj::{
+        EbpfSectionKind,
+        maps::{LegacyMap, bpf_map_def},
+    };
+    limiter::kernel::pins::ensure_bpffs().expect("bpffs");
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/limiter-test-incompatible-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("pin dir");
+    let foreign = aya_obj::Map::Legacy(LegacyMap {
+        def: bpf_map_def {
+            map_type: 2, // BPF_MAP_TYPE_ARRAY, as CONFIG is
+            key_size: 4,
+            value_size: 8,
+            max_entries: 1,
+            ..bpf_map_def::default()
+        },
+        inner_def: None,
+        section_index: 0,
+        section_kind: EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let map = MapData::create(foreign, "CONFIG", None).expect("creating a map");
+    map.pin(dir.join("CONFIG")).expect("pinning it");
+    let error = limiter::kernel::Datapath::open(&dir, 1024)
+        .err()
+        .expect("an incompatible pin must be refused")
+        .to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        error.contains("incompatible build")
+            && error.contains("CONFIG: value size is 8, this build uses 24"),
+        "{error}"
+    );
+}

@@ -1,14 +1,16 @@
 //! One typed handle per map of the program, taken from a freshly loaded
-//! object or opened from the pins of a running limiter. This is the only
-//! code that opens a map by name: everything else reads and writes these
-//! handles.
+//! object or opened from the pins of a running limiter, and the check of
+//! pinned maps against the object's own definitions before they are
+//! reused. This is the only code that opens a map: everything else reads
+//! and writes these handles.
 
 use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray},
 };
+use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
 use limiter_common::abi::{
     Block, Candidates, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
     RuleCounters, map_name,
@@ -106,6 +108,61 @@ fn typed<T: TryFrom<Map, Error = MapError>>(name: &str, map: Map) -> Result<T, K
         name: name.to_owned(),
         source,
     })
+}
+
+/// Refuses pins whose layout differs from the object's: a map pinned by an
+/// incompatible build would be misread, and aya reuses pins unchecked. The
+/// expected key size, value size and capacity come from the ELF itself.
+pub(super) fn check_pinned(
+    object: &[u8],
+    pin_dir: &Path,
+    max_keys: u32,
+) -> Result<(), KernelError> {
+    let parsed = Object::parse(object).map_err(|e| KernelError::BadObject(e.to_string()))?;
+    for (name, map) in &parsed.maps {
+        let data_section = matches!(
+            map.section_kind(),
+            EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
+        );
+        let path = pin_dir.join(name);
+        if data_section || map.pinning() != PinningType::ByName || !path.exists() {
+            continue;
+        }
+        let pinned = MapInfo::from_pin(&path).map_err(|source| KernelError::Map {
+            name: name.clone(),
+            source,
+        })?;
+        let mismatch = |what: &str, pinned: u32, ours: u32| KernelError::IncompatiblePins {
+            dir: pin_dir.to_owned(),
+            detail: format!("{name}: {what} is {pinned}, this build uses {ours}"),
+        };
+        if pinned.key_size() != map.key_size() {
+            return Err(mismatch("key size", pinned.key_size(), map.key_size()));
+        }
+        if pinned.value_size() != map.value_size() {
+            return Err(mismatch(
+                "value size",
+                pinned.value_size(),
+                map.value_size(),
+            ));
+        }
+        if name == map_name::KEYS {
+            // Sized at load time from the rule file's `max_keys`.
+            if pinned.max_entries() != max_keys {
+                tracing::warn!(
+                    "{name} keeps its capacity of {} keys (asked for {max_keys}); `limiter detach` first to change it",
+                    pinned.max_entries()
+                );
+            }
+        } else if pinned.max_entries() != map.max_entries() {
+            return Err(mismatch(
+                "capacity",
+                pinned.max_entries(),
+                map.max_entries(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Turns a map error into ours, naming the map.

@@ -6,10 +6,9 @@ use std::path::Path;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapError, MapInfo},
+    maps::MapError,
     programs::{ProgramError, Xdp},
 };
-use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
 use limiter_common::abi::map_name;
 use nix::errno::Errno;
 
@@ -28,7 +27,7 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
     if object.is_empty() {
         return Err(KernelError::NoObject);
     }
-    check_pins(object, pin_dir, max_keys)?;
+    super::maps::check_pinned(object, pin_dir, max_keys)?;
     std::fs::create_dir_all(pin_dir).map_err(|source| KernelError::Io {
         path: pin_dir.to_owned(),
         source,
@@ -65,57 +64,6 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
         other => KernelError::Load(Box::new(aya::EbpfError::ProgramError(other))),
     })?;
     Ok(ebpf)
-}
-
-/// Refuses pins whose layout differs from the object's: a map pinned by an
-/// incompatible build would be misread, and aya reuses pins unchecked. The
-/// expected key size, value size and capacity come from the ELF itself.
-fn check_pins(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<(), KernelError> {
-    let parsed = Object::parse(object).map_err(|e| KernelError::BadObject(e.to_string()))?;
-    for (name, map) in &parsed.maps {
-        let data_section = matches!(
-            map.section_kind(),
-            EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
-        );
-        let path = pin_dir.join(name);
-        if data_section || map.pinning() != PinningType::ByName || !path.exists() {
-            continue;
-        }
-        let pinned = MapInfo::from_pin(&path).map_err(|source| KernelError::Map {
-            name: name.clone(),
-            source,
-        })?;
-        let mismatch = |what: &str, pinned: u32, ours: u32| KernelError::IncompatiblePins {
-            dir: pin_dir.to_owned(),
-            detail: format!("{name}: {what} is {pinned}, this build uses {ours}"),
-        };
-        if pinned.key_size() != map.key_size() {
-            return Err(mismatch("key size", pinned.key_size(), map.key_size()));
-        }
-        if pinned.value_size() != map.value_size() {
-            return Err(mismatch(
-                "value size",
-                pinned.value_size(),
-                map.value_size(),
-            ));
-        }
-        if name == map_name::KEYS {
-            // Sized at load time from the rule file's `max_keys`.
-            if pinned.max_entries() != max_keys {
-                tracing::warn!(
-                    "{name} keeps its capacity of {} keys (asked for {max_keys}); `limiter detach` first to change it",
-                    pinned.max_entries()
-                );
-            }
-        } else if pinned.max_entries() != map.max_entries() {
-            return Err(mismatch(
-                "capacity",
-                pinned.max_entries(),
-                map.max_entries(),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The line of a verifier log that says why it refused: the last one
