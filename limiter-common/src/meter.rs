@@ -303,4 +303,21 @@ mod tests {
         assert_eq!(AtomicCell::load(&cell), now + 2 * t);
         assert_eq!(acquire_delayed(&cell, &gcra, now, 1, 10 * t), Some(2 * t));
     }
+
+    /// Guards the one meter order both layers use: which meters charge a
+    /// request's length, and which are the rule's aggregate.
+    #[test]
+    fn the_meter_order() {
+        let bytes: Vec<usize> = (0..order::METERS)
+            .filter(|&i| order::charges_bytes(i))
+            .collect();
+        let aggregate: Vec<usize> = (0..order::METERS)
+            .filter(|&i| order::is_aggregate(i))
+            .collect();
+        assert_eq!(bytes, [order::KEY_BYTES, order::AGGREGATE_BYTES]);
+        assert_eq!(
+            aggregate,
+            [order::AGGREGATE_PACKETS, order::AGGREGATE_BYTES]
+        );
+    }
 }

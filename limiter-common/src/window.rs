@@ -285,4 +285,22 @@ mod tests {
             .expect("nothing carried over");
         assert_eq!((next.start, next.previous, next.current), (120 * SEC, 0, 3));
     }
+
+    /// Guards the early refusal in the sliding check: it is what keeps the
+    /// weighted sum within the `2 × R × U` that `new` proved fits. Without
+    /// it, a full window and a large cost would overflow 64 bits (and wrap
+    /// in the kernel) at the largest limit allowed.
+    #[test]
+    fn the_sliding_sum_stays_in_range_at_the_largest_limit() {
+        let u = SEC;
+        let r = u64::MAX / (2 * u);
+        let w = Window::new(r, u).unwrap();
+        let full = WindowState {
+            start: 100 * u,
+            previous: r,
+            current: r,
+        };
+        assert_eq!(w.check_sliding(&full, 100 * u, r), None);
+        assert_eq!(w.check_sliding(&full, 100 * u, 1), None);
+    }
 }

@@ -128,7 +128,14 @@ impl Engine {
             let id = (0..MAX_RULES - 1)
                 .map(|i| 1 + (cursor - 1 + i) % (MAX_RULES - 1))
                 .find(|id| !taken.contains(id))
-                .context("no free rule ids")?;
+                .with_context(|| {
+                    format!(
+                        "no free rule ids: the rules in force and the new ones together would be \
+                         more than {} (rules whose match, key and limits are unchanged share an id); \
+                         apply a smaller file first",
+                        MAX_RULES - 1
+                    )
+                })?;
             taken.push(id);
             fresh.push(id);
             *slot = Some(id);

@@ -2,7 +2,9 @@
 //! whose clock is set by the test through BPF_PROG_TEST_RUN) gives exactly
 //! the verdicts of the reference model on every trace of the corpus it can
 //! run (`limiter-conformance` holds the corpus, the model, and the
-//! comparisons that need no kernel).
+//! comparisons that need no kernel). Also what the test build must do that
+//! the corpus does not show: dry run, default drop, full rule tables. (This
+//! build is the one `cargo xtask mutants` rebuilds from each mutant.)
 
 use std::net::Ipv4Addr;
 
@@ -109,4 +111,70 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
             "{error}"
         );
     }
+}
+
+/// The verdict (XDP_PASS is 2) of one UDP frame from `source` at `t`.
+fn verdict(dp: &mut limiter_tests::Loaded, source: Ipv4Addr, t: u64) -> u32 {
+    dp.engine
+        .datapath_mut()
+        .maps_mut()
+        .test_clock
+        .as_mut()
+        .expect("the test build has CLOCK")
+        .set(0, t, 0)
+        .expect("setting the clock");
+    dp.program()
+        .test_run(TestRunOptions {
+            data_in: Some(&frames::udp4(source, 9, 22)),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
+}
+
+/// Guards the rule flags the corpus never sets: a dry-run rule passes its
+/// excess (a lost `SHADOW` bit would drop it) and `default: drop` drops
+/// what no rule matches (a lost `BLOCK` bit would pass it).
+#[test]
+fn dry_run_and_default_drop() {
+    let mut dp = loaded_object(
+        &test_clock_object(),
+        "default: drop\nrules:\n  - { name: dry, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 }, action: shadow }\n",
+    );
+    let t = 5_000_000_000;
+    let (matched, unmatched) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(203, 0, 113, 1));
+    let got: Vec<u32> = (0..3).map(|i| verdict(&mut dp, matched, t + i)).collect();
+    assert_eq!(got, [2, 2, 2], "a dry run passes its excess");
+    assert_eq!(verdict(&mut dp, unmatched, t), 1, "default: drop");
+}
+
+/// Guards the capacity of the rule tries: the largest rule file (1,023
+/// rules, each with its own prefix) fits, and so does its next version
+/// (renamed rules keep their ids) while the first generation still holds
+/// its entries.
+#[test]
+fn the_largest_rule_file_fits_both_generations() {
+    let mut dp = loaded_object(&test_clock_object(), "rules: []\n");
+    let largest = |prefix: &str| {
+        let mut text = String::from("default: drop\nrules:\n");
+        for i in 0..1023u32 {
+            text += &format!(
+                "  - {{ name: {prefix}{i}, match: {{ source: 10.1.{}.{}/32 }}, limit: unlimited }}\n",
+                i / 256,
+                i % 256
+            );
+        }
+        text
+    };
+    for prefix in ["a", "b"] {
+        dp.engine
+            .apply(rules(&largest(prefix)))
+            .expect("the largest rule file fits in the generation packets do not read");
+    }
+    assert_eq!(
+        verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 254), 1),
+        2,
+        "the last rule applies"
+    );
+    assert_eq!(verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 255), 1), 1);
 }
