@@ -59,7 +59,9 @@ fn kill_9_and_restart_under_flood_admit_no_second_burst() {
     let addrs = v4(4, 1);
     let start = Instant::now();
     let (report, received, restarted_log) =
-        flood_while(&lab, &addrs, 1000, Duration::from_secs(4), || {
+        // Long enough that the new daemon (about 2 s to load: the verifier)
+        // serves well before the flood ends.
+        flood_while(&lab, &addrs, 1000, Duration::from_secs(6), || {
             thread::sleep(Duration::from_millis(1200));
             daemon.kill9();
             // Enforcement goes on with nobody home...
