@@ -1,6 +1,8 @@
-//! Lock-free updates of GCRA state shared between CPUs.
+//! Metering a request against all of its rule's meters, in one order
+//! ([`order`]) shared by the kernel and layer 7: lock-free GCRA updates
+//! shared between CPUs, window updates under a lock, refunds, and pacing.
 //!
-//! A packet's verdict is computed from a snapshot of the TAT and committed
+//! A GCRA verdict is computed from a snapshot of the TAT and committed
 //! with compare-and-swap; if another CPU changed the TAT in between, the
 //! verdict is recomputed from the value it wrote. No update is ever lost, so
 //! concurrency cannot admit more than the algorithm allows.
@@ -314,10 +316,18 @@ mod tests {
         let aggregate: Vec<usize> = (0..order::METERS)
             .filter(|&i| order::is_aggregate(i))
             .collect();
-        assert_eq!(bytes, [order::KEY_BYTES, order::AGGREGATE_BYTES]);
+        // The positions a key's and an aggregate's state keep their
+        // meters at (`abi::KeyState`: packets, then bytes) depend on these.
         assert_eq!(
-            aggregate,
-            [order::AGGREGATE_PACKETS, order::AGGREGATE_BYTES]
+            [
+                order::KEY_PACKETS,
+                order::KEY_BYTES,
+                order::AGGREGATE_PACKETS,
+                order::AGGREGATE_BYTES
+            ],
+            [0, 1, 2, 3]
         );
+        assert_eq!(bytes, [1, 3]);
+        assert_eq!(aggregate, [2, 3]);
     }
 }

@@ -214,7 +214,13 @@ fn meter_gcra(
     len: u64,
 ) -> Verdict {
     // A key's state and its rule's aggregate each keep a packet meter
-    // (pair index 0) and a byte meter (1); `order` says which is which.
+    // (pair index 0) and a byte meter (1); `cells` lists them in `order`.
+    const _: () = assert!(
+        order::KEY_PACKETS == 0
+            && order::KEY_BYTES == 1
+            && order::AGGREGATE_PACKETS == 2
+            && order::AGGREGATE_BYTES == 3
+    );
     let cells = unsafe {
         [
             MapCell(&raw mut (*state).meters[0][0]),

@@ -44,7 +44,7 @@ use crate::{
 pub struct DaemonConfig {
     /// The rule file (relative paths are relative to this file's folder).
     pub rules: PathBuf,
-    pub interfaces: Vec<Interface>,
+    pub interfaces: Vec<InterfaceConfig>,
     #[serde(default = "default_pin_dir")]
     pub pin_dir: PathBuf,
     #[serde(default = "default_socket")]
@@ -59,7 +59,7 @@ pub struct DaemonConfig {
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Interface {
+pub struct InterfaceConfig {
     pub name: String,
     #[serde(default)]
     pub mode: Mode,
@@ -300,7 +300,7 @@ async fn scrape(
         let blocks = engine.blocks()?.len() as u64;
         anyhow::Ok(openmetrics::render(
             &snapshot,
-            openmetrics::Facts {
+            openmetrics::DaemonGauges {
                 ruleset_generation: shared.generation.load(Ordering::Relaxed),
                 tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
                 blocks,

@@ -1,8 +1,9 @@
 //! The limiter's userspace. Data flows one way: the rule file ([`rules`])
 //! is compiled into the kernel's tables ([`compile`]), written into the
-//! loaded program's maps ([`kernel`]) by the [`engine`], which the
-//! [`daemon`] (through [`control`]) and `limiter run` ([`session`]) drive;
-//! [`render`] turns what they report into text and metrics. Layer 7
+//! loaded program's maps ([`kernel`]) by the [`engine`]; [`render`] turns
+//! what it reports into text and metrics; the [`daemon`] (through
+//! [`control`]) and `limiter run` ([`session`]) drive it all. Each module
+//! imports only from those before it. Layer 7
 //! ([`http`]) applies the same rules with `limiter-common`'s algorithms and
 //! uses no kernel module. [`lab`] is the demo's and the tests' network.
 

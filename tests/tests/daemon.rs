@@ -248,6 +248,7 @@ fn blocks_expire_on_time_without_the_daemon() {
         &sources(&lab, 0, &addrs[1..], 1000, 64),
         Duration::from_secs(1),
     );
+    assert!(dry.sent[0] > 500, "the blocked source was not flooded");
     assert_eq!(
         received_dry.get(&blocked_v6).copied().unwrap_or(0),
         dry.sent[0],

@@ -57,7 +57,6 @@ async fn serve(layer: RateLimitLayer) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_verdicts_match_the_reference_on_every_trace() {
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
-    let mut replayed = 0;
     for trace in corpus() {
         let clock = Arc::new(TestClock::default());
         let limiter = Arc::new(Limiter::new(
@@ -97,9 +96,7 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
                 trace.name, trace.arrivals[i]
             );
         }
-        replayed += 1;
     }
-    assert_eq!(replayed, corpus().len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

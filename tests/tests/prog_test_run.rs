@@ -392,11 +392,11 @@ fn pins_of_an_incompatible_build_are_refused() {
     });
     let map = MapData::create(foreign, "CONFIG", None).expect("creating a map");
     map.pin(dir.join("CONFIG")).expect("pinning it");
-    let error = limiter::kernel::Datapath::open(&dir, 1024)
-        .err()
-        .expect("an incompatible pin must be refused")
-        .to_string();
+    let opened = limiter::kernel::Datapath::open(&dir, 1024).map(drop);
     let _ = std::fs::remove_dir_all(&dir);
+    let error = opened
+        .expect_err("an incompatible pin must be refused")
+        .to_string();
     assert!(
         error.contains("incompatible build")
             && error.contains("CONFIG: value size is 8, this build uses 24"),

@@ -42,7 +42,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     };
     println!("lab: creating namespaces {LAB_NAME}-tx and {LAB_NAME}-rx joined by a veth pair");
     let lab = Lab::create(LAB_NAME)?;
-    let limiter = lab.rx.enter(|| {
+    let session = lab.rx.enter(|| {
         Session::start(
             &rules,
             &[lab::RX_IFACE.to_owned()],
@@ -53,7 +53,7 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
     println!(
         "lab: limiter attached to {} ({} mode) in {LAB_NAME}-rx with these rules:\n",
         lab::RX_IFACE,
-        format!("{:?}", limiter.attachments[0].mode).to_lowercase()
+        format!("{:?}", session.attachments[0].mode).to_lowercase()
     );
     print!("{}", text::rules_table(&rules));
 
@@ -140,8 +140,8 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         text::table(&["SOURCE", "SENT", "ARRIVED", "DROPPED"], &total_rows)
     );
     println!("\nthe limiter's own counters:");
-    print!("{}", text::stats_table(&limiter.snapshot()?));
-    drop(limiter);
+    print!("{}", text::stats_table(&session.snapshot()?));
+    drop(session);
     drop(lab);
     println!("\nlab: detached and removed the namespaces");
     Ok(())

@@ -54,7 +54,7 @@ pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
     let origin = file.display().to_string();
     let change = Client::new(socket).rules_apply(text, origin)?;
     if json {
-        println!("{}", serde_json::to_string(&change)?);
+        println!("{}", serde_json::to_value(&change)?);
         return Ok(());
     }
     println!(
@@ -84,7 +84,7 @@ pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
 pub fn rules_show(socket: &Path, json: bool) -> Result<()> {
     let view = Client::new(socket).rules_show()?;
     if json {
-        println!("{}", serde_json::to_string(&view)?);
+        println!("{}", serde_json::to_value(&view)?);
     } else {
         print!("{}", text::rules_view_text(&view));
     }

@@ -15,8 +15,8 @@ pub fn run(
 ) -> Result<()> {
     // Validate before touching anything.
     let rules = RuleSet::load(config)?;
-    let limiter = Session::start(&rules, ifaces, mode, pin_dir)?;
-    let attached: Vec<String> = limiter
+    let session = Session::start(&rules, ifaces, mode, pin_dir)?;
+    let attached: Vec<String> = session
         .attachments
         .iter()
         .map(|a| format!("{} ({:?})", a.iface, a.mode).to_lowercase())
@@ -26,7 +26,7 @@ pub fn run(
         rules.rules.len(),
         config.display(),
         attached.join(", "),
-        limiter.pin_dir().display()
+        session.pin_dir().display()
     );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -37,11 +37,11 @@ pub fn run(
             signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
-        let mut previous = limiter.snapshot()?;
+        let mut previous = session.snapshot()?;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    let now = limiter.snapshot()?;
+                    let now = session.snapshot()?;
                     println!("{}", text::summary_line(&previous, &now, interval));
                     previous = now;
                 }
@@ -51,8 +51,8 @@ pub fn run(
         }
         anyhow::Ok(())
     })?;
-    let last = limiter.snapshot()?;
-    drop(limiter);
+    let last = session.snapshot()?;
+    drop(session);
     print!("{}", text::stats_table(&last));
     println!(
         "limiter: detached from {} and removed the pins",

@@ -1,4 +1,4 @@
-//! Rate-limit response fields: the IETF `RateLimit-Quota` and `RateLimit`
+//! Rate-limit response fields: the IETF `RateLimit-Policy` and `RateLimit`
 //! fields (draft-ietf-httpapi-ratelimit-headers), the `X-RateLimit-*`
 //! fields many clients still read, and `Retry-After` on refusals.
 

@@ -293,8 +293,11 @@ impl Limiter {
                 let mut agg_windows = aggregate.windows.lock().expect("window lock");
                 let [k0, k1] = &mut *key_windows;
                 let [a0, a1] = &mut *agg_windows;
-                // The key's then the aggregate's: `order`'s sequence.
-                let mut states = [Some(k0), Some(k1), Some(a0), Some(a1)];
+                let mut states: [Option<&mut WindowState>; order::METERS] = Default::default();
+                states[order::KEY_PACKETS] = Some(k0);
+                states[order::KEY_BYTES] = Some(k1);
+                states[order::AGGREGATE_PACKETS] = Some(a0);
+                states[order::AGGREGATE_BYTES] = Some(a1);
                 let windows = rates.map(|m| m.map(|m| m.window));
                 let charges: [WindowCharge<'_>; order::METERS] = std::array::from_fn(|i| {
                     let state = states[i].take().expect("each state once");

@@ -9,12 +9,12 @@ use nix::errno::Errno;
 use super::{Datapath, KernelError, maps::map_error};
 
 /// The blocks trie of an address family, by address length.
-pub trait Family<const N: usize> {
+pub trait BlockTrie<const N: usize> {
     fn trie(&self) -> (&LpmTrie<MapData, [u8; N], Block>, &'static str);
     fn trie_mut(&mut self) -> (&mut LpmTrie<MapData, [u8; N], Block>, &'static str);
 }
 
-impl Family<4> for Datapath {
+impl BlockTrie<4> for Datapath {
     fn trie(&self) -> (&LpmTrie<MapData, [u8; 4], Block>, &'static str) {
         (&self.maps.blocks_v4, map_name::BLOCKS_V4)
     }
@@ -23,7 +23,7 @@ impl Family<4> for Datapath {
     }
 }
 
-impl Family<16> for Datapath {
+impl BlockTrie<16> for Datapath {
     fn trie(&self) -> (&LpmTrie<MapData, [u8; 16], Block>, &'static str) {
         (&self.maps.blocks_v6, map_name::BLOCKS_V6)
     }
@@ -41,9 +41,9 @@ impl Datapath {
         expires_ns: u64,
     ) -> Result<(), KernelError>
     where
-        Self: Family<N>,
+        Self: BlockTrie<N>,
     {
-        let (blocks, name) = Family::<N>::trie_mut(self);
+        let (blocks, name) = BlockTrie::<N>::trie_mut(self);
         let key = Key::new(prefix_len, addr);
         let dropped = blocks.get(&key, 0).map(|b| b.dropped_packets).unwrap_or(0);
         blocks
@@ -65,9 +65,9 @@ impl Datapath {
         prefix_len: u32,
     ) -> Result<bool, KernelError>
     where
-        Self: Family<N>,
+        Self: BlockTrie<N>,
     {
-        let (blocks, name) = Family::<N>::trie_mut(self);
+        let (blocks, name) = BlockTrie::<N>::trie_mut(self);
         match blocks.remove(&Key::new(prefix_len, addr)) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),
@@ -83,9 +83,9 @@ impl Datapath {
     /// Every block of one family: (address, prefix length, state).
     pub fn blocks<const N: usize>(&self) -> Result<Vec<([u8; N], u32, Block)>, KernelError>
     where
-        Self: Family<N>,
+        Self: BlockTrie<N>,
     {
-        let (blocks, name) = Family::<N>::trie(self);
+        let (blocks, name) = BlockTrie::<N>::trie(self);
         blocks
             .iter()
             .map(|entry| entry.map(|(k, v)| (k.data(), k.prefix_len(), v)))

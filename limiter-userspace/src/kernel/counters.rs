@@ -23,7 +23,7 @@ pub struct Snapshot {
     pub rules: Vec<RuleStats>,
     /// The same per registered interface (slot 0: any other, e.g. test runs).
     pub interfaces: Vec<InterfaceStats>,
-    pub keys: KeyMap,
+    pub keys: KeyMapSize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub struct InterfaceStats {
 
 /// The per-key state map, as the kernel accounts for it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KeyMap {
+pub struct KeyMapSize {
     /// Keys it holds before the least recently used are evicted.
     pub capacity: u64,
     /// Kernel memory charged for it (`memlock` in the map's fdinfo); the
@@ -51,7 +51,7 @@ pub struct KeyMap {
     pub memory_bytes: u64,
 }
 
-impl KeyMap {
+impl KeyMapSize {
     fn read(map: &MapData) -> Result<Self, KernelError> {
         let path = format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd());
         let info = std::fs::read_to_string(&path).map_err(|source| KernelError::Io {
@@ -81,7 +81,7 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
     let mut snapshot = Snapshot {
         generation: config.generation,
         shadow: config.flags & global_flag::SHADOW != 0,
-        keys: KeyMap::read(maps.keys.map())?,
+        keys: KeyMapSize::read(maps.keys.map())?,
         ..Snapshot::default()
     };
     for cpu in maps

@@ -49,7 +49,10 @@ impl Maps {
     /// Takes every map out of a loaded object (the program keeps using
     /// them: it was relocated against their file descriptors).
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
-        let mut open = |name: &str| ebpf.take_map(name).ok_or(KernelError::NoObject);
+        let mut open = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| KernelError::BadObject(format!("it has no map {name}")))
+        };
         let maps = Self::from_maps(&mut open)?;
         Ok(Self {
             test_clock: ebpf
@@ -64,8 +67,14 @@ impl Maps {
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, KernelError> {
         let mut open = |name: &str| {
             let path = pin_dir.join(name);
-            let data = MapData::from_pin(&path).map_err(|_| KernelError::NotRunning {
-                dir: pin_dir.to_owned(),
+            let data = MapData::from_pin(&path).map_err(|e| match e {
+                MapError::PinError { .. } if !path.exists() => KernelError::NotRunning {
+                    dir: pin_dir.to_owned(),
+                },
+                source => KernelError::Map {
+                    name: name.to_owned(),
+                    source,
+                },
             })?;
             Map::from_map_data(data).map_err(|source| KernelError::Map {
                 name: name.to_owned(),

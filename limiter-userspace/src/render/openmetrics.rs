@@ -1,7 +1,7 @@
-//! Prometheus (OpenMetrics) exposition of the counters. Names follow the
-//! conventions: `_total` counters, base units (bytes), and the labels
-//! `layer` (`xdp` here; the L7 library uses the same names), `interface`,
-//! `rule` and `verdict`.
+//! Prometheus (OpenMetrics) exposition of the counters, of the kernel
+//! (`layer="xdp"`) and of a layer-7 limiter (`layer="http"`, the same
+//! names). Names follow the conventions: `_total` counters, base units
+//! (bytes), and the labels `layer`, `interface`, `rule` and `verdict`.
 
 use prometheus_client::{
     encoding::text::encode,
@@ -13,7 +13,7 @@ use crate::kernel::counters::Snapshot;
 
 /// What the daemon knows beyond the kernel's counters.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Facts {
+pub struct DaemonGauges {
     /// Rule sets applied since the daemon started (the first is 1).
     pub ruleset_generation: u64,
     /// Keys in the state map now (counted with batched reads).
@@ -24,7 +24,7 @@ pub struct Facts {
 type Labels = Vec<(String, String)>;
 
 /// The exposition text for one scrape.
-pub fn render(snapshot: &Snapshot, facts: Facts) -> String {
+pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     let mut registry = Registry::default();
     let layer = || ("layer".to_owned(), "xdp".to_owned());
 

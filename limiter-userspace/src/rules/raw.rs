@@ -18,7 +18,7 @@ pub struct RuleFile {
     pub malformed: Fallback,
     pub max_keys: Option<u32>,
     #[serde(default)]
-    pub rules: Vec<Rule>,
+    pub rules: Vec<RuleEntry>,
 }
 
 /// What happens to traffic no rule matches (`default`) and to frames the
@@ -33,12 +33,12 @@ pub enum Fallback {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Rule {
+pub struct RuleEntry {
     pub name: String,
     #[serde(default, rename = "match")]
-    pub matches: Match,
+    pub matches: MatchFields,
     pub key: Option<String>,
-    pub limit: Limit,
+    pub limit: LimitField,
     /// One budget shared by every key of the rule.
     pub aggregate: Option<RateFields>,
     pub action: Option<Excess>,
@@ -62,7 +62,7 @@ pub enum Algorithm {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Match {
+pub struct MatchFields {
     /// Parsed by `validate`, for a message that shows what is expected.
     pub source: Option<String>,
     pub protocol: Option<Protocol>,
@@ -110,7 +110,7 @@ pub enum Excess {
 
 /// `unlimited`, or a mapping of rates.
 #[derive(Debug)]
-pub enum Limit {
+pub enum LimitField {
     Unlimited,
     Rates(RateFields),
 }
@@ -131,23 +131,23 @@ pub struct RateFields {
     pub delay: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for Limit {
+impl<'de> Deserialize<'de> for LimitField {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct LimitVisitor;
         impl<'de> Visitor<'de> for LimitVisitor {
-            type Value = Limit;
+            type Value = LimitField;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("`unlimited` or a mapping such as { rate: 100, unit: second }")
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Limit, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LimitField, E> {
                 if v == "unlimited" {
-                    Ok(Limit::Unlimited)
+                    Ok(LimitField::Unlimited)
                 } else {
                     Err(E::invalid_value(de::Unexpected::Str(v), &self))
                 }
             }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Limit, A::Error> {
-                RateFields::deserialize(MapAccessDeserializer::new(map)).map(Limit::Rates)
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<LimitField, A::Error> {
+                RateFields::deserialize(MapAccessDeserializer::new(map)).map(LimitField::Rates)
             }
         }
         deserializer.deserialize_any(LimitVisitor)

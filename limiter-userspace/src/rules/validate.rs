@@ -64,7 +64,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
     Ok(rule_set)
 }
 
-fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
+fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     if raw.name.is_empty() || raw.name.len() >= RULE_NAME_LEN {
         return Err(invalid(
             "name",
@@ -100,7 +100,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
     };
     let algorithm = raw.algorithm.unwrap_or_default();
     let limit = match &raw.limit {
-        raw::Limit::Unlimited => {
+        raw::LimitField::Unlimited => {
             let pointless = [
                 ("key", raw.key.is_some()),
                 ("action", raw.action.is_some()),
@@ -112,7 +112,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
             }
             Limit::Unlimited
         }
-        raw::Limit::Rates(rates) => {
+        raw::LimitField::Rates(rates) => {
             let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
             Limit::Metered {
                 packets: m.packets,
@@ -121,7 +121,7 @@ fn validate_rule(raw: &raw::Rule) -> Result<Rule, Invalid> {
         }
     };
     let delay = match &raw.limit {
-        raw::Limit::Rates(raw::RateFields {
+        raw::LimitField::Rates(raw::RateFields {
             delay: Some(delay),
             bytes,
             ..

@@ -129,8 +129,8 @@ impl Lines {
     /// (its error was reported with its own line already).
     pub fn index(text: &str) -> Self {
         let mut lines = HashMap::new();
-        if let Ok(root) = serde_saphyr::from_str_with_options::<Spanned<Node>>(text, options()) {
-            root.value.record("", &mut lines);
+        if let Ok(root) = serde_saphyr::from_str_with_options::<Node>(text, options()) {
+            root.record("", &mut lines);
         }
         Self(lines)
     }
@@ -147,33 +147,34 @@ impl Lines {
     }
 }
 
-/// Any YAML value, each child with its location.
+/// Any YAML value; a mapping's fields with the location of their key (a
+/// block value starts on the line after it), a sequence's items with their
+/// own.
 enum Node {
-    Map(Vec<(String, Spanned<Node>)>),
+    Map(Vec<(Spanned<Key>, Node)>),
     Seq(Vec<Spanned<Node>>),
     Scalar,
 }
 
 impl Node {
     fn record(&self, path: &str, lines: &mut HashMap<String, usize>) {
-        let mut child = |path: String, node: &Spanned<Node>| {
-            lines.insert(path.clone(), node.referenced.line() as usize);
-            node.value.record(&path, lines);
-        };
         match self {
             Self::Map(entries) => {
                 for (key, node) in entries {
                     let path = if path.is_empty() {
-                        key.clone()
+                        key.value.0.clone()
                     } else {
-                        format!("{path}.{key}")
+                        format!("{path}.{}", key.value.0)
                     };
-                    child(path, node);
+                    lines.insert(path.clone(), key.referenced.line() as usize);
+                    node.record(&path, lines);
                 }
             }
             Self::Seq(items) => {
                 for (i, node) in items.iter().enumerate() {
-                    child(format!("{path}[{i}]"), node);
+                    let path = format!("{path}[{i}]");
+                    lines.insert(path.clone(), node.referenced.line() as usize);
+                    node.value.record(&path, lines);
                 }
             }
             Self::Scalar => {}
@@ -191,8 +192,8 @@ impl<'de> Deserialize<'de> for Node {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
                 let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<Key>()? {
-                    entries.push((key.0, map.next_value()?));
+                while let Some(key) = map.next_key::<Spanned<Key>>()? {
+                    entries.push((key, map.next_value()?));
                 }
                 Ok(Node::Map(entries))
             }
@@ -266,5 +267,32 @@ impl<'de> Deserialize<'de> for Key {
             }
         }
         deserializer.deserialize_any(KeyVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lines;
+
+    /// Guards the lines of fields found after parsing: a field's line is
+    /// its key's, also when its value is a block starting on the next line.
+    #[test]
+    fn fields_are_found_on_their_keys_line() {
+        let lines = Lines::index(
+            "rules:\n  - name: a\n    match:\n      source: 10.0.0.0/8\n    limit: { rate: 1, unit: second }\n  - { name: b, limit: unlimited }\n",
+        );
+        for (path, line) in [
+            ("rules", 1),
+            ("rules[0]", 2),
+            ("rules[0].name", 2),
+            ("rules[0].match", 3),
+            ("rules[0].match.source", 4),
+            ("rules[0].limit.unit", 5),
+            ("rules[1].limit", 6),
+            // A field that is not there: its nearest ancestor's line.
+            ("rules[1].limit.rate", 6),
+        ] {
+            assert_eq!(lines.line(path), Some(line), "{path}");
+        }
     }
 }
