@@ -79,7 +79,7 @@ fn default_metrics() -> String {
 
 impl DaemonConfig {
     pub fn load(path: &Path) -> Result<Self> {
-        let mut config: Self = rules::yaml::load(path)?;
+        let mut config: Self = crate::yaml::load(path)?;
         if config.rules.is_relative() {
             config.rules = path.parent().unwrap_or(Path::new(".")).join(&config.rules);
         }

@@ -49,7 +49,7 @@ pub struct Conversion {
 }
 
 pub fn envoy(path: &Path) -> Result<Conversion> {
-    let config: EnvoyConfig = crate::rules::yaml::load(path)?;
+    let config: EnvoyConfig = crate::yaml::load(path)?;
     let mut rules = Vec::new();
     let mut skipped = Vec::new();
     let mut names = HashSet::new();

@@ -20,3 +20,4 @@ pub mod render;
 pub mod rules;
 pub mod session;
 pub mod units;
+pub mod yaml;

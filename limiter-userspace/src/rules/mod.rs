@@ -1,22 +1,24 @@
 //! The rule file: the validated rule set and what it means, shared by the
-//! kernel and layer 7. Parsing and errors with file, line and field
-//! ([`yaml`]), the checks ([`validate`]), which rule applies to a packet
-//! ([`matching`]), and what identifies a rule's buckets ([`fingerprint`]).
+//! kernel and layer 7. The fields as written (`raw`), the checks
+//! (`validate`), which rule applies to a packet ([`matching`]), what
+//! identifies a rule's buckets (`fingerprint`), and a rule in words
+//! ([`describe`]). Reading YAML, with file, line and field in every
+//! error, is [`crate::yaml`]'s.
 
 pub mod describe;
 mod fingerprint;
 pub mod matching;
 mod raw;
 mod validate;
-pub mod yaml;
 
 use std::{path::Path, time::Duration};
 
+use crate::yaml;
+pub use crate::yaml::InvalidFile;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
 pub use raw::{Algorithm, Fallback};
 pub use validate::{parse_net, parse_unit};
-pub use yaml::InvalidFile;
 
 /// The default rule file, used by the lab and shown in the README.
 pub const EXAMPLE: &str = include_str!("../../../examples/rules.yaml");

@@ -1,5 +1,6 @@
-//! Reading YAML files (the rule file, the daemon's configuration) into
-//! serde types, with every error naming the file, the line and the field:
+//! Reading YAML files (the rule file, the daemon's configuration, envoy's
+//! configuration for the import) into serde types, with every error naming
+//! the file, the line and the field:
 //! `rules.yaml:3: rules[0].limit: unknown field `brust``. serde-saphyr
 //! parses (with limits on depth, aliases and size) and gives locations;
 //! serde_path_to_error gives the field path; [`Lines`] gives the line of any
