@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use aya::programs::{TestRun, TestRunOptions};
 use limiter_conformance::assert_same;
 use limiter_tests::{
-    frames, loaded_object,
+    Loaded, frames, loaded_object,
     reference::{self, Algo},
     rules, test_clock_object,
     traces::{corpus, replayable_as_frames},
@@ -60,22 +60,7 @@ fn the_xdp_program_matches_the_reference() {
             } else {
                 a.t.wrapping_sub(REALTIME_OFFSET_NS)
             };
-            dp.engine
-                .datapath_mut()
-                .maps_mut()
-                .test_clock
-                .as_mut()
-                .expect("the test build has CLOCK")
-                .set(0, monotonic, 0)
-                .expect("setting the clock");
-            let result = dp
-                .program()
-                .test_run(TestRunOptions {
-                    data_in: Some(&frame),
-                    ..TestRunOptions::default()
-                })
-                .expect("BPF_PROG_TEST_RUN");
-            got.push(result.return_value == 2); // XDP_PASS
+            got.push(run_at(&mut dp, &frame, monotonic) == XDP_PASS);
         }
         assert_same(
             &trace,
@@ -113,23 +98,31 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
     }
 }
 
-/// The verdict (XDP_PASS is 2) of one UDP frame from `source` at `t`.
-fn verdict(dp: &mut limiter_tests::Loaded, source: Ipv4Addr, t: u64) -> u32 {
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+/// The program's verdict on `frame` with its clock set to `monotonic`.
+fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
     dp.engine
         .datapath_mut()
         .maps_mut()
         .test_clock
         .as_mut()
         .expect("the test build has CLOCK")
-        .set(0, t, 0)
+        .set(0, monotonic, 0)
         .expect("setting the clock");
     dp.program()
         .test_run(TestRunOptions {
-            data_in: Some(&frames::udp4(source, 9, 22)),
+            data_in: Some(frame),
             ..TestRunOptions::default()
         })
         .expect("BPF_PROG_TEST_RUN")
         .return_value
+}
+
+/// The verdict on one UDP frame from `source` at `t`.
+fn verdict(dp: &mut Loaded, source: Ipv4Addr, t: u64) -> u32 {
+    run_at(dp, &frames::udp4(source, 9, 22), t)
 }
 
 /// Guards the rule flags the corpus never sets: a dry-run rule passes its
@@ -144,8 +137,8 @@ fn dry_run_and_default_drop() {
     let t = 5_000_000_000;
     let (matched, unmatched) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(203, 0, 113, 1));
     let got: Vec<u32> = (0..3).map(|i| verdict(&mut dp, matched, t + i)).collect();
-    assert_eq!(got, [2, 2, 2], "a dry run passes its excess");
-    assert_eq!(verdict(&mut dp, unmatched, t), 1, "default: drop");
+    assert_eq!(got, [XDP_PASS; 3], "a dry run passes its excess");
+    assert_eq!(verdict(&mut dp, unmatched, t), XDP_DROP, "default: drop");
 }
 
 /// Guards the capacity of the rule tries: the largest rule file (1,023
@@ -173,8 +166,8 @@ fn the_largest_rule_file_fits_both_generations() {
     }
     assert_eq!(
         verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 254), 1),
-        2,
+        XDP_PASS,
         "the last rule applies"
     );
-    assert_eq!(verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 255), 1), 1);
+    assert_eq!(verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 255), 1), XDP_DROP);
 }
