@@ -45,43 +45,36 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
             .zip(ids)
             .map(|(rule, &id)| (id, rule_config(rule))),
     );
-    let (v4, v6) = prefixes(set, ids);
-    let prefix_len = |net: &IpNet| 8 + u32::from(net.prefix_len());
-    Tables {
+    let mut tables = Tables {
         malformed_action: match set.malformed {
             Fallback::Pass => action::PASS,
             Fallback::Drop => action::DROP,
         },
         rules,
-        v4: v4
-            .into_iter()
-            .map(|(net, c)| match net.addr() {
-                IpAddr::V4(a) => (
-                    prefix_len(&net),
-                    PrefixKey {
-                        generation,
-                        addr: a.octets(),
-                    },
-                    c,
-                ),
-                IpAddr::V6(_) => unreachable!("IPv6 prefix in the IPv4 table"),
-            })
-            .collect(),
-        v6: v6
-            .into_iter()
-            .map(|(net, c)| match net.addr() {
-                IpAddr::V6(a) => (
-                    prefix_len(&net),
-                    PrefixKey {
-                        generation,
-                        addr: a.octets(),
-                    },
-                    c,
-                ),
-                IpAddr::V4(_) => unreachable!("IPv4 prefix in the IPv6 table"),
-            })
-            .collect(),
+        v4: Vec::new(),
+        v6: Vec::new(),
+    };
+    for (net, candidates) in prefixes(set, ids) {
+        // The generation goes first in the key: 8 more bits to match.
+        let prefix_len = 8 + u32::from(net.prefix_len());
+        match net.addr() {
+            IpAddr::V4(a) => {
+                let key = PrefixKey {
+                    generation,
+                    addr: a.octets(),
+                };
+                tables.v4.push((prefix_len, key, candidates));
+            }
+            IpAddr::V6(a) => {
+                let key = PrefixKey {
+                    generation,
+                    addr: a.octets(),
+                };
+                tables.v6.push((prefix_len, key, candidates));
+            }
+        }
     }
+    tables
 }
 
 fn rule_config(rule: &Rule) -> RuleConfig {
@@ -140,11 +133,8 @@ fn name_bytes(name: &str) -> [u8; RULE_NAME_LEN] {
     bytes
 }
 
-/// Trie entries: a source prefix and the rules that may apply under it.
-type Entries = Vec<(IpNet, Candidates)>;
-
-/// The IPv4 and the IPv6 trie entries.
-fn prefixes(set: &RuleSet, ids: &[u32]) -> (Entries, Entries) {
+/// Trie entries: each source prefix and the rules that may apply under it.
+fn prefixes(set: &RuleSet, ids: &[u32]) -> Vec<(IpNet, Candidates)> {
     let entries = all_prefixes(set).into_iter().map(|net| {
         let mut candidates = Candidates::default();
         for (slot, &i) in covering_rules(set, net)
@@ -157,7 +147,7 @@ fn prefixes(set: &RuleSet, ids: &[u32]) -> (Entries, Entries) {
         }
         (net, candidates)
     });
-    entries.partition(|(net, _)| matches!(net, IpNet::V4(_)))
+    entries.collect()
 }
 
 fn candidate(id: u32, rule: &Rule) -> Candidate {
