@@ -18,6 +18,7 @@ pub mod map_name {
     pub const IFACES: &str = "IFACES";
     pub const RULE_STATS: &str = "RULE_STATS";
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
+    pub const ADMISSIONS: &str = "ADMISSIONS";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -31,6 +32,10 @@ pub const MAX_PREFIXES: u32 = GENERATIONS * (MAX_RULES + 2);
 /// Interfaces counted apart; slot 0 counts every interface not registered
 /// in `IFACES` (and BPF_PROG_TEST_RUN).
 pub const MAX_IFACES: u32 = 16;
+/// `IFACES` is an array indexed by interface index (one inlined load per
+/// packet, where a hash map costs a hash); interfaces with a larger index
+/// are counted in slot 0.
+pub const MAX_IFINDEX: u32 = 4096;
 /// Manual blocks per address family.
 pub const MAX_BLOCKS: u32 = 65_536;
 /// The slot of the default rule.
@@ -66,6 +71,12 @@ pub struct GlobalConfig {
     /// `CLOCK_REALTIME − CLOCK_MONOTONIC`, refreshed by userspace: window
     /// algorithms align their windows to the Unix epoch.
     pub realtime_offset_ns: u64,
+    /// How many blocks the tries hold: 0 skips the lookup.
+    pub blocks: u32,
+    /// Moves on every change to the blocks. A key remembers the epoch at
+    /// which its source was last found unblocked (`KeyState::block_epoch`),
+    /// so a tracked source costs no trie lookup until the blocks change.
+    pub block_epoch: u32,
 }
 
 /// `GlobalConfig::flags` bits.
@@ -139,6 +150,12 @@ pub struct RuleConfig {
     /// Meters shared by every key of the rule (hierarchical limits).
     pub aggregate_packets: MeterConfig,
     pub aggregate_bytes: MeterConfig,
+    /// The budget of key creations (`new_keys` in the rule file): a source
+    /// not yet tracked gets a key only while it lasts; beyond it, its
+    /// packets are dropped and counted as `unadmitted`, so a flood of
+    /// forged sources can neither churn out the keys of real ones nor
+    /// spend a fresh burst per forged address.
+    pub admission: Gcra,
     /// Identifies the rule's match, key and limits: a reload keeps the id,
     /// and so the buckets, of a rule whose fingerprint did not change.
     pub fingerprint: u64,
@@ -279,7 +296,13 @@ pub struct KeyState {
     /// ([`crate::window::WindowState`]), changed together under `lock`.
     pub meters: [[u64; 3]; 2],
     /// Window algorithms only: 0 free, 1 held (taken with compare-and-swap).
-    pub lock: u64,
+    pub lock: u32,
+    /// `GlobalConfig::block_epoch` when this key's source was last found
+    /// unblocked, plus one (0: never checked). Full-address keys only.
+    pub block_epoch: u32,
+    /// What the key passed and dropped, for `limiter top`: plain adds, so
+    /// two CPUs counting the same key at once may lose an increment; the
+    /// exact totals are the per-CPU rule counters.
     pub passed_packets: u64,
     pub dropped_packets: u64,
 }
@@ -304,6 +327,9 @@ pub struct RuleCounters {
     /// Of `dropped_packets`/`shadow_packets`: those the rule's aggregate
     /// limit refused although their key's own budget allowed them.
     pub aggregate_excess: u64,
+    /// Of `dropped_packets`/`shadow_packets`: packets of sources not yet
+    /// tracked that arrived when the rule's key-creation budget was spent.
+    pub unadmitted: u64,
 }
 
 /// Counters for every packet, one per CPU.
@@ -339,14 +365,15 @@ macro_rules! impl_rule_counters_add {
 
 impl_rule_counters_add! {
     RuleCounters { passed_packets, passed_bytes, dropped_packets, dropped_bytes,
-                   shadow_packets, shadow_bytes, new_keys, contended, aggregate_excess }
+                   shadow_packets, shadow_bytes, new_keys, contended, aggregate_excess,
+                   unadmitted }
     GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed, blocked }
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<GlobalConfig>() == 24);
+    assert!(core::mem::size_of::<GlobalConfig>() == 32);
     assert!(core::mem::size_of::<MeterConfig>() == 48);
-    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 8 + 4 * 48 + 8 + RULE_NAME_LEN);
+    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 8 + 4 * 48 + 24 + 8 + RULE_NAME_LEN);
     assert!(core::mem::size_of::<PrefixKey<4>>() == 5);
     assert!(core::mem::size_of::<PrefixKey<16>>() == 17);
     assert!(core::mem::size_of::<Block>() == 16);
@@ -354,7 +381,7 @@ const _: () = {
     assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
     assert!(core::mem::size_of::<FlowKey>() == 20);
     assert!(core::mem::size_of::<KeyState>() == 72);
-    assert!(core::mem::size_of::<RuleCounters>() == 72);
+    assert!(core::mem::size_of::<RuleCounters>() == 80);
     assert!(core::mem::size_of::<GlobalCounters>() == 64);
 };
 

@@ -37,10 +37,10 @@ const LOCK_ATTEMPTS: usize = 64;
 
 /// Takes a lock word (0 free, 1 held); `false` if it stayed held.
 #[inline(always)]
-pub fn lock(word: *mut u64) -> bool {
+pub fn lock(word: *mut u32) -> bool {
     for _ in 0..LOCK_ATTEMPTS {
         let (_, taken) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+            atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
                 word, 0, 1,
             )
         };
@@ -54,6 +54,6 @@ pub fn lock(word: *mut u64) -> bool {
 /// Releases a lock word taken with [`lock`]; the exchange orders the
 /// state's writes before the release.
 #[inline(always)]
-pub fn unlock(word: *mut u64) {
-    unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(word, 0) };
+pub fn unlock(word: *mut u32) {
+    unsafe { atomic_xchg::<u32, { AtomicOrdering::Release }>(word, 0) };
 }

@@ -1,58 +1,77 @@
 //! Benchmark helpers, not part of the limiter: `flood` turns one crafted
-//! IPv4 frame into a flood from many sources (rewriting the source address
-//! per frame, checksum kept valid) and sends it back out (XDP_TX) when run
-//! through BPF_PROG_TEST_RUN in live-frames mode; `pass` lets every frame
-//! through, so a receiving veth accepts XDP_TX frames when the limiter
-//! under test is netfilter rather than XDP; `drop_all` is the baseline.
+//! IPv4 frame into a flood from many sources (rewriting the low 24 bits of
+//! the source address per frame, checksum kept valid) and sends it back out
+//! (XDP_TX) when run through BPF_PROG_TEST_RUN in live-frames mode; `pass`
+//! lets every frame through, so a receiving veth accepts XDP_TX frames when
+//! the limiter under test is netfilter rather than XDP; `drop_all` is the
+//! end-to-end baseline and `floor` the per-packet one: the least any
+//! per-source limiter must do (parse to the source, one hash lookup).
 #![no_std]
 #![no_main]
 
+#[allow(dead_code, reason = "the floor program needs only the source")]
+mod parse;
 mod runtime;
 
 use aya_ebpf::{
     bindings::xdp_action,
+    helpers::bpf_get_prandom_u32,
     macros::{map, xdp},
-    maps::{Array, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
+use limiter_common::abi::FlowKey;
+use parse::Source;
 
-/// Index 0: how many sources to cycle through.
+/// Index 0: how many sources to cycle through (at most 2^24); index 1:
+/// 1 to draw every frame's source at random from the whole /8 instead.
 #[map]
-static FLOOD_SOURCES: Array<u32> = Array::with_max_entries(1, 0);
+static FLOOD_SOURCES: Array<u32> = Array::with_max_entries(2, 0);
 
 #[map]
 static FLOOD_NEXT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// Offset of the IPv4 header checksum and of the source's low 16 bits.
+/// Offsets of the IPv4 header checksum and of the source address's last
+/// three bytes (one in the first 16-bit word, two in the second).
 const CHECKSUM: usize = 14 + 10;
-const SOURCE_LOW: usize = 14 + 14;
+const SOURCE_WORDS: usize = 14 + 12;
 
 #[xdp]
 pub fn flood(ctx: XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
-    if start + SOURCE_LOW + 2 > end {
+    if start + SOURCE_WORDS + 4 > end {
         return xdp_action::XDP_ABORTED;
     }
     let sources = FLOOD_SOURCES.get(0).copied().unwrap_or(1).max(1);
-    let Some(next) = FLOOD_NEXT.get_ptr_mut(0) else {
-        return xdp_action::XDP_ABORTED;
-    };
-    let n = unsafe {
-        let n = *next;
-        *next = if n + 1 >= sources { 0 } else { n + 1 };
-        n as u16
-    };
-    let low = (start + SOURCE_LOW) as *mut [u8; 2];
+    let random = FLOOD_SOURCES.get(1).copied().unwrap_or(0) != 0;
+    let n = if random {
+        unsafe { bpf_get_prandom_u32() }
+    } else {
+        let Some(next) = FLOOD_NEXT.get_ptr_mut(0) else {
+            return xdp_action::XDP_ABORTED;
+        };
+        unsafe {
+            let n = *next;
+            *next = if n + 1 >= sources { 0 } else { n + 1 };
+            n
+        }
+    } & 0x00ff_ffff;
+    let words = (start + SOURCE_WORDS) as *mut [u8; 4];
     let checksum = (start + CHECKSUM) as *mut [u8; 2];
     unsafe {
-        let old = u16::from_be_bytes(*low);
-        let new = n;
-        // RFC 1624: HC' = ~(~HC + ~m + m').
-        let hc = u16::from_be_bytes(*checksum);
-        let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(new);
+        let old = *words;
+        let new = [old[0], (n >> 16) as u8, (n >> 8) as u8, n as u8];
+        // RFC 1624, one term per changed 16-bit word: HC' = ~(~HC + ~m + m').
+        let word = |b: [u8; 4], i: usize| u32::from(u16::from_be_bytes([b[i], b[i + 1]]));
+        let hc = u32::from(u16::from_be_bytes(*checksum));
+        let mut sum = (!hc & 0xffff)
+            + (!word(old, 0) & 0xffff)
+            + word(new, 0)
+            + (!word(old, 2) & 0xffff)
+            + word(new, 2);
         sum = (sum & 0xffff) + (sum >> 16);
         sum = (sum & 0xffff) + (sum >> 16);
-        *low = new.to_be_bytes();
+        *words = new;
         *checksum = (!(sum as u16)).to_be_bytes();
     }
     xdp_action::XDP_TX
@@ -67,5 +86,25 @@ pub fn pass(_ctx: XdpContext) -> u32 {
 /// against (what the generator itself costs).
 #[xdp]
 pub fn drop_all(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+#[map]
+static FLOOR_KEYS: LruHashMap<FlowKey, u64> = LruHashMap::with_max_entries(1 << 20, 0);
+
+/// Parses to the source with the limiter's own parser, looks the source up
+/// in an LRU hash (inserting it when missing) and drops.
+#[xdp]
+pub fn floor(ctx: XdpContext) -> u32 {
+    let key = match parse::parse(&ctx) {
+        Ok(Some(packet)) => match packet.source {
+            Source::V4(addr) => FlowKey::v4(0, addr, [0xff; 4]),
+            Source::V6(addr) => FlowKey::v6(0, addr, [0xff; 16]),
+        },
+        _ => return xdp_action::XDP_PASS,
+    };
+    if FLOOR_KEYS.get_ptr_mut(key).is_none() {
+        let _ = FLOOR_KEYS.insert(key, 0, 0);
+    }
     xdp_action::XDP_DROP
 }

@@ -25,34 +25,41 @@ use limiter_common::{
         RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag, rule_flag,
         rule_slot,
     },
-    meter::{Charge, Outcome, Verdict, WindowCharge, acquire_all, order, windows_all},
+    gcra::{Decision, Gcra},
+    meter::{Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, windows_all},
     window::WindowState,
 };
 use maps::{
-    AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, KEYS, LPM_V4, LPM_V6,
-    RULE_STATS, RULES,
+    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, KEYS, LPM_V4,
+    LPM_V6, RULE_STATS, RULES,
 };
 use parse::{Packet, Source};
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
+    // One per-CPU record counts every packet, another its rule's share:
+    // each looked up once, then plain increments.
+    let Some(global) = GLOBAL_STATS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    let global = unsafe { &mut *global };
     let len = (ctx.data_end() - ctx.data()) as u64;
     let config = CONFIG.get(0).copied().unwrap_or_default();
     // Safe to read: the verifier allows reading ingress_ifindex from xdp_md.
     let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
-    let iface = unsafe { IFACES.get(ifindex) }.copied().unwrap_or(0);
+    let iface = IFACES.get(ifindex).copied().unwrap_or(0);
+    global.packets += 1;
     let verdict = match parse::parse(&ctx) {
-        Ok(Some(packet)) => limit(&config, iface, &packet, len),
+        Ok(Some(packet)) => limit(&config, global, iface, &packet, len),
         Ok(None) => {
-            count_global(|c| c.non_ip += 1);
+            global.non_ip += 1;
             action::PASS
         }
         Err(parse::Malformed) => {
-            count_global(|c| c.malformed += 1);
+            global.malformed += 1;
             config.malformed_action
         }
     };
-    count_global(|c| c.packets += 1);
     if verdict == action::DROP {
         xdp_action::XDP_DROP
     } else {
@@ -60,29 +67,56 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     }
 }
 
+/// `Verdict::refused_by` of a packet refused a new key (beyond the meters).
+const REFUSED_ADMISSION: usize = order::METERS;
+
 /// Applies a manual block or the rule that matches `packet`, and counts.
 #[inline(always)]
-fn limit(config: &GlobalConfig, iface: u32, packet: &Packet, len: u64) -> u32 {
-    count_global(|c| match packet.source {
-        Source::V4(_) => c.ipv4 += 1,
-        Source::V6(_) => c.ipv6 += 1,
-    });
+fn limit(
+    config: &GlobalConfig,
+    global: &mut GlobalCounters,
+    iface: u32,
+    packet: &Packet,
+    len: u64,
+) -> u32 {
+    match packet.source {
+        Source::V4(_) => global.ipv4 += 1,
+        Source::V6(_) => global.ipv6 += 1,
+    }
     if packet.fragment {
-        count_global(|c| c.fragments += 1);
+        global.fragments += 1;
     }
     let global_shadow = config.flags & global_flag::SHADOW != 0;
-    if blocked(packet) {
-        count_global(|c| c.blocked += 1);
-        return if global_shadow {
-            action::PASS
-        } else {
-            action::DROP
-        };
-    }
     let rule_id = match_rule(config.generation, packet);
-    let Some(rule) = RULES.get(rule_slot(config.generation, rule_id)) else {
+    let (Some(rule), Some(counters)) = (
+        RULES.get(rule_slot(config.generation, rule_id)),
+        RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)),
+    ) else {
         return action::PASS;
     };
+    let counters = unsafe { &mut *counters };
+    let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
+    let key = match packet.source {
+        Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
+        Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
+    };
+    let state = if metered {
+        KEYS.get_ptr_mut(key)
+    } else {
+        None
+    };
+    if config.blocks != 0 && !known_unblocked(config, state, rule, packet) {
+        if blocked(packet) {
+            global.blocked += 1;
+            return if global_shadow {
+                action::PASS
+            } else {
+                action::DROP
+            };
+        }
+        remember_unblocked(config, state, rule, packet);
+    }
+    let now = clock::now();
     let verdict = if rule.flags & rule_flag::BLOCK != 0 {
         Verdict {
             outcome: Outcome::Denied,
@@ -94,34 +128,93 @@ fn limit(config: &GlobalConfig, iface: u32, packet: &Packet, len: u64) -> u32 {
             refused_by: 0,
         }
     } else {
-        meter(config, iface, rule_id, rule, packet, len)
+        let state = match state {
+            Some(state) => Ok(state),
+            None => new_key(rule_id, rule, &key, counters, now, len),
+        };
+        match state {
+            Ok(state) => {
+                let verdict = meter(config, rule_id, rule, state, now, len);
+                // For `limiter top`; see `KeyState::passed_packets`.
+                let state = unsafe { &mut *state };
+                if verdict.outcome == Outcome::Allowed {
+                    state.passed_packets += 1;
+                } else {
+                    state.dropped_packets += 1;
+                }
+                verdict
+            }
+            Err(verdict) => verdict,
+        }
     };
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
-    count_rule(iface, rule_id, |c| {
-        if allowed || shadow {
-            c.passed_packets += 1;
-            c.passed_bytes += len;
+    if allowed || shadow {
+        counters.passed_packets += 1;
+        counters.passed_bytes += len;
+    }
+    if !allowed && shadow {
+        counters.shadow_packets += 1;
+        counters.shadow_bytes += len;
+    }
+    if !allowed && !shadow {
+        counters.dropped_packets += 1;
+        counters.dropped_bytes += len;
+    }
+    if verdict.outcome == Outcome::Contended {
+        counters.contended += 1;
+    }
+    if !allowed {
+        if verdict.refused_by == REFUSED_ADMISSION {
+            counters.unadmitted += 1;
+        } else if order::is_aggregate(verdict.refused_by) {
+            counters.aggregate_excess += 1;
         }
-        if !allowed && shadow {
-            c.shadow_packets += 1;
-            c.shadow_bytes += len;
-        }
-        if !allowed && !shadow {
-            c.dropped_packets += 1;
-            c.dropped_bytes += len;
-        }
-        if verdict.outcome == Outcome::Contended {
-            c.contended += 1;
-        }
-        if !allowed && order::is_aggregate(verdict.refused_by) {
-            c.aggregate_excess += 1;
-        }
-    });
+    }
     if allowed || shadow {
         action::PASS
     } else {
         action::DROP
+    }
+}
+/// Whether the key's state says its source was found unblocked since the
+/// blocks last changed. Only a key that is one whole address can say so:
+/// a masked key covers addresses a block may cover apart.
+#[inline(always)]
+fn known_unblocked(
+    config: &GlobalConfig,
+    state: Option<*mut KeyState>,
+    rule: &RuleConfig,
+    packet: &Packet,
+) -> bool {
+    match state {
+        Some(state) => {
+            whole_address_key(rule, packet)
+                && unsafe { (*state).block_epoch } == config.block_epoch.wrapping_add(1)
+        }
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn remember_unblocked(
+    config: &GlobalConfig,
+    state: Option<*mut KeyState>,
+    rule: &RuleConfig,
+    packet: &Packet,
+) {
+    if let Some(state) = state
+        && whole_address_key(rule, packet)
+    {
+        unsafe { (*state).block_epoch = config.block_epoch.wrapping_add(1) };
+    }
+}
+
+#[inline(always)]
+fn whole_address_key(rule: &RuleConfig, packet: &Packet) -> bool {
+    match packet.source {
+        Source::V4(_) => u32::from_ne_bytes(rule.v4_key_mask) == u32::MAX,
+        Source::V6(_) => rule.v6_key_mask == [0xff; 16],
     }
 }
 
@@ -165,44 +258,82 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
     DEFAULT_RULE
 }
 
+/// The state of a source not yet tracked, created empty (a full bucket),
+/// or the verdict for its packet when it gets none: a packet the rule's
+/// aggregate would refuse creates nothing, and beyond the rule's
+/// key-creation budget the packet is refused (see `RuleConfig::admission`).
+#[inline(always)]
+fn new_key(
+    rule_id: u32,
+    rule: &RuleConfig,
+    key: &FlowKey,
+    counters: &mut RuleCounters,
+    now: u64,
+    len: u64,
+) -> Result<*mut KeyState, Verdict> {
+    let refused = |refused_by| {
+        Err(Verdict {
+            outcome: Outcome::Denied,
+            refused_by,
+        })
+    };
+    if rule.algorithm == algorithm::GCRA
+        && let Some(aggregate) = AGGREGATES.get(rule_id)
+    {
+        let has = |flag: u32| rule.flags & flag != 0;
+        let deny = |gcra: &Gcra, tat: u64, cost: u64| gcra.check(tat, now, cost) == Decision::Deny;
+        if has(rule_flag::AGGREGATE_PACKETS)
+            && deny(&rule.aggregate_packets.gcra, aggregate.meters[0][0], 1)
+        {
+            return refused(order::AGGREGATE_PACKETS);
+        }
+        if has(rule_flag::AGGREGATE_BYTES)
+            && deny(&rule.aggregate_bytes.gcra, aggregate.meters[1][0], len)
+        {
+            return refused(order::AGGREGATE_BYTES);
+        }
+    }
+    let Some(budget) = ADMISSIONS.get_ptr_mut(rule_id) else {
+        return refused(REFUSED_ADMISSION);
+    };
+    if acquire(&MapCell(budget), &rule.admission, now, 1) != Outcome::Allowed {
+        return refused(REFUSED_ADMISSION);
+    }
+    // BPF_NOEXIST: when two CPUs see a new key at once, one creates it and
+    // the other finds it on the lookup below.
+    if KEYS
+        .insert(key, KeyState::default(), u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        counters.new_keys += 1;
+    }
+    KEYS.get_ptr_mut(key).ok_or(Verdict {
+        outcome: Outcome::Denied,
+        refused_by: REFUSED_ADMISSION,
+    })
+}
+
 /// Charges the packet to its key's meters and the rule's aggregate meters.
 #[inline(always)]
 fn meter(
     config: &GlobalConfig,
-    iface: u32,
     rule_id: u32,
     rule: &RuleConfig,
-    packet: &Packet,
+    state: *mut KeyState,
+    now: u64,
     len: u64,
 ) -> Verdict {
-    let key = match packet.source {
-        Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
-        Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
-    };
-    let (Some(state), Some(aggregate)) = (
-        key_state(iface, rule_id, &key),
-        AGGREGATES.get_ptr_mut(rule_id),
-    ) else {
-        count_global(|c| c.key_alloc_failed += 1);
+    let Some(aggregate) = AGGREGATES.get_ptr_mut(rule_id) else {
         return Verdict {
             outcome: Outcome::Denied,
             refused_by: 0,
         };
     };
-    let verdict = if rule.algorithm == algorithm::GCRA {
-        meter_gcra(rule, state, aggregate, len)
+    if rule.algorithm == algorithm::GCRA {
+        meter_gcra(rule, state, aggregate, now, len)
     } else {
-        meter_windows(config, rule, state, aggregate, len)
-    };
-    let counter = unsafe {
-        if verdict.outcome == Outcome::Allowed {
-            &raw mut (*state).passed_packets
-        } else {
-            &raw mut (*state).dropped_packets
-        }
-    };
-    add_shared(counter, 1);
-    verdict
+        meter_windows(config, rule, state, aggregate, now, len)
+    }
 }
 
 /// GCRA: lock-free, one compare-and-swap per meter.
@@ -211,6 +342,7 @@ fn meter_gcra(
     rule: &RuleConfig,
     state: *mut KeyState,
     aggregate: *mut KeyState,
+    now: u64,
     len: u64,
 ) -> Verdict {
     // A key's state and its rule's aggregate each keep a packet meter
@@ -248,7 +380,7 @@ fn meter_gcra(
         &rule.aggregate_bytes.gcra,
         len,
     ));
-    acquire_all(charges, clock::now())
+    acquire_all(charges, now)
 }
 
 /// Windows: a window's three fields change together, so the key's state
@@ -259,6 +391,7 @@ fn meter_windows(
     rule: &RuleConfig,
     state: *mut KeyState,
     aggregate: *mut KeyState,
+    now: u64,
     len: u64,
 ) -> Verdict {
     let contended = Verdict {
@@ -276,7 +409,7 @@ fn meter_windows(
         unlock(key_lock);
         return contended;
     }
-    let now = clock::now().wrapping_add(config.realtime_offset_ns);
+    let now = now.wrapping_add(config.realtime_offset_ns);
     let (key_meters, aggregate_meters) =
         unsafe { (&mut (*state).meters, &mut (*aggregate).meters) };
     let [key_packets, key_bytes] = key_meters;
@@ -301,47 +434,12 @@ fn meter_windows(
             len,
         )
     });
-    let verdict = windows_all(
-        charges,
-        now,
-        rule.algorithm == algorithm::SLIDING_WINDOW,
-    );
+    let verdict = windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW);
     if has_aggregate {
         unlock(aggregate_lock);
     }
     unlock(key_lock);
     verdict
-}
-
-/// The state of `key`, created empty (a full bucket) on first sight.
-#[inline(always)]
-fn key_state(iface: u32, rule_id: u32, key: &FlowKey) -> Option<*mut KeyState> {
-    if let Some(state) = KEYS.get_ptr_mut(key) {
-        return Some(state);
-    }
-    // BPF_NOEXIST: when two CPUs see a new key at once, one creates it and
-    // the other finds it on the lookup below.
-    if KEYS
-        .insert(key, KeyState::default(), u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
-        count_rule(iface, rule_id, |c| c.new_keys += 1);
-    }
-    KEYS.get_ptr_mut(key)
-}
-
-#[inline(always)]
-fn count_rule(iface: u32, rule_id: u32, update: impl FnOnce(&mut RuleCounters)) {
-    if let Some(counters) = RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)) {
-        update(unsafe { &mut *counters });
-    }
-}
-
-#[inline(always)]
-fn count_global(update: impl FnOnce(&mut GlobalCounters)) {
-    if let Some(counters) = GLOBAL_STATS.get_ptr_mut(0) {
-        update(unsafe { &mut *counters });
-    }
 }
 
 mod clock {

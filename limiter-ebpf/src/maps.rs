@@ -4,11 +4,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
 };
 use limiter_common::abi::{
     Block, Candidates, DEFAULT_MAX_KEYS, FlowKey, GENERATIONS, GlobalConfig, GlobalCounters,
-    KeyState, MAX_BLOCKS, MAX_IFACES, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
+    KeyState, MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig,
+    RuleCounters,
 };
 
 /// Settings for every packet (index 0), including the active generation.
@@ -40,9 +41,14 @@ pub static BLOCKS_V4: LpmTrie<[u8; 4], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 #[map]
 pub static BLOCKS_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 
-/// Interface index -> counter slot (1..MAX_IFACES), written at attach.
+/// Interface index -> counter slot (1..MAX_IFACES; 0: not registered),
+/// written at attach.
 #[map]
-pub static IFACES: HashMap<u32, u32> = HashMap::pinned(MAX_IFACES, 0);
+pub static IFACES: Array<u32> = Array::pinned(MAX_IFINDEX, 0);
+
+/// Per rule: the TAT of its key-creation budget (`RuleConfig::admission`).
+#[map]
+pub static ADMISSIONS: Array<u64> = Array::pinned(MAX_RULES, 0);
 
 /// Per interface slot and rule: `counter_slot(iface, id)`.
 #[map]

@@ -43,7 +43,7 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
         set.rules
             .iter()
             .zip(ids)
-            .map(|(rule, &id)| (id, rule_config(rule))),
+            .map(|(rule, &id)| (id, rule_config(rule, &set.new_keys))),
     );
     let mut tables = Tables {
         malformed_action: match set.malformed {
@@ -77,13 +77,14 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
     tables
 }
 
-fn rule_config(rule: &Rule) -> RuleConfig {
+fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
     let (v4_key_mask, v6_key_mask) = key_masks(rule);
     let mut config = RuleConfig {
         name: name_bytes(&rule.name),
         fingerprint: rule.fingerprint(),
         v4_key_mask,
         v6_key_mask,
+        admission: new_keys.gcra,
         ..RuleConfig::default()
     };
     if rule.shadow {

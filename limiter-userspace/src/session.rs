@@ -91,6 +91,10 @@ impl Session {
         &self.pins.0
     }
 
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
     }

@@ -3,6 +3,7 @@
 //! hold the limiter to.
 
 pub mod frames;
+pub mod generator;
 
 pub use limiter_conformance::{reference, traces};
 

@@ -399,7 +399,10 @@ fn pins_of_an_incompatible_build_are_refused() {
         .to_string();
     assert!(
         error.contains("incompatible build")
-            && error.contains("CONFIG: value size is 8, this build uses 24"),
+            && error.contains(&format!(
+                "CONFIG: value size is 8, this build uses {}",
+                size_of::<limiter_common::abi::GlobalConfig>()
+            )),
         "{error}"
     );
 }

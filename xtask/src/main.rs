@@ -41,8 +41,16 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Benchmarks: the layer-7 limiter against governor, in the same run.
-    Bench,
+    /// Benchmarks, peers in the same run: the XDP datapath against XDP_DROP,
+    /// iptables hashlimit and nftables (BENCHMARKS.md), the layer-7
+    /// limiter against governor.
+    Bench {
+        /// A two-minute subset (shorter floods, one round, fewer sizes).
+        #[arg(long)]
+        quick: bool,
+        /// XDP sections to run (cost, flood, scale, memory, accuracy); all by default.
+        sections: Vec<String>,
+    },
     /// Mutation testing (cargo-mutants) of `limiter-common` against the
     /// tests that exercise it; survivors are checked against tests/MUTANTS.md.
     /// Not part of `test`: it takes about an hour on two cores.
@@ -88,14 +96,34 @@ fn run() -> Result<()> {
             build(false)?;
             mutants::run(&options)
         }
-        Task::Bench => {
+        Task::Bench { quick, sections } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
             build(false)?;
-            step("benchmark: the XDP datapath against iptables hashlimit and nftables");
-            status(cargo().args(["bench", "--package", "limiter-tests", "--bench", "xdp"]))?;
+            step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
+            let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
+            let mut xdp = cargo();
+            xdp.args([
+                "bench",
+                "--package",
+                "limiter-tests",
+                "--bench",
+                "xdp",
+                "--",
+            ])
+            .args(quick.then_some("--quick"))
+            .args(&sections)
+            .env("LIMITER_EBPF_OBJECT", &object);
+            status(&mut xdp)?;
+            if quick || !sections.is_empty() {
+                return Ok(());
+            }
             step("benchmark: the layer-7 decision path against governor (criterion)");
-            status(cargo().args(["bench", "--package", "limiter-tests", "--bench", "l7"]))
+            status(
+                cargo()
+                    .args(["bench", "--package", "limiter-tests", "--bench", "l7"])
+                    .env("LIMITER_EBPF_OBJECT", &object),
+            )
         }
     }
 }

@@ -45,17 +45,28 @@ impl Datapath {
     {
         let (blocks, name) = BlockTrie::<N>::trie_mut(self);
         let key = Key::new(prefix_len, addr);
-        let dropped = blocks.get(&key, 0).map(|b| b.dropped_packets).unwrap_or(0);
+        let existing = blocks.get(&key, 0).ok();
         blocks
             .insert(
                 &key,
                 Block {
                     expires_ns,
-                    dropped_packets: dropped,
+                    dropped_packets: existing.map_or(0, |b| b.dropped_packets),
                 },
                 0,
             )
-            .map_err(map_error(name))
+            .map_err(map_error(name))?;
+        self.blocks_changed(if existing.is_some() { 0 } else { 1 })
+    }
+
+    /// Tells the datapath the blocks changed: how many there are (none:
+    /// it skips the lookup) and a new epoch, which makes every tracked
+    /// source be checked against the tries again.
+    fn blocks_changed(&mut self, added: i32) -> Result<(), KernelError> {
+        let mut config = self.config()?;
+        config.blocks = config.blocks.saturating_add_signed(added);
+        config.block_epoch = config.block_epoch.wrapping_add(1);
+        self.set_config(config)
     }
 
     /// Removes a block; `false` if there was none.
@@ -69,7 +80,7 @@ impl Datapath {
     {
         let (blocks, name) = BlockTrie::<N>::trie_mut(self);
         match blocks.remove(&Key::new(prefix_len, addr)) {
-            Ok(()) => Ok(true),
+            Ok(()) => self.blocks_changed(-1).map(|()| true),
             Err(MapError::KeyNotFound) => Ok(false),
             Err(MapError::SyscallError(e))
                 if e.io_error.raw_os_error() == Some(Errno::ENOENT as i32) =>

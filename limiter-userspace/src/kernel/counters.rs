@@ -102,11 +102,7 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
             names.push((id, String::from_utf8_lossy(rule.name()).into_owned()));
         }
     }
-    let mut slots: Vec<(u32, u32)> = maps
-        .ifaces
-        .iter()
-        .collect::<Result<_, _>>()
-        .map_err(map_error(map_name::IFACES))?;
+    let mut slots = maps.iface_slots()?;
     slots.push((0, 0));
     slots.sort_by_key(|&(_, slot)| slot);
     snapshot.rules = names

@@ -95,6 +95,10 @@ impl Datapath {
             .aggregates
             .set(id, KeyState::default(), 0)
             .map_err(map_error(map_name::AGGREGATES))?;
+        self.maps
+            .admissions
+            .set(id, 0, 0)
+            .map_err(map_error(map_name::ADMISSIONS))?;
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| KernelError::Io {
             path: "/sys/devices/system/cpu/possible".into(),
             source,

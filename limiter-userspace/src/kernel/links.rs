@@ -9,7 +9,7 @@ use aya::programs::{
     links::{FdLink, LinkError, PinnedLink},
     xdp::{XdpLink, XdpMode},
 };
-use limiter_common::abi::{MAX_IFACES, map_name};
+use limiter_common::abi::{MAX_IFACES, MAX_IFINDEX, map_name};
 
 use super::{Datapath, KernelError, maps::map_error};
 
@@ -47,32 +47,29 @@ pub struct Attachment {
 
 impl Datapath {
     /// The counter slot of interface `ifindex`, registering it if new.
+    /// The counter slot of interface `ifindex`, registering it if new;
+    /// slot 0 (shared) for an index beyond `MAX_IFINDEX`.
     fn iface_slot(&mut self, ifindex: u32) -> Result<u32, KernelError> {
-        let ifaces = &mut self.maps.ifaces;
-        if let Ok(slot) = ifaces.get(&ifindex, 0) {
+        if ifindex >= MAX_IFINDEX {
+            return Ok(0);
+        }
+        let used = self.iface_slots()?;
+        if let Some(&(_, slot)) = used.iter().find(|(i, _)| *i == ifindex) {
             return Ok(slot);
         }
-        let used: Vec<u32> = ifaces
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, slot)| slot)
-            .collect();
         let slot = (1..MAX_IFACES)
-            .find(|s| !used.contains(s))
+            .find(|s| !used.iter().any(|(_, used)| used == s))
             .ok_or(KernelError::TooManyInterfaces)?;
-        ifaces
-            .insert(ifindex, slot, 0)
+        self.maps
+            .ifaces
+            .set(ifindex, slot, 0)
             .map_err(map_error(map_name::IFACES))?;
         Ok(slot)
     }
 
     /// Registered interfaces: (ifindex, counter slot).
     pub fn iface_slots(&self) -> Result<Vec<(u32, u32)>, KernelError> {
-        self.maps
-            .ifaces
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(map_error(map_name::IFACES))
+        self.maps.iface_slots()
     }
 
     /// Attaches to `iface`; `auto` falls back from native to skb mode.

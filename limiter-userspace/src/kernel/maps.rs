@@ -33,8 +33,10 @@ pub struct Maps {
     pub aggregates: Array<MapData, KeyState>,
     pub blocks_v4: LpmTrie<MapData, [u8; 4], Block>,
     pub blocks_v6: LpmTrie<MapData, [u8; 16], Block>,
-    /// ifindex → counter slot.
-    pub ifaces: HashMap<MapData, u32, u32>,
+    /// ifindex → counter slot (0: not registered), an array by ifindex.
+    pub ifaces: Array<MapData, u32>,
+    /// Per rule id: the TAT of its key-creation budget.
+    pub admissions: Array<MapData, u64>,
     /// Per CPU, per (interface slot, rule id) (`abi::counter_slot`).
     pub rule_stats: PerCpuArray<MapData, RuleCounters>,
     pub global_stats: PerCpuArray<MapData, GlobalCounters>,
@@ -97,10 +99,23 @@ impl Maps {
             blocks_v4: handle(open, map_name::BLOCKS_V4)?,
             blocks_v6: handle(open, map_name::BLOCKS_V6)?,
             ifaces: handle(open, map_name::IFACES)?,
+            admissions: handle(open, map_name::ADMISSIONS)?,
             rule_stats: handle(open, map_name::RULE_STATS)?,
             global_stats: handle(open, map_name::GLOBAL_STATS)?,
             test_clock: None,
         })
+    }
+}
+
+impl Maps {
+    /// Registered interfaces: (ifindex, counter slot).
+    pub fn iface_slots(&self) -> Result<Vec<(u32, u32)>, KernelError> {
+        let slots: Vec<u32> = self
+            .ifaces
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(map_name::IFACES))?;
+        Ok((0..).zip(slots).filter(|&(_, slot)| slot != 0).collect())
     }
 }
 

@@ -33,6 +33,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     let new_keys = Family::<Labels, Counter>::default();
     let aggregate = Family::<Labels, Counter>::default();
     let contended = Family::<Labels, Counter>::default();
+    let unadmitted = Family::<Labels, Counter>::default();
     // Slot 0 ("other": unregistered interfaces, test runs) only when used.
     let used = |iface: &&crate::kernel::counters::InterfaceStats| {
         iface.ifindex != 0 || iface.rules.iter().any(|r| r.counters != Default::default())
@@ -62,6 +63,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
             new_keys.get_or_create(&base).inc_by(c.new_keys);
             aggregate.get_or_create(&base).inc_by(c.aggregate_excess);
             contended.get_or_create(&base).inc_by(c.contended);
+            unadmitted.get_or_create(&base).inc_by(c.unadmitted);
         }
     }
     registry.register(
@@ -89,6 +91,11 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         "limiter_contended_packets",
         "Packets treated as excess because every compare-and-swap lost the race",
         contended,
+    );
+    registry.register(
+        "limiter_unadmitted_packets",
+        "Packets of sources not yet tracked, refused because the rule's key-creation budget was spent",
+        unadmitted,
     );
 
     let g = &snapshot.global;

@@ -49,6 +49,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
                 bytes(c.dropped_bytes),
                 count(c.shadow_packets),
                 count(c.new_keys),
+                count(c.unadmitted),
             ]
         })
         .collect();
@@ -62,6 +63,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
             "DROPPED",
             "SHADOW pkts",
             "NEW KEYS",
+            "UNADMITTED pkts",
         ],
         &rows,
     );

@@ -32,6 +32,10 @@ pub struct RuleSet {
     pub malformed: Fallback,
     /// Capacity of the per-key state map.
     pub max_keys: u32,
+    /// Each rule's budget of key creations: beyond it, packets of sources
+    /// not yet tracked are dropped (and counted as `unadmitted`). By
+    /// default `max_keys` per minute, with a burst of a second's worth.
+    pub new_keys: Rate,
     pub rules: Vec<Rule>,
 }
 

@@ -17,6 +17,8 @@ pub struct RuleFile {
     #[serde(default)]
     pub malformed: Fallback,
     pub max_keys: Option<u32>,
+    /// Each rule's budget of key creations, `{ rate, unit, burst }`.
+    pub new_keys: Option<RateFields>,
     #[serde(default)]
     pub rules: Vec<RuleEntry>,
 }

@@ -54,10 +54,15 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         }
         rules.push(rule);
     }
+    let new_keys = match &file.new_keys {
+        Some(fields) => new_keys(fields).map_err(|(field, m)| (format!("new_keys.{field}"), m))?,
+        None => default_new_keys(max_keys),
+    };
     let rule_set = RuleSet {
         default: file.default,
         malformed: file.malformed,
         max_keys,
+        new_keys,
         rules,
     };
     fits_the_tries(&rule_set)?;
@@ -156,6 +161,37 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
     })
+}
+
+/// A key-creation budget: keys per unit, with a burst.
+fn new_keys(fields: &raw::RateFields) -> Result<Rate, Invalid> {
+    if fields.bytes.is_some() || fields.burst_bytes.is_some() {
+        return Err(invalid(
+            "bytes",
+            "a key-creation budget counts keys, not bytes",
+        ));
+    }
+    if fields.delay.is_some() {
+        return Err(invalid("delay", "applies to limits only"));
+    }
+    validate_rates(fields, Algorithm::Gcra)?
+        .packets
+        .ok_or_else(|| invalid("rate", "keys per unit are required"))
+}
+
+/// `max_keys` a minute with a second's worth of burst, so a flood of new
+/// sources turns the key map over no faster than once a minute.
+fn default_new_keys(max_keys: u32) -> Rate {
+    let per_minute = u64::from(max_keys).max(1);
+    let burst = (per_minute / 60).max(1);
+    Rate {
+        rate: per_minute,
+        period: Duration::from_secs(60),
+        burst,
+        gcra: Gcra::new(per_minute, 60_000_000_000, burst)
+            .expect("max_keys per minute is within GCRA's range"),
+        window: Window::default(),
+    }
 }
 
 fn validate_rates(rates: &raw::RateFields, algorithm: Algorithm) -> Result<Rates, Invalid> {

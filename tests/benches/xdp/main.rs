@@ -1,0 +1,393 @@
+//! The kernel datapath against its peers, in one run on the same floods
+//! (`cargo xtask bench`, root). Sections, all by default or those named on
+//! the command line:
+//! - `cost`: per-packet cost through BPF_PROG_TEST_RUN against a floor
+//!   program that parses to the source and does one hash lookup;
+//! - `flood`: the rate each peer sustains end to end under a flood from
+//!   one source and under a flood in which every frame comes from a random
+//!   address of a /8, as ratios of what XDP_DROP sustains;
+//! - `scale`: the limiter's cost per packet as tracked keys grow;
+//! - `memory`: memory per key against hashlimit and an nftables set;
+//! - `accuracy`: what the limiter passed against what its limit allows.
+//!
+//! `--quick` runs a two-minute subset. Results go to target/bench/xdp.json,
+//! the plots to docs/bench/.
+
+mod cost;
+mod memory;
+mod plot;
+mod receivers;
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use limiter::lab::{Lab, RX_IFACE};
+use limiter_tests::generator::{self, Generator, Sources};
+use plot::{Figure, Series};
+use receivers::{Installed, Limit, Peer};
+use serde_json::{Value, json};
+
+struct Plan {
+    duration: Duration,
+    rounds: usize,
+    scale: &'static [u32],
+    rates: &'static [u32],
+}
+
+const FULL: Plan = Plan {
+    duration: Duration::from_secs(4),
+    rounds: 2,
+    scale: &[1_000, 100_000, 1_000_000, 10_000_000],
+    rates: &[10, 100, 1_000, 10_000, 100_000],
+};
+
+const QUICK: Plan = Plan {
+    duration: Duration::from_secs(2),
+    rounds: 1,
+    scale: &[1_000, 100_000],
+    rates: &[100, 10_000],
+};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let plan = if quick { QUICK } else { FULL };
+    let named: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let wanted = |section: &str| named.is_empty() || named.iter().any(|n| n.as_str() == section);
+    limiter::kernel::require_root()?;
+    limiter::kernel::pins::ensure_bpffs()?;
+    let machine = machine();
+    println!("machine: {machine}");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    let plots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
+    std::fs::create_dir_all(&out)?;
+    std::fs::create_dir_all(&plots)?;
+
+    let lab = Lab::create("lb-bench")?;
+    // The lab's arrival counters drop at ingress; here passed frames go up
+    // the stack for every peer alike.
+    lab.rx
+        .exec("nft", &["delete", "table", "netdev", "limiter_lab"])?;
+    let mut generator = Generator::new(&lab)?;
+    let mut results = json!({ "machine": machine, "quick": quick });
+
+    if wanted("cost") {
+        section("per-packet cost, BPF_PROG_TEST_RUN (one tracked source over its limit)");
+        let costs = cost::measure(generator.frame(), plan.rounds.max(3))?;
+        println!(
+            "floor (parse + one LRU hash lookup): {:.0} ns\nlimiter (500 rules, {} blocks):      {:.0} ns  = {:.2}x the floor",
+            costs.floor_ns,
+            receivers::BLOCKS.len(),
+            costs.limiter_ns,
+            costs.limiter_ns / costs.floor_ns
+        );
+        results["cost"] = json!({"floor_ns": costs.floor_ns, "limiter_ns": costs.limiter_ns});
+    }
+
+    if wanted("flood") {
+        let mut floods = Vec::new();
+        for (sources, file) in [
+            (Sources::Cycle(1), "flood-one-source.svg"),
+            (Sources::Random, "flood-random-sources.svg"),
+        ] {
+            section(&format!(
+                "flood: {}, {} s per peer, {} round(s)",
+                sources.describe(),
+                plan.duration.as_secs(),
+                plan.rounds
+            ));
+            let mut runs: Vec<(Peer, Vec<generator::Run>)> =
+                Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+            for _ in 0..plan.rounds {
+                for (peer, done) in &mut runs {
+                    let installed =
+                        receivers::install(&lab, *peer, receivers::CAPACITY, Limit::Peers)?;
+                    let run = generator.flood(&lab, sources, plan.duration)?;
+                    if let Installed::Limiter(session) = &installed {
+                        let c = session.snapshot()?;
+                        let rule = c
+                            .rules
+                            .iter()
+                            .find(|r| r.name == "bench")
+                            .context("bench rule")?;
+                        println!(
+                            "   (limiter: {} new keys, {} unadmitted packets)",
+                            rule.counters.new_keys, rule.counters.unadmitted
+                        );
+                    }
+                    receivers::remove(&lab, installed)?;
+                    println!(
+                        "   {:<22} {:>6.2} Mpps (generated {:.2})",
+                        peer.name(),
+                        run.mpps(),
+                        run.generated as f64 / run.seconds / 1e6
+                    );
+                    done.push(run);
+                }
+            }
+            let best = |peer: Peer| {
+                runs.iter()
+                    .find(|(p, _)| *p == peer)
+                    .map(|(_, r)| r.iter().map(generator::Run::mpps).fold(0.0, f64::max))
+                    .unwrap_or(0.0)
+            };
+            let floor = best(Peer::XdpDrop);
+            let netfilter = best(Peer::Hashlimit).max(best(Peer::NftMeter));
+            println!("   best of the rounds:");
+            for peer in Peer::ALL {
+                println!(
+                    "   {:<22} {:>6.2} Mpps  {:>5.2} of XDP_DROP",
+                    peer.name(),
+                    best(peer),
+                    best(peer) / floor
+                );
+            }
+            println!(
+                "   limiter / best netfilter peer: {:.2}x",
+                best(Peer::Limiter) / netfilter
+            );
+            let series: Vec<Series> = runs
+                .iter()
+                .map(|(p, r)| Series {
+                    name: p.name().to_owned(),
+                    points: r.first().map(|r| r.timeline.clone()).unwrap_or_default(),
+                })
+                .collect();
+            plot::lines(
+                &plots.join(file),
+                &Figure {
+                    title: &format!("Rate sustained under a flood from {}", sources.describe()),
+                    x_label: "seconds",
+                    y_label: "Mpps processed",
+                    log_x: false,
+                },
+                &series,
+            )?;
+            floods.push(json!({
+                "flood": sources.describe(),
+                "limiter_of_floor": best(Peer::Limiter) / floor,
+                "limiter_of_best_netfilter": best(Peer::Limiter) / netfilter,
+                "peers": runs.iter().map(|(p, r)| json!({
+                    "peer": p.name(),
+                    "mpps": r.iter().map(generator::Run::mpps).collect::<Vec<_>>(),
+                    "timeline": r.first().map(|r| r.timeline.clone()).unwrap_or_default(),
+                })).collect::<Vec<_>>(),
+            }));
+        }
+        results["floods"] = Value::Array(floods);
+    }
+
+    if wanted("scale") {
+        section(
+            "scale: cost per packet above XDP_DROP as tracked keys grow (sources over their limit)",
+        );
+        let mut scale = Vec::new();
+        for &keys in plan.scale {
+            let sources = Sources::Cycle(keys);
+            let floor = {
+                let installed = receivers::install(&lab, Peer::XdpDrop, keys, Limit::OnePerHour)?;
+                let run = generator.flood(&lab, sources, plan.duration)?;
+                receivers::remove(&lab, installed)?;
+                run
+            };
+            let max_keys = (keys + keys / 4).max(receivers::CAPACITY);
+            let installed = receivers::install(&lab, Peer::Limiter, max_keys, Limit::OnePerHour)?;
+            generator.send(&lab, sources, u64::from(keys))?;
+            let tracked = match &installed {
+                Installed::Limiter(session) => {
+                    limiter::kernel::keys::count(session.engine().datapath().maps())?
+                }
+                _ => 0,
+            };
+            let run = generator.flood(&lab, sources, plan.duration)?;
+            receivers::remove(&lab, installed)?;
+            let cost_ns = 1e3 / run.mpps() - 1e3 / floor.mpps();
+            println!(
+                "   {keys:>10} keys ({tracked:>8} tracked): {:.2} Mpps (XDP_DROP {:.2}), {cost_ns:>4.0} ns/pkt above it",
+                run.mpps(),
+                floor.mpps()
+            );
+            scale.push(json!({"keys": keys, "tracked": tracked, "mpps": run.mpps(),
+                "floor_mpps": floor.mpps(), "cost_ns": cost_ns}));
+        }
+        let points = scale
+            .iter()
+            .map(|s| {
+                (
+                    s["keys"].as_f64().unwrap_or(0.0),
+                    s["cost_ns"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        plot::lines(
+            &plots.join("scale.svg"),
+            &Figure {
+                title: "Limiter cost per packet vs tracked keys",
+                x_label: "tracked keys",
+                y_label: "ns per packet above XDP_DROP",
+                log_x: true,
+            },
+            &[Series {
+                name: "limiter".to_owned(),
+                points,
+            }],
+        )?;
+        results["scale"] = Value::Array(scale);
+    }
+
+    if wanted("memory") {
+        section("memory per tracked key (100,000 sources)");
+        results["memory"] = measure_memory(&lab, &mut generator)?;
+    }
+
+    if wanted("accuracy") {
+        section("accuracy: passed at the receiver / what the limit allows (16 sources flooding)");
+        results["accuracy"] = measure_accuracy(&lab, &mut generator, &plan, &plots)?;
+    }
+
+    std::fs::write(
+        out.join("xdp.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    println!(
+        "\nresults: {}\nplots:   {}",
+        out.join("xdp.json").display(),
+        plots.display()
+    );
+    Ok(())
+}
+
+fn measure_memory(lab: &Lab, generator: &mut Generator) -> Result<Value> {
+    const N: u32 = 100_000;
+    let sources = Sources::Cycle(N);
+    let installed = receivers::install(lab, Peer::Limiter, receivers::CAPACITY, Limit::OnePerHour)?;
+    let limiter = match &installed {
+        Installed::Limiter(session) => {
+            memory::limiter_bytes_per_key(&session.pin_dir().join("KEYS"))?
+        }
+        _ => unreachable!(),
+    };
+    receivers::remove(lab, installed)?;
+
+    let installed = receivers::install(lab, Peer::Hashlimit, receivers::CAPACITY, Limit::Peers)?;
+    generator.send(lab, sources, u64::from(N))?;
+    let (entries, slab_bytes) = memory::slab("xt_hashlimit")?;
+    // hashlimit's bucket array: --hashlimit-htable-size heads of 8 bytes.
+    let hashlimit = (slab_bytes as f64 + 65536.0 * 8.0) / entries.max(1) as f64;
+    receivers::remove(lab, installed)?;
+
+    let before = memory::slab_total()?;
+    let installed = receivers::install(lab, Peer::NftMeter, receivers::CAPACITY, Limit::Peers)?;
+    generator.send(lab, sources, u64::from(N))?;
+    let nft = (memory::slab_total()?.saturating_sub(before)) as f64 / f64::from(N);
+    receivers::remove(lab, installed)?;
+
+    println!("   limiter key map (fdinfo memlock / capacity): {limiter:>6.0} B per key");
+    println!("   iptables hashlimit (slabinfo, {entries} entries):  {hashlimit:>6.0} B per entry");
+    println!("   nftables set (slab growth / elements):        {nft:>6.0} B per element");
+    println!("   limiter / hashlimit: {:.2}", limiter / hashlimit);
+    Ok(
+        json!({"limiter": limiter, "hashlimit": hashlimit, "hashlimit_entries": entries, "nft": nft}),
+    )
+}
+
+fn measure_accuracy(
+    lab: &Lab,
+    generator: &mut Generator,
+    plan: &Plan,
+    plots: &Path,
+) -> Result<Value> {
+    const SOURCES: u32 = 16;
+    // Counts what XDP passed, after the limiter, independently of it.
+    let counter = format!(
+        "table netdev bench_count {{\n  chain ingress {{\n    type filter hook ingress device \"{RX_IFACE}\" priority 0; policy accept;\n    counter drop\n  }}\n}}\n"
+    );
+    let path = std::env::temp_dir().join("limiter-bench-count.nft");
+    std::fs::write(&path, counter)?;
+    lab.rx.exec("nft", &["-f", &path.to_string_lossy()])?;
+    let mut points = Vec::new();
+    let mut rows = Vec::new();
+    for &rate in plan.rates {
+        let burst = (rate / 10).max(1);
+        let text = format!(
+            "rules:\n  - {{ name: bench, match: {{ source: 198.0.0.0/8 }}, limit: {{ rate: {rate}, unit: second, burst: {burst} }} }}\n"
+        );
+        let rules = limiter::rules::RuleSet::parse(&text, Path::new("accuracy.yaml"))?;
+        let session = lab.rx.enter(|| {
+            limiter::session::Session::start(
+                &rules,
+                &[RX_IFACE.to_owned()],
+                limiter::kernel::Mode::Native,
+                Path::new("/sys/fs/bpf/limiter-bench-accuracy"),
+            )
+        })??;
+        let before = nft_counter(lab)?;
+        let run = generator.flood(lab, Sources::Cycle(SOURCES), plan.duration)?;
+        let passed = nft_counter(lab)? - before;
+        drop(session);
+        let allowed = f64::from(SOURCES) * (f64::from(rate) * run.seconds + f64::from(burst));
+        let offered = run.processed as f64 / f64::from(SOURCES) / run.seconds;
+        let ratio = passed as f64 / allowed.min(run.processed as f64);
+        println!(
+            "   {rate:>7} pps per source (offered {offered:>8.0}): passed {passed:>9}, allowed {allowed:>11.0}: {:.4}",
+            ratio
+        );
+        points.push((f64::from(rate), ratio * 100.0));
+        rows.push(json!({"rate": rate, "burst": burst, "passed": passed, "allowed": allowed, "offered_pps": offered}));
+    }
+    lab.rx
+        .exec("nft", &["delete", "table", "netdev", "bench_count"])?;
+    plot::lines(
+        &plots.join("accuracy.svg"),
+        &Figure {
+            title: "Passed at the receiver, as % of what the limit allows",
+            x_label: "limit per source (pps)",
+            y_label: "% of B + R·t",
+            log_x: true,
+        },
+        &[Series {
+            name: "limiter".to_owned(),
+            points,
+        }],
+    )?;
+    Ok(Value::Array(rows))
+}
+
+fn nft_counter(lab: &Lab) -> Result<u64> {
+    let json = lab.rx.exec(
+        "nft",
+        &["-j", "list", "chain", "netdev", "bench_count", "ingress"],
+    )?;
+    let value: Value = serde_json::from_str(&json)?;
+    value["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["rule"]["expr"].as_array())
+        .flatten()
+        .find_map(|expr| expr["counter"]["packets"].as_u64())
+        .context("no nft counter")
+}
+
+fn section(title: &str) {
+    println!("\n-- {title}");
+}
+
+/// CPU model, core count and kernel, for the record.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpu}, {} CPUs, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
+}
