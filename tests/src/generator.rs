@@ -128,9 +128,10 @@ impl Generator {
         let done = AtomicBool::new(false);
         let before = rx_packets(lab)?;
         let start = Instant::now();
-        let (generated, timeline) = thread::scope(|scope| -> Result<(u64, Vec<(f64, f64)>)> {
+        // The flood's own duration: the sampler may sleep a little longer.
+        let ((generated, seconds), timeline) = thread::scope(|scope| -> Result<_> {
             let sender = scope.spawn(|| {
-                let generated = lab.tx.enter(|| -> Result<u64> {
+                let generated = lab.tx.enter(|| -> Result<(u64, f64)> {
                     let ctx = xdp_md(frame)?;
                     let mut generated = 0u64;
                     while start.elapsed() < duration {
@@ -138,7 +139,7 @@ impl Generator {
                         run_batch(flood, frame, &ctx, repeat)?;
                         generated += u64::from(repeat);
                     }
-                    Ok(generated)
+                    Ok((generated, start.elapsed().as_secs_f64()))
                 });
                 done.store(true, Ordering::Relaxed);
                 generated
@@ -157,7 +158,6 @@ impl Generator {
                 .map_err(|_| anyhow::anyhow!("flood thread panicked"))???;
             Ok((generated, timeline))
         })?;
-        let seconds = start.elapsed().as_secs_f64();
         // Frames still queued at the receiver land within a few ms.
         thread::sleep(Duration::from_millis(100));
         Ok(Run {
