@@ -69,6 +69,8 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 
 /// `Verdict::refused_by` of a packet refused a new key (beyond the meters).
 const REFUSED_ADMISSION: usize = order::METERS;
+/// `Verdict::refused_by` of a packet whose new key could not be stored.
+const KEY_ALLOC_FAILED: usize = order::METERS + 1;
 
 /// Applies a manual block or the rule that matches `packet`, and counts.
 #[inline(always)]
@@ -105,7 +107,12 @@ fn limit(
     } else {
         None
     };
-    if config.blocks != 0 && !known_unblocked(config, state, rule, packet) {
+    // A key that is one whole address remembers the block epoch at which
+    // its source was last found unblocked (a masked key covers addresses
+    // a block may cover apart); 0 means never, hence the + 1.
+    let block_cache = state.filter(|_| whole_address_key(rule, packet));
+    let epoch = config.block_epoch.wrapping_add(1);
+    if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { (*s).block_epoch } != epoch) {
         if blocked(packet) {
             global.blocked += 1;
             return if global_shadow {
@@ -114,7 +121,9 @@ fn limit(
                 action::DROP
             };
         }
-        remember_unblocked(config, state, rule, packet);
+        if let Some(state) = block_cache {
+            unsafe { (*state).block_epoch = epoch };
+        }
     }
     let now = clock::now();
     let verdict = if rule.flags & rule_flag::BLOCK != 0 {
@@ -165,10 +174,11 @@ fn limit(
         counters.contended += 1;
     }
     if !allowed {
-        if verdict.refused_by == REFUSED_ADMISSION {
-            counters.unadmitted += 1;
-        } else if order::is_aggregate(verdict.refused_by) {
-            counters.aggregate_excess += 1;
+        match verdict.refused_by {
+            REFUSED_ADMISSION => counters.unadmitted += 1,
+            KEY_ALLOC_FAILED => global.key_alloc_failed += 1,
+            i if order::is_aggregate(i) => counters.aggregate_excess += 1,
+            _ => {}
         }
     }
     if allowed || shadow {
@@ -177,39 +187,6 @@ fn limit(
         action::DROP
     }
 }
-/// Whether the key's state says its source was found unblocked since the
-/// blocks last changed. Only a key that is one whole address can say so:
-/// a masked key covers addresses a block may cover apart.
-#[inline(always)]
-fn known_unblocked(
-    config: &GlobalConfig,
-    state: Option<*mut KeyState>,
-    rule: &RuleConfig,
-    packet: &Packet,
-) -> bool {
-    match state {
-        Some(state) => {
-            whole_address_key(rule, packet)
-                && unsafe { (*state).block_epoch } == config.block_epoch.wrapping_add(1)
-        }
-        None => false,
-    }
-}
-
-#[inline(always)]
-fn remember_unblocked(
-    config: &GlobalConfig,
-    state: Option<*mut KeyState>,
-    rule: &RuleConfig,
-    packet: &Packet,
-) {
-    if let Some(state) = state
-        && whole_address_key(rule, packet)
-    {
-        unsafe { (*state).block_epoch = config.block_epoch.wrapping_add(1) };
-    }
-}
-
 #[inline(always)]
 fn whole_address_key(rule: &RuleConfig, packet: &Packet) -> bool {
     match packet.source {
@@ -309,7 +286,7 @@ fn new_key(
     }
     KEYS.get_ptr_mut(key).ok_or(Verdict {
         outcome: Outcome::Denied,
-        refused_by: REFUSED_ADMISSION,
+        refused_by: KEY_ALLOC_FAILED,
     })
 }
 

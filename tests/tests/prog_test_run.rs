@@ -406,3 +406,28 @@ fn pins_of_an_incompatible_build_are_refused() {
         "{error}"
     );
 }
+
+/// Guards the block check cached in a tracked key: a block added after the
+/// source was tracked (and found unblocked) still drops it, a block of
+/// another address leaves it alone, and removing the block lets it through
+/// again.
+#[test]
+fn blocks_apply_to_sources_already_tracked() {
+    let mut dp = loaded(RULES);
+    let frame = frames::udp4(SRC4, 80, 20);
+    let verdict = |dp: &Datapath| run(dp, &frame).0;
+    assert_eq!(verdict(&dp), XDP_PASS, "tracked, no blocks");
+    dp.engine
+        .block("198.18.9.9/32".parse().unwrap(), None)
+        .expect("block");
+    assert_eq!(verdict(&dp), XDP_PASS, "another address blocked");
+    assert_eq!(verdict(&dp), XDP_PASS, "still, from the cached check");
+    dp.engine
+        .block("198.18.0.1/32".parse().unwrap(), None)
+        .expect("block");
+    let (result, rule, _) = run(&dp, &frame);
+    assert_eq!((result, rule), (XDP_DROP, None), "blocked after tracking");
+    assert_eq!(verdict(&dp), XDP_DROP, "and again");
+    assert!(dp.engine.unblock("198.18.0.1/32".parse().unwrap()).unwrap());
+    assert_eq!(verdict(&dp), XDP_PASS, "unblocked");
+}

@@ -46,14 +46,13 @@ pub struct Attachment {
 }
 
 impl Datapath {
-    /// The counter slot of interface `ifindex`, registering it if new.
     /// The counter slot of interface `ifindex`, registering it if new;
     /// slot 0 (shared) for an index beyond `MAX_IFINDEX`.
     fn iface_slot(&mut self, ifindex: u32) -> Result<u32, KernelError> {
         if ifindex >= MAX_IFINDEX {
             return Ok(0);
         }
-        let used = self.iface_slots()?;
+        let used = self.maps.iface_slots()?;
         if let Some(&(_, slot)) = used.iter().find(|(i, _)| *i == ifindex) {
             return Ok(slot);
         }
@@ -65,11 +64,6 @@ impl Datapath {
             .set(ifindex, slot, 0)
             .map_err(map_error(map_name::IFACES))?;
         Ok(slot)
-    }
-
-    /// Registered interfaces: (ifindex, counter slot).
-    pub fn iface_slots(&self) -> Result<Vec<(u32, u32)>, KernelError> {
-        self.maps.iface_slots()
     }
 
     /// Attaches to `iface`; `auto` falls back from native to skb mode.

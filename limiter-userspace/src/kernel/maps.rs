@@ -105,9 +105,7 @@ impl Maps {
             test_clock: None,
         })
     }
-}
 
-impl Maps {
     /// Registered interfaces: (ifindex, counter slot).
     pub fn iface_slots(&self) -> Result<Vec<(u32, u32)>, KernelError> {
         let slots: Vec<u32> = self

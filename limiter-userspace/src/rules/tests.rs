@@ -258,3 +258,25 @@ fn window_algorithms() {
     let gcra = parse("rules:\n  - { name: a, limit: { rate: 10, unit: minute } }\n").unwrap();
     assert_ne!(gcra.rules[0].fingerprint(), set.rules[0].fingerprint());
 }
+
+/// Guards the key-creation budget: `max_keys` a minute with a second's
+/// worth of burst by default, as written when given, and keys only.
+#[test]
+fn new_keys_budget() {
+    let set = parse("max_keys: 6000\nrules: []\n").unwrap();
+    assert_eq!(
+        (set.new_keys.rate, set.new_keys.period, set.new_keys.burst),
+        (6000, Duration::from_secs(60), 100)
+    );
+    assert_eq!(set.new_keys.gcra.emission_ns, 10_000_000);
+    let set = parse("new_keys: { rate: 50, unit: second, burst: 5 }\nrules: []\n").unwrap();
+    assert_eq!((set.new_keys.rate, set.new_keys.burst), (50, 5));
+    assert_eq!(set.new_keys.gcra.emission_ns, 20_000_000);
+    let e = error("rules: []\nnew_keys: { bytes: 5, unit: second }\n");
+    assert!(
+        e.contains("rules.yaml:2") && e.contains("new_keys.bytes") && e.contains("counts keys"),
+        "{e}"
+    );
+    let e = error("new_keys: { rate: 0, unit: second }\nrules: []\n");
+    assert!(e.contains("new_keys.rate"), "{e}");
+}

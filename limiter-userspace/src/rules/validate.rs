@@ -184,11 +184,12 @@ fn new_keys(fields: &raw::RateFields) -> Result<Rate, Invalid> {
 fn default_new_keys(max_keys: u32) -> Rate {
     let per_minute = u64::from(max_keys).max(1);
     let burst = (per_minute / 60).max(1);
+    let period = Duration::from_secs(60);
     Rate {
         rate: per_minute,
-        period: Duration::from_secs(60),
+        period,
         burst,
-        gcra: Gcra::new(per_minute, 60_000_000_000, burst)
+        gcra: Gcra::new(per_minute, period.as_nanos() as u64, burst)
             .expect("max_keys per minute is within GCRA's range"),
         window: Window::default(),
     }
