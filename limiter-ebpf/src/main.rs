@@ -10,6 +10,7 @@
 mod cell;
 mod maps;
 mod parse;
+mod profile;
 mod runtime;
 
 use aya_ebpf::{
@@ -49,7 +50,14 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
     let iface = IFACES.get(ifindex).copied().unwrap_or(0);
     global.packets += 1;
-    let verdict = match parse::parse(&ctx) {
+    if profile::stop_after(profile::CONFIG_READ) {
+        return profile::verdict(u64::from(config.generation ^ iface));
+    }
+    let parsed = parse::parse(&ctx);
+    if profile::stop_after(profile::PARSED) {
+        return profile::verdict(parsed.map_or(1, |p| p.map_or(2, |p| u64::from(p.dest_port))));
+    }
+    let verdict = match parsed {
         Ok(Some(packet)) => limit(&config, global, iface, &packet, len),
         Ok(None) => {
             global.non_ip += 1;
@@ -90,6 +98,9 @@ fn limit(
     }
     let global_shadow = config.flags & global_flag::SHADOW != 0;
     let rule_id = match_rule(config.generation, packet);
+    if profile::stop_after(profile::RULE_MATCHED) {
+        return profile::verdict(u64::from(rule_id));
+    }
     let (Some(rule), Some(counters)) = (
         RULES.get(rule_slot(config.generation, rule_id)),
         RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)),
@@ -97,19 +108,21 @@ fn limit(
         return action::PASS;
     };
     let counters = unsafe { &mut *counters };
+    if profile::stop_after(profile::RULE_LOADED) {
+        return profile::verdict(u64::from(rule.flags) ^ counters.passed_packets);
+    }
     let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
     let key = match packet.source {
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
     };
-    let state = if metered {
-        KEYS.get_ptr_mut(key)
-    } else {
-        None
-    };
+    let state = if metered { KEYS.get_ptr_mut(key) } else { None };
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
     // a block may cover apart); 0 means never, hence the + 1.
+    if profile::stop_after(profile::KEY_FOUND) {
+        return profile::verdict(state.map_or(0, |s| s as u64));
+    }
     let block_cache = state.filter(|_| whole_address_key(rule, packet));
     let epoch = config.block_epoch.wrapping_add(1);
     if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { (*s).block_epoch } != epoch) {
@@ -125,7 +138,13 @@ fn limit(
             unsafe { (*state).block_epoch = epoch };
         }
     }
+    if profile::stop_after(profile::BLOCK_CHECKED) {
+        return profile::verdict(u64::from(epoch));
+    }
     let now = clock::now();
+    if profile::stop_after(profile::CLOCK_READ) {
+        return profile::verdict(now);
+    }
     let verdict = if rule.flags & rule_flag::BLOCK != 0 {
         Verdict {
             outcome: Outcome::Denied,
@@ -156,6 +175,9 @@ fn limit(
             Err(verdict) => verdict,
         }
     };
+    if profile::stop_after(profile::METERED) {
+        return profile::verdict(verdict.outcome as u64);
+    }
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
     if allowed || shadow {

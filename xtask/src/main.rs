@@ -48,7 +48,7 @@ enum Task {
         /// A two-minute subset (shorter floods, one round, fewer sizes).
         #[arg(long)]
         quick: bool,
-        /// XDP sections to run (cost, flood, scale, memory, accuracy); all by default.
+        /// XDP sections to run (cost, profile, flood, scale, memory, accuracy); all by default.
         sections: Vec<String>,
     },
     /// Mutation testing (cargo-mutants) of `limiter-common` against the
@@ -99,6 +99,7 @@ fn run() -> Result<()> {
         Task::Bench { quick, sections } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
+            let stages = build_profile_stages()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
             let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
@@ -113,7 +114,8 @@ fn run() -> Result<()> {
             ])
             .args(quick.then_some("--quick"))
             .args(&sections)
-            .env("LIMITER_EBPF_OBJECT", &object);
+            .env("LIMITER_EBPF_OBJECT", &object)
+            .env("LIMITER_PROFILE_OBJECTS", &stages);
             status(&mut xdp)?;
             if quick || !sections.is_empty() {
                 return Ok(());
@@ -190,6 +192,31 @@ fn build(release: bool) -> Result<PathBuf> {
         .join("limiter");
     println!("xtask: built {}", binary.display());
     Ok(binary)
+}
+
+/// The program cut after each of its stages (`limiter-ebpf/src/profile.rs`),
+/// for the bench's profile: `stage-N` in the returned directory. Run before
+/// `build`, which then rebuilds the whole program.
+fn build_profile_stages() -> Result<PathBuf> {
+    /// `profile::METERED`, the last stage.
+    const STAGES: u32 = 8;
+    step("building the XDP program cut after each stage (the bench's profile)");
+    let ebpf = root().join("limiter-ebpf");
+    let dir = root().join("target/profile");
+    std::fs::create_dir_all(&dir)?;
+    for stage in 1..=STAGES {
+        status(
+            nightly_cargo()
+                .current_dir(&ebpf)
+                .args(["build", "--release", "--quiet"])
+                .env("LIMITER_PROFILE_STOP", stage.to_string()),
+        )?;
+        let built = ebpf.join("target/bpfel-unknown-none/release/limiter");
+        let to = dir.join(format!("stage-{stage}"));
+        std::fs::copy(&built, &to)
+            .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
+    }
+    Ok(dir)
 }
 
 pub fn root() -> PathBuf {

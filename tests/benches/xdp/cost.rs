@@ -44,19 +44,74 @@ pub struct Costs {
 /// The floor program and the limiter (500 rules, blocks loaded, the
 /// source already tracked), on the same frame.
 pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
-    let mut floor = Ebpf::load(&generator::object()?)?;
-    let prog: &mut Xdp = floor.program_mut("floor").context("floor")?.try_into()?;
-    prog.load()?;
-    let floor_ns = time(prog, frame, rounds)?;
+    Ok(Costs {
+        floor_ns: helper_ns("floor", frame, rounds)?,
+        limiter_ns: limiter_ns(limiter::kernel::object::OBJECT, frame, rounds)?,
+    })
+}
 
+/// The stages of `limiter-ebpf/src/profile.rs`, in order.
+pub const STAGES: [&str; 8] = [
+    "read config, interface, counters",
+    "parse",
+    "match the rule (LPM trie)",
+    "load the rule and its counters",
+    "look up the key (LRU hash)",
+    "check blocks (cached per key)",
+    "read the clock",
+    "meter (GCRA)",
+];
+
+/// A stage's name and the program's cost when cut right after it.
+pub struct Stage {
+    pub name: &'static str,
+    pub ns: f64,
+}
+
+/// The program cut after each stage (objects `stage-N` in `dir`, built
+/// by `cargo xtask bench`), then whole, on the same frame and rules as
+/// `measure`; first the XDP_DROP program, the cost of running anything.
+pub fn profile(dir: &Path, frame: &[u8], rounds: usize) -> Result<Vec<Stage>> {
+    let mut stages = vec![Stage {
+        name: "XDP_DROP (the run itself)",
+        ns: helper_ns("drop_all", frame, rounds)?,
+    }];
+    for (i, name) in STAGES.iter().enumerate() {
+        let path = dir.join(format!("stage-{}", i + 1));
+        let object = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        stages.push(Stage {
+            name,
+            ns: limiter_ns(&object, frame, rounds)?,
+        });
+    }
+    stages.push(Stage {
+        name: "count (the whole program)",
+        ns: limiter_ns(limiter::kernel::object::OBJECT, frame, rounds)?,
+    });
+    Ok(stages)
+}
+
+/// A program of the bench's helper object (`limiter-ebpf/src/flood.rs`).
+fn helper_ns(name: &str, frame: &[u8], rounds: usize) -> Result<f64> {
+    let mut ebpf = Ebpf::load(&generator::object()?)?;
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .context(name.to_owned())?
+        .try_into()?;
+    prog.load()?;
+    time(prog, frame, rounds)
+}
+
+/// The limiter built as `object`, with the bench's 500 rules and blocks.
+fn limiter_ns(object: &[u8], frame: &[u8], rounds: usize) -> Result<f64> {
     let pins = Path::new("/sys/fs/bpf/limiter-bench-cost");
     let _ = std::fs::remove_dir_all(pins);
     let rules = RuleSet::parse(
         &receivers::rule_file(receivers::CAPACITY, receivers::Limit::Peers),
         Path::new("bench.yaml"),
     )?;
-    let limiter_ns = {
-        let mut engine = Engine::open(pins, rules.max_keys)?;
+    let ns = {
+        let mut engine = Engine::open_object(object, pins, rules.max_keys)?;
         engine.apply(rules)?;
         for block in receivers::BLOCKS {
             engine.block(block.parse()?, None)?;
@@ -64,8 +119,5 @@ pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
         time(engine.datapath().program(), frame, rounds)?
     };
     let _ = std::fs::remove_dir_all(pins);
-    Ok(Costs {
-        floor_ns,
-        limiter_ns,
-    })
+    Ok(ns)
 }

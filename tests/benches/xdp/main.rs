@@ -3,6 +3,7 @@
 //! the command line:
 //! - `cost`: per-packet cost through BPF_PROG_TEST_RUN against a floor
 //!   program that parses to the source and does one hash lookup;
+//! - `profile`: the same cost with the program cut after each stage;
 //! - `flood`: the rate each peer sustains end to end under a flood from
 //!   one source and under a flood in which every frame comes from a random
 //!   address of a /8, as ratios of what XDP_DROP sustains;
@@ -82,6 +83,29 @@ fn main() -> Result<()> {
             costs.limiter_ns / costs.floor_ns
         );
         results["cost"] = json!({"floor_ns": costs.floor_ns, "limiter_ns": costs.limiter_ns});
+    }
+
+    if wanted("profile") {
+        section("profile: the program cut after each stage, BPF_PROG_TEST_RUN");
+        let dir = std::env::var_os("LIMITER_PROFILE_OBJECTS")
+            .context("LIMITER_PROFILE_OBJECTS: the stage objects `cargo xtask bench` builds")?;
+        let stages = cost::profile(Path::new(&dir), generator.frame(), plan.rounds.max(5))?;
+        let mut previous = 0.0;
+        for stage in &stages {
+            println!(
+                "   {:<36} {:>5.0} ns  (+{:>4.0})",
+                stage.name,
+                stage.ns,
+                stage.ns - previous
+            );
+            previous = stage.ns;
+        }
+        results["profile"] = Value::Array(
+            stages
+                .iter()
+                .map(|s| json!({"stage": s.name, "ns": s.ns}))
+                .collect(),
+        );
     }
 
     if wanted("flood") {
