@@ -12,6 +12,7 @@ pub mod map_name {
     pub const LPM_V4: &str = "LPM_V4";
     pub const LPM_V6: &str = "LPM_V6";
     pub const KEYS: &str = "KEYS";
+    pub const KEY_TAGS: &str = "KEY_TAGS";
     pub const AGGREGATES: &str = "AGGREGATES";
     pub const BLOCKS_V4: &str = "BLOCKS_V4";
     pub const BLOCKS_V6: &str = "BLOCKS_V6";
@@ -77,6 +78,12 @@ pub struct GlobalConfig {
     /// which its source was last found unblocked (`KeyState::block_epoch`),
     /// so a tracked source costs no trie lookup until the blocks change.
     pub block_epoch: u32,
+    /// Buckets of the key table (`KEYS`, a power of two), set at load.
+    pub key_buckets: u32,
+    pub _pad: u32,
+    /// The key table's hash seed ([`crate::keytable::hash`]): random, set
+    /// when the table is created, kept with it.
+    pub key_seed: u64,
 }
 
 /// `GlobalConfig::flags` bits.
@@ -249,7 +256,7 @@ pub struct Block {
     pub dropped_packets: u64,
 }
 
-/// Key of the per-key state map: a rule and a masked source address
+/// Key of the key table (`keytable`): a rule and a masked source address
 /// (IPv4 as `::ffff:a.b.c.d`), so one source has separate budgets per rule.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -346,10 +353,13 @@ pub struct GlobalCounters {
     pub malformed: u64,
     /// Non-first IP fragments (no transport header to match ports on).
     pub fragments: u64,
-    /// State entries that could not be created (treated as excess).
+    /// New keys refused because their bucket had no free slot and none at
+    /// rest (see `keytable`): the packet is dropped.
     pub key_alloc_failed: u64,
     /// Dropped (or shadow-passed) by a manual block.
     pub blocked: u64,
+    /// Keys at rest whose slot went to a new key (see `keytable`).
+    pub key_evictions: u64,
 }
 
 macro_rules! impl_rule_counters_add {
@@ -367,11 +377,12 @@ impl_rule_counters_add! {
     RuleCounters { passed_packets, passed_bytes, dropped_packets, dropped_bytes,
                    shadow_packets, shadow_bytes, new_keys, contended, aggregate_excess,
                    unadmitted }
-    GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed, blocked }
+    GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed, blocked,
+                     key_evictions }
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<GlobalConfig>() == 32);
+    assert!(core::mem::size_of::<GlobalConfig>() == 48);
     assert!(core::mem::size_of::<MeterConfig>() == 48);
     assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 8 + 4 * 48 + 24 + 8 + RULE_NAME_LEN);
     assert!(core::mem::size_of::<PrefixKey<4>>() == 5);
@@ -382,7 +393,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowKey>() == 20);
     assert!(core::mem::size_of::<KeyState>() == 72);
     assert!(core::mem::size_of::<RuleCounters>() == 80);
-    assert!(core::mem::size_of::<GlobalCounters>() == 64);
+    assert!(core::mem::size_of::<GlobalCounters>() == 72);
 };
 
 #[cfg(feature = "user")]

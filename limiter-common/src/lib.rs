@@ -4,6 +4,7 @@
 
 pub mod abi;
 pub mod gcra;
+pub mod keytable;
 #[cfg(feature = "user")]
 pub mod log;
 pub mod meter;

@@ -8,17 +8,13 @@
 )]
 
 mod cell;
+mod keys;
 mod maps;
 mod parse;
 mod profile;
 mod runtime;
 
-use aya_ebpf::{
-    bindings::{BPF_NOEXIST, xdp_action},
-    macros::xdp,
-    maps::lpm_trie::Key,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action, macros::xdp, maps::lpm_trie::Key, programs::XdpContext};
 use cell::{MapCell, add_shared, lock, unlock};
 use limiter_common::{
     abi::{
@@ -31,8 +27,8 @@ use limiter_common::{
     window::WindowState,
 };
 use maps::{
-    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, KEYS, LPM_V4,
-    LPM_V6, RULE_STATS, RULES,
+    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V4, LPM_V6,
+    RULE_STATS, RULES,
 };
 use parse::{Packet, Source};
 
@@ -45,7 +41,9 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     };
     let global = unsafe { &mut *global };
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let config = CONFIG.get(0).copied().unwrap_or_default();
+    let Some(config) = CONFIG.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
     // Safe to read: the verifier allows reading ingress_ifindex from xdp_md.
     let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
     let iface = IFACES.get(ifindex).copied().unwrap_or(0);
@@ -58,7 +56,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         return profile::verdict(parsed.map_or(1, |p| p.map_or(2, |p| u64::from(p.dest_port))));
     }
     let verdict = match parsed {
-        Ok(Some(packet)) => limit(&config, global, iface, &packet, len),
+        Ok(Some(packet)) => limit(config, global, iface, &packet, len),
         Ok(None) => {
             global.non_ip += 1;
             action::PASS
@@ -97,12 +95,15 @@ fn limit(
         global.fragments += 1;
     }
     let global_shadow = config.flags & global_flag::SHADOW != 0;
-    let rule_id = match_rule(config.generation, packet);
+    // Read once: userspace flips it at any time, and a packet is judged
+    // wholly by one generation's rules.
+    let generation = unsafe { core::ptr::read_volatile(&config.generation) };
+    let rule_id = match_rule(generation, packet);
     if profile::stop_after(profile::RULE_MATCHED) {
         return profile::verdict(u64::from(rule_id));
     }
     let (Some(rule), Some(counters)) = (
-        RULES.get(rule_slot(config.generation, rule_id)),
+        RULES.get(rule_slot(generation, rule_id)),
         RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)),
     ) else {
         return action::PASS;
@@ -116,7 +117,11 @@ fn limit(
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
     };
-    let state = if metered { KEYS.get_ptr_mut(key) } else { None };
+    let state = if metered {
+        keys::find(config, &key)
+    } else {
+        None
+    };
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
     // a block may cover apart); 0 means never, hence the + 1.
@@ -158,7 +163,7 @@ fn limit(
     } else {
         let state = match state {
             Some(state) => Ok(state),
-            None => new_key(rule_id, rule, &key, counters, now, len),
+            None => new_key(config, global, rule_id, rule, &key, counters, now, len),
         };
         match state {
             Ok(state) => {
@@ -259,10 +264,14 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
 
 /// The state of a source not yet tracked, created empty (a full bucket),
 /// or the verdict for its packet when it gets none: a packet the rule's
-/// aggregate would refuse creates nothing, and beyond the rule's
-/// key-creation budget the packet is refused (see `RuleConfig::admission`).
+/// aggregate would refuse creates nothing, beyond the rule's key-creation
+/// budget the packet is refused (see `RuleConfig::admission`), and so it is
+/// when its bucket has no slot to give (`keys::claim`).
 #[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "inlined; the packet's context")]
 fn new_key(
+    config: &GlobalConfig,
+    global: &mut GlobalCounters,
     rule_id: u32,
     rule: &RuleConfig,
     key: &FlowKey,
@@ -298,18 +307,11 @@ fn new_key(
     if acquire(&MapCell(budget), &rule.admission, now, 1) != Outcome::Allowed {
         return refused(REFUSED_ADMISSION);
     }
-    // BPF_NOEXIST: when two CPUs see a new key at once, one creates it and
-    // the other finds it on the lookup below.
-    if KEYS
-        .insert(key, KeyState::default(), u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
-        counters.new_keys += 1;
-    }
-    KEYS.get_ptr_mut(key).ok_or(Verdict {
-        outcome: Outcome::Denied,
-        refused_by: KEY_ALLOC_FAILED,
-    })
+    let Some(state) = keys::claim(config, key, now, global) else {
+        return refused(KEY_ALLOC_FAILED);
+    };
+    counters.new_keys += 1;
+    Ok(state)
 }
 
 /// Charges the packet to its key's meters and the rule's aggregate meters.

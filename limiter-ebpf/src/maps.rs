@@ -3,13 +3,17 @@
 //! program replacing this one on its link shares it.
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, PerCpuArray},
 };
-use limiter_common::abi::{
-    Block, Candidates, DEFAULT_MAX_KEYS, FlowKey, GENERATIONS, GlobalConfig, GlobalCounters,
-    KeyState, MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig,
-    RuleCounters,
+use limiter_common::{
+    abi::{
+        Block, Candidates, DEFAULT_MAX_KEYS, GENERATIONS, GlobalConfig, GlobalCounters, KeyState,
+        MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig,
+        RuleCounters,
+    },
+    keytable::{Slot, Tags, WAYS, buckets_for},
 };
 
 /// Settings for every packet (index 0), including the active generation.
@@ -26,10 +30,15 @@ pub static LPM_V4: LpmTrie<PrefixKey<4>, Candidates> = LpmTrie::pinned(MAX_PREFI
 #[map]
 pub static LPM_V6: LpmTrie<PrefixKey<16>, Candidates> = LpmTrie::pinned(MAX_PREFIXES, 0);
 
-/// Per-key GCRA state. LRU: under a flood of spoofed sources the least
-/// recently seen keys are evicted rather than new ones refused.
+/// Per-key state: the key table (`limiter_common::keytable`), tags by
+/// bucket and slots by `slot_index`, sized at load from `max_keys`.
+/// Memory-mappable, so userspace reads them and frees slots tag by tag,
+/// never rewriting state the kernel is updating.
 #[map]
-pub static KEYS: LruHashMap<FlowKey, KeyState> = LruHashMap::pinned(DEFAULT_MAX_KEYS, 0);
+pub static KEY_TAGS: Array<Tags> = Array::pinned(buckets_for(DEFAULT_MAX_KEYS), BPF_F_MMAPABLE);
+#[map]
+pub static KEYS: Array<Slot> =
+    Array::pinned(buckets_for(DEFAULT_MAX_KEYS) * WAYS as u32, BPF_F_MMAPABLE);
 
 /// Per-rule aggregate GCRA state, by rule id (hierarchical limits).
 #[map]

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Result;
 use limiter::{
-    kernel::{Maps, keys, require_root},
+    kernel::{Maps, require_root},
     render::text,
     units,
 };
@@ -32,11 +32,11 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
     require_root()?;
     let maps = Maps::open_pinned(pin_dir)?;
     let (config, rules) = (&maps.config, &maps.rules);
-    let mut previous: HashMap<FlowKey, KeyState> = keys::dump(&maps)?.into_iter().collect();
+    let mut previous: HashMap<FlowKey, KeyState> = maps.keys.dump().into_iter().collect();
     let mut at = Instant::now();
     loop {
         thread::sleep(interval);
-        let now: HashMap<FlowKey, KeyState> = keys::dump(&maps)?.into_iter().collect();
+        let now: HashMap<FlowKey, KeyState> = maps.keys.dump().into_iter().collect();
         let elapsed = at.elapsed().as_secs_f64();
         at = Instant::now();
         let generation = config.get(&0, 0)?.generation;

@@ -3,13 +3,12 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use aya::maps::{IterableMap, MapData};
 use limiter_common::abi::{
     GlobalCounters, MAX_RULES, RuleCounters, counter_slot, global_flag, map_name, rule_slot,
 };
 use serde::{Deserialize, Serialize};
 
-use super::{KernelError, Maps, maps::map_error};
+use super::{KernelError, Maps, keys::KeyTable, maps::map_error};
 
 /// Counters summed over CPUs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -44,15 +43,16 @@ pub struct InterfaceStats {
 /// The per-key state map, as the kernel accounts for it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KeyMapSize {
-    /// Keys it holds before the least recently used are evicted.
+    /// Slots: the most keys it holds (see `limiter_common::keytable`).
     pub capacity: u64,
-    /// Kernel memory charged for it (`memlock` in the map's fdinfo); the
-    /// LRU hash preallocates every entry, so this is its size when full.
+    /// Kernel memory charged for it (`memlock` in the map's fdinfo): the
+    /// whole table, allocated when it is created.
     pub memory_bytes: u64,
 }
 
 impl KeyMapSize {
-    fn read(map: &MapData) -> Result<Self, KernelError> {
+    fn read(table: &KeyTable) -> Result<Self, KernelError> {
+        let map = table.map();
         let path = format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd());
         let info = std::fs::read_to_string(&path).map_err(|source| KernelError::Io {
             path: path.clone().into(),
@@ -65,7 +65,7 @@ impl KeyMapSize {
                 .unwrap_or(0)
         };
         Ok(Self {
-            capacity: field("max_entries:"),
+            capacity: table.capacity(),
             memory_bytes: field("memlock:"),
         })
     }
@@ -81,7 +81,7 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
     let mut snapshot = Snapshot {
         generation: config.generation,
         shadow: config.flags & global_flag::SHADOW != 0,
-        keys: KeyMapSize::read(maps.keys.map())?,
+        keys: KeyMapSize::read(&maps.keys)?,
         ..Snapshot::default()
     };
     for cpu in maps

@@ -4,8 +4,8 @@
 
 use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
 use limiter_common::abi::{
-    Candidates, FlowKey, KeyState, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
-    counter_slot, map_name, rule_slot,
+    Candidates, KeyState, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters, counter_slot,
+    map_name, rule_slot,
 };
 
 use super::{Datapath, KernelError, maps::map_error};
@@ -121,20 +121,7 @@ impl Datapath {
 
     /// Deletes every key of the given rule ids; returns how many.
     pub fn forget_keys(&mut self, ids: &[u32]) -> Result<usize, KernelError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let keys = &mut self.maps.keys;
-        let doomed: Vec<FlowKey> = keys
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| ids.contains(&k.rule))
-            .collect();
-        for key in &doomed {
-            // Already evicted by the LRU is fine.
-            let _ = keys.remove(key);
-        }
-        Ok(doomed.len())
+        Ok(self.maps.keys.forget(ids))
     }
 }
 

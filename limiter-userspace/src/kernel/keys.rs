@@ -1,88 +1,182 @@
-//! Reading the whole per-key state map with `BPF_MAP_LOOKUP_BATCH`: one
-//! system call per few thousand keys instead of two per key, so a million
-//! tracked keys are read in a fraction of a second. (aya 0.14 has no batch
-//! API; this is the one system call it lacks.)
+//! The key table (`limiter_common::keytable`) from userspace, through a
+//! shared memory mapping of its array map: reading every key costs no
+//! system call and no copy of the whole map, and forgetting a rule's keys
+//! frees their slots one tag at a time (a compare-and-swap on the word the
+//! kernel claims slots with), never rewriting a bucket the kernel is
+//! updating.
 
 use std::{
     io,
-    mem::{size_of, zeroed},
     os::fd::{AsFd, AsRawFd},
+    ptr::NonNull,
+    sync::atomic::{AtomicU32, Ordering},
 };
 
-use aya::maps::{IterableMap, MapData};
-use limiter_common::abi::{FlowKey, KeyState};
+use aya::maps::{Map, MapData, MapError};
+use limiter_common::{
+    abi::{FlowKey, KeyState},
+    keytable::{Slot, Tags, WAYS, slot_index, tag},
+};
 
-use super::Maps;
-
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-/// Keys per system call.
-const BATCH: usize = 4096;
-
-/// The part of `union bpf_attr` that batch operations use.
-#[repr(C)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
+/// A shared mapping of a whole array map of `T`.
+struct Mapped<T> {
+    data: MapData,
+    ptr: NonNull<T>,
+    len: usize,
 }
 
-/// Every (key, state) of the map, read in batches.
-pub fn dump(maps: &Maps) -> io::Result<Vec<(FlowKey, KeyState)>> {
-    let mut out = Vec::new();
-    for_each_batch(maps.keys.map(), |keys, values| {
-        out.extend(keys.iter().copied().zip(values.iter().copied()))
-    })?;
-    Ok(out)
-}
-
-/// How many keys the map holds, without keeping them (the daemon counts a
-/// million-key map every few seconds for its metrics).
-pub fn count(maps: &Maps) -> io::Result<usize> {
-    let mut n = 0;
-    for_each_batch(maps.keys.map(), |keys, _| n += keys.len())?;
-    Ok(n)
-}
-
-/// Calls `f` with each batch of keys and their states, reusing one buffer.
-fn for_each_batch(map: &MapData, mut f: impl FnMut(&[FlowKey], &[KeyState])) -> io::Result<()> {
-    let fd = map.fd().as_fd().as_raw_fd();
-    let mut keys = vec![FlowKey::default(); BATCH];
-    let mut values = vec![KeyState::default(); BATCH];
-    // Hash maps use a 4-byte bucket cursor; a key's size is ample room.
-    let mut cursor = [0u8; size_of::<FlowKey>()];
-    let mut first = true;
-    loop {
-        // SAFETY: an all-zero bpf_attr is valid.
-        let mut attr: BatchAttr = unsafe { zeroed() };
-        attr.in_batch = if first { 0 } else { cursor.as_ptr() as u64 };
-        attr.out_batch = cursor.as_mut_ptr() as u64;
-        attr.keys = keys.as_mut_ptr() as u64;
-        attr.values = values.as_mut_ptr() as u64;
-        attr.count = BATCH as u32;
-        attr.map_fd = fd as u32;
-        // SAFETY: attr points at buffers of `count` keys and values, which
-        // match the map's key and value sizes.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                size_of::<BatchAttr>() as u32,
+impl<T> Mapped<T> {
+    fn new(map: Map) -> Result<Self, MapError> {
+        let Map::Array(data) = map else {
+            // Not an array: pins left by another build (check_pinned says so first).
+            return Err(MapError::InvalidMapType { map_type: 0 });
+        };
+        let info = data.info()?;
+        if info.value_size() as usize != size_of::<T>() {
+            return Err(MapError::InvalidValueSize {
+                size: info.value_size() as usize,
+                expected: size_of::<T>(),
+            });
+        }
+        let len = info.max_entries() as usize;
+        // SAFETY: a shared mapping of the whole array, which the kernel
+        // allows for BPF_F_MMAPABLE arrays (elements of a multiple of 8
+        // bytes, back to back); unmapped on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len * size_of::<T>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
             )
         };
-        let error = (rc != 0).then(io::Error::last_os_error);
-        let n = attr.count as usize;
-        f(&keys[..n], &values[..n]);
-        match error {
-            None => first = false,
-            // ENOENT: that was the last batch.
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Some(e) => return Err(e),
+        if ptr == libc::MAP_FAILED {
+            return Err(MapError::SyscallError(aya::sys::SyscallError {
+                call: "mmap",
+                io_error: io::Error::last_os_error(),
+            }));
         }
+        Ok(Self {
+            data,
+            ptr: NonNull::new(ptr.cast()).expect("mmap returned a mapping"),
+            len,
+        })
+    }
+
+    fn at(&self, index: usize) -> *mut T {
+        assert!(index < self.len);
+        // SAFETY: in bounds of the mapping.
+        unsafe { self.ptr.as_ptr().add(index) }
+    }
+}
+
+impl<T> Drop for Mapped<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len * size_of::<T>()) };
+    }
+}
+
+/// The mapped table.
+pub struct KeyTable {
+    tags: Mapped<Tags>,
+    slots: Mapped<Slot>,
+}
+
+// SAFETY: the mappings are shared memory that the kernel updates at any
+// time; this type only reads them with volatile copies and writes tags
+// with atomics, from whichever thread holds it.
+unsafe impl Send for KeyTable {}
+unsafe impl Sync for KeyTable {}
+
+impl KeyTable {
+    /// The table of the maps `KEY_TAGS` and `KEYS`.
+    pub fn new(tags: Map, slots: Map) -> Result<Self, MapError> {
+        let table = Self {
+            tags: Mapped::new(tags)?,
+            slots: Mapped::new(slots)?,
+        };
+        if table.slots.len != table.tags.len * WAYS {
+            return Err(MapError::InvalidValueSize {
+                size: table.slots.len,
+                expected: table.tags.len * WAYS,
+            });
+        }
+        Ok(table)
+    }
+
+    /// The slots' map (for its kernel accounting).
+    pub fn map(&self) -> &MapData {
+        &self.slots.data
+    }
+
+    /// Buckets in the table.
+    pub fn buckets(&self) -> u32 {
+        self.tags.len as u32
+    }
+
+    /// Slots in the table: the most keys it can hold.
+    pub fn capacity(&self) -> u64 {
+        self.slots.len as u64
+    }
+
+    fn tag(&self, bucket: usize, way: usize) -> &AtomicU32 {
+        // SAFETY: an aligned u32 of the mapping, which the kernel also
+        // accesses atomically.
+        unsafe { AtomicU32::from_ptr(&raw mut (*self.tags.at(bucket))[way]) }
+    }
+
+    fn slot(&self, bucket: usize, way: usize) -> Slot {
+        // SAFETY: a copy from the mapping (the kernel may be changing it: a
+        // torn state only skews one reading of `limiter top`).
+        unsafe { std::ptr::read_volatile(self.slots.at(slot_index(bucket as u32, way) as usize)) }
+    }
+
+    /// Calls `f` with each slot holding a key, and its tag.
+    fn for_each_key(&self, mut f: impl FnMut(usize, usize, u32)) {
+        for bucket in 0..self.tags.len {
+            for way in 0..WAYS {
+                let seen = self.tag(bucket, way).load(Ordering::Acquire);
+                if seen & tag::KEY != 0 {
+                    f(bucket, way, seen);
+                }
+            }
+        }
+    }
+
+    /// Every key and its state.
+    pub fn dump(&self) -> Vec<(FlowKey, KeyState)> {
+        let mut out = Vec::new();
+        self.for_each_key(|bucket, way, _| {
+            let slot = self.slot(bucket, way);
+            out.push((slot.key, slot.state));
+        });
+        out
+    }
+
+    /// How many keys the table holds.
+    pub fn count(&self) -> usize {
+        let mut n = 0;
+        self.for_each_key(|_, _, _| n += 1);
+        n
+    }
+
+    /// Frees the slots of every key of the given rule ids; returns how
+    /// many. A slot the kernel re-claimed meanwhile is left to its new key.
+    pub fn forget(&self, ids: &[u32]) -> usize {
+        let mut n = 0;
+        self.for_each_key(|bucket, way, seen| {
+            if ids.contains(&self.slot(bucket, way).key.rule)
+                && self
+                    .tag(bucket, way)
+                    .compare_exchange(seen, tag::FREE, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                n += 1;
+            }
+        });
+        n
     }
 }

@@ -8,15 +8,18 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray},
+    maps::{Array, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray},
 };
 use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
-use limiter_common::abi::{
-    Block, Candidates, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
-    RuleCounters, map_name,
+use limiter_common::{
+    abi::{
+        Block, Candidates, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
+        RuleCounters, map_name,
+    },
+    keytable::{WAYS, buckets_for},
 };
 
-use super::KernelError;
+use super::{KernelError, keys::KeyTable};
 
 /// Every map of the program (see `limiter-common`'s `abi` for the layouts).
 pub struct Maps {
@@ -27,8 +30,8 @@ pub struct Maps {
     /// Source prefix (generation first) → candidate rules.
     pub lpm_v4: LpmTrie<MapData, PrefixKey<4>, Candidates>,
     pub lpm_v6: LpmTrie<MapData, PrefixKey<16>, Candidates>,
-    /// The per-key state, an LRU hash (read in batches by [`super::keys`]).
-    pub keys: HashMap<MapData, FlowKey, KeyState>,
+    /// The per-key state table, memory-mapped.
+    pub keys: KeyTable,
     /// Per rule id: the state of its aggregate limit.
     pub aggregates: Array<MapData, KeyState>,
     pub blocks_v4: LpmTrie<MapData, [u8; 4], Block>,
@@ -94,7 +97,12 @@ impl Maps {
             rules: handle(open, map_name::RULES)?,
             lpm_v4: handle(open, map_name::LPM_V4)?,
             lpm_v6: handle(open, map_name::LPM_V6)?,
-            keys: handle(open, map_name::KEYS)?,
+            keys: KeyTable::new(open(map_name::KEY_TAGS)?, open(map_name::KEYS)?).map_err(
+                |source| KernelError::Map {
+                    name: map_name::KEYS.to_owned(),
+                    source,
+                },
+            )?,
             aggregates: handle(open, map_name::AGGREGATES)?,
             blocks_v4: handle(open, map_name::BLOCKS_V4)?,
             blocks_v6: handle(open, map_name::BLOCKS_V6)?,
@@ -170,12 +178,14 @@ pub(super) fn check_pinned(
         }
         if name == map_name::KEYS {
             // Sized at load time from the rule file's `max_keys`.
-            if pinned.max_entries() != max_keys {
+            if pinned.max_entries() != buckets_for(max_keys) * WAYS as u32 {
                 tracing::warn!(
                     "{name} keeps its capacity of {} keys (asked for {max_keys}); `limiter detach` first to change it",
                     pinned.max_entries()
                 );
             }
+        } else if name == map_name::KEY_TAGS {
+            // Sized with KEYS.
         } else if pinned.max_entries() != map.max_entries() {
             return Err(mismatch(
                 "capacity",

@@ -105,11 +105,32 @@ impl Datapath {
     pub fn open_object(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Self, KernelError> {
         let mut ebpf = object::load(object, pin_dir, max_keys)?;
         let maps = Maps::take(&mut ebpf)?;
-        Ok(Self {
+        let mut datapath = Self {
             ebpf,
             maps,
             pin_dir: pin_dir.to_owned(),
-        })
+        };
+        datapath.describe_key_table()?;
+        Ok(datapath)
+    }
+
+    /// Tells the program the key table's size, and gives a new table its
+    /// hash seed (a table adopted from pins keeps the seed its keys were
+    /// placed with).
+    fn describe_key_table(&mut self) -> Result<(), KernelError> {
+        let mut config = self.config()?;
+        config.key_buckets = self.maps.keys.buckets();
+        if config.key_seed == 0 {
+            let mut seed = [0u8; 8];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+                .map_err(|source| KernelError::Io {
+                    path: "/dev/urandom".into(),
+                    source,
+                })?;
+            config.key_seed = u64::from_ne_bytes(seed) | 1;
+        }
+        self.set_config(config)
     }
 
     pub fn pin_dir(&self) -> &Path {

@@ -9,7 +9,10 @@ use aya::{
     maps::MapError,
     programs::{ProgramError, Xdp},
 };
-use limiter_common::abi::map_name;
+use limiter_common::{
+    abi::map_name,
+    keytable::{WAYS, buckets_for},
+};
 use nix::errno::Errno;
 
 use super::KernelError;
@@ -21,7 +24,7 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 pub const PROGRAM: &str = "limiter";
 
 /// Loads `object` with its maps pinned under `pin_dir` (maps already pinned
-/// there are reused, state and all), `KEYS` sized for `max_keys`, and the
+/// there are reused, state and all), `KEYS` sized for `max_keys` keys, and the
 /// program loaded into the kernel (not attached).
 pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, KernelError> {
     if object.is_empty() {
@@ -34,7 +37,8 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
     })?;
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(pin_dir)
-        .map_max_entries(map_name::KEYS, max_keys)
+        .map_max_entries(map_name::KEY_TAGS, buckets_for(max_keys))
+        .map_max_entries(map_name::KEYS, buckets_for(max_keys) * WAYS as u32)
         .load(object)
         .map_err(|e| match &e {
             aya::EbpfError::MapError(MapError::CreateError { io_error, .. })

@@ -122,8 +122,13 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         ),
         (
             "limiter_key_alloc_failures",
-            "Packets whose key state could not be created",
+            "Packets of new sources refused: their bucket of the key table held only keys in debt",
             g.key_alloc_failed,
+        ),
+        (
+            "limiter_key_evictions",
+            "Keys at rest whose slot went to a new key",
+            g.key_evictions,
         ),
     ] {
         let family = Family::<Labels, Counter>::default();
@@ -140,7 +145,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         ),
         (
             "limiter_key_capacity",
-            "Capacity of the per-key state map (LRU)",
+            "Capacity of the per-key state table (slots)",
             snapshot.keys.capacity,
             None,
         ),

@@ -69,7 +69,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
     );
     let _ = writeln!(
         out,
-        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  key-alloc-failed {}",
+        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  key-alloc-failed {}  key-evictions {}",
         count(g.packets),
         count(g.ipv4),
         count(g.ipv6),
@@ -77,6 +77,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
         count(g.malformed),
         count(g.fragments),
         count(g.key_alloc_failed),
+        count(g.key_evictions),
     );
     let k = &snapshot.keys;
     let _ = writeln!(

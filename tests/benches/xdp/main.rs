@@ -229,9 +229,7 @@ fn main() -> Result<()> {
             let installed = receivers::install(&lab, Peer::Limiter, max_keys, Limit::OnePerHour)?;
             generator.send(&lab, sources, u64::from(keys))?;
             let tracked = match &installed {
-                Installed::Limiter(session) => {
-                    limiter::kernel::keys::count(session.engine().datapath().maps())?
-                }
+                Installed::Limiter(session) => session.engine().datapath().maps().keys.count(),
                 _ => 0,
             };
             let run = generator.flood(&lab, sources, plan.duration)?;
@@ -297,9 +295,7 @@ fn measure_memory(lab: &Lab, generator: &mut Generator) -> Result<Value> {
     let sources = Sources::Cycle(N);
     let installed = receivers::install(lab, Peer::Limiter, receivers::CAPACITY, Limit::OnePerHour)?;
     let limiter = match &installed {
-        Installed::Limiter(session) => {
-            memory::limiter_bytes_per_key(&session.pin_dir().join("KEYS"))?
-        }
+        Installed::Limiter(session) => memory::limiter_bytes_per_key(session.pin_dir())?,
         _ => unreachable!(),
     };
     receivers::remove(lab, installed)?;
@@ -317,7 +313,7 @@ fn measure_memory(lab: &Lab, generator: &mut Generator) -> Result<Value> {
     let nft = (memory::slab_total()?.saturating_sub(before)) as f64 / f64::from(N);
     receivers::remove(lab, installed)?;
 
-    println!("   limiter key map (fdinfo memlock / capacity): {limiter:>6.0} B per key");
+    println!("   limiter key table (fdinfo memlock / slots):  {limiter:>6.0} B per key");
     println!("   iptables hashlimit (slabinfo, {entries} entries):  {hashlimit:>6.0} B per entry");
     println!("   nftables set (slab growth / elements):        {nft:>6.0} B per element");
     println!("   limiter / hashlimit: {:.2}", limiter / hashlimit);

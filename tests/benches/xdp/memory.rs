@@ -1,6 +1,6 @@
 //! Memory per tracked key, as the kernel itself accounts it: the limiter's
-//! key map from its fdinfo (`memlock`, the whole preallocated map, divided
-//! by its capacity); iptables hashlimit from /proc/slabinfo (its own
+//! key table from its maps' fdinfo (`memlock`, allocated whole when the
+//! table is created, divided by its capacity in keys); iptables hashlimit from /proc/slabinfo (its own
 //! `xt_hashlimit` cache: slab pages per live entry) plus its bucket array;
 //! the nftables set from the growth of the kernel's slab memory
 //! (/proc/meminfo `Slab`) while it fills, per element.
@@ -14,21 +14,29 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::MapData;
 
-/// Bytes per key of the map pinned at `path`, from its fdinfo.
-pub fn limiter_bytes_per_key(path: &Path) -> Result<f64> {
-    let map = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
-    let fdinfo = fs::read_to_string(format!(
-        "/proc/self/fdinfo/{}",
-        map.fd().as_fd().as_raw_fd()
-    ))?;
-    let field = |name: &str| -> Result<f64> {
-        fdinfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {name} in fdinfo"))
+/// Bytes per key of the key table pinned in `pins` (`KEYS`, the slots, and
+/// `KEY_TAGS`, their tags), from the maps' fdinfo: both maps' memory over
+/// the slots.
+pub fn limiter_bytes_per_key(pins: &Path) -> Result<f64> {
+    let fdinfo = |name: &str| -> Result<(f64, f64)> {
+        let path = pins.join(name);
+        let map =
+            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        let info = fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            map.fd().as_fd().as_raw_fd()
+        ))?;
+        let field = |field: &str| -> Result<f64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+                .with_context(|| format!("no {field} in the fdinfo of {name}"))
+        };
+        Ok((field("memlock:")?, field("max_entries:")?))
     };
-    Ok(field("memlock:")? / field("max_entries:")?)
+    let (slots_bytes, slots) = fdinfo("KEYS")?;
+    let (tags_bytes, _) = fdinfo("KEY_TAGS")?;
+    Ok((slots_bytes + tags_bytes) / slots)
 }
 
 /// (live objects, bytes of slab pages) of a slab cache.

@@ -1,0 +1,244 @@
+//! The per-key state table: a set-associative hash table in two array maps
+//! (`KEY_TAGS`, one [`Tags`] per bucket, and `KEYS`, one [`Slot`] per way
+//! of each bucket), shared by the kernel (lookups and claims) and userspace
+//! (reads through a memory mapping, forgetting a rule's keys). Two maps
+//! rather than one array of buckets: the kernel reaches a slot by its own
+//! map lookup, so the verifier sees one kind of pointer whichever way
+//! matched, instead of one program path per way.
+//!
+//! Why not the kernel's LRU hash: a lookup there hashes into a bucket list
+//! and follows it to a separately allocated element (two cache misses when
+//! the map is large), each element carries list and hash overhead, and the
+//! LRU evicts whatever was seen least recently, including a source still in
+//! debt to its limit, which then comes back with a fresh burst. Here a key
+//! hashes to one bucket of [`WAYS`] slots whose tags share a cache line;
+//! a new key takes a free slot or one whose state is *at rest* (what a new
+//! key would start with anyway), never one still in debt. When a bucket has
+//! neither, the new key is refused and counted (`key_alloc_failed`): the
+//! table never forgets a limited source to make room.
+
+use crate::abi::{FlowKey, KeyState, RuleConfig, algorithm, rule_flag};
+
+/// Slots per bucket: their tags fill half a cache line.
+pub const WAYS: usize = 8;
+
+/// `Bucket::tags` values besides a key's tag.
+pub mod tag {
+    /// The slot holds nothing.
+    pub const FREE: u32 = 0;
+    /// A CPU is writing a new key into the slot.
+    pub const CLAIMED: u32 = 1;
+    /// Set in every key's tag, so a tag is never `FREE` or `CLAIMED`.
+    pub const KEY: u32 = 1 << 31;
+}
+
+/// A bucket's tags: which key (by hash) each of its slots holds.
+pub type Tags = [u32; WAYS];
+
+/// One key and its state. `_reserved` keeps the state 8-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub key: FlowKey,
+    pub _reserved: u32,
+    pub state: KeyState,
+}
+
+const _: () = assert!(core::mem::size_of::<Slot>() == 96);
+
+/// The index in `KEYS` of way `way` of bucket `bucket`.
+#[inline(always)]
+pub fn slot_index(bucket: u32, way: usize) -> u32 {
+    bucket * WAYS as u32 + way as u32
+}
+
+/// Buckets for a table of at least `max_keys` slots: a power of two, so a
+/// bucket is a mask of the hash.
+pub const fn buckets_for(max_keys: u32) -> u32 {
+    let buckets = max_keys.div_ceil(WAYS as u32);
+    if buckets <= 1 {
+        1
+    } else {
+        buckets.next_power_of_two()
+    }
+}
+
+/// A 64-bit hash of `key`, keyed by `seed` (random per table, so an
+/// attacker cannot aim forged sources at a victim's bucket). Multiply and
+/// xor-shift per 32-bit word: no division, no table, a few instructions.
+#[inline(always)]
+pub fn hash(key: &FlowKey, seed: u64) -> u64 {
+    #[inline(always)]
+    fn mix(h: u64, word: u32) -> u64 {
+        let h = (h ^ u64::from(word)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 29)
+    }
+    #[inline(always)]
+    fn word(a: &[u8; 16], i: usize) -> u32 {
+        u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]])
+    }
+    let a = &key.addr;
+    let h = mix(seed ^ 0x9e37_79b9_7f4a_7c15, key.rule);
+    let h = mix(h, word(a, 0));
+    let h = mix(h, word(a, 4));
+    let h = mix(h, word(a, 8));
+    mix(h, word(a, 12))
+}
+
+/// The bucket of a hash in a table of `buckets` (a power of two).
+#[inline(always)]
+pub fn bucket_of(hash: u64, buckets: u32) -> u32 {
+    (hash as u32) & buckets.wrapping_sub(1)
+}
+
+/// The tag of a hash: its high half, marked as a key.
+#[inline(always)]
+pub fn tag_of(hash: u64) -> u32 {
+    ((hash >> 32) as u32) | tag::KEY
+}
+
+/// Since when `state`, kept under `rule`, has been *at rest* at `now`:
+/// what a new key would start with, so its slot may go to another key
+/// without giving anyone budget. `None` while it is not: a GCRA TAT after
+/// `now` (a key in debt), a count in a window still open (for a sliding
+/// window, the one after too), or its lock held. Times are ns of
+/// `CLOCK_MONOTONIC`; windows, kept in epoch ns, take `realtime_offset_ns`.
+/// The slot at rest the longest is the one to reuse, as an LRU would.
+#[inline(always)]
+pub fn at_rest_since(
+    state: &KeyState,
+    rule: &RuleConfig,
+    now: u64,
+    realtime_offset_ns: u64,
+) -> Option<u64> {
+    if state.lock != 0 {
+        return None;
+    }
+    if rule.algorithm == algorithm::GCRA {
+        let tat = state.meters[0][0].max(state.meters[1][0]);
+        return (tat <= now).then_some(tat);
+    }
+    let spans = if rule.algorithm == algorithm::SLIDING_WINDOW {
+        2
+    } else {
+        1
+    };
+    // When a window meter stopped counting (0: it counted nothing).
+    #[inline(always)]
+    fn expiry(in_force: bool, length_ns: u64, slots: &[u64; 3], spans: u64) -> u64 {
+        let [start, previous, current] = *slots;
+        if !in_force || (previous == 0 && current == 0) {
+            0
+        } else {
+            start.saturating_add(spans * length_ns)
+        }
+    }
+    let expired = expiry(
+        rule.flags & rule_flag::LIMIT_PACKETS != 0,
+        rule.packets.window.length_ns,
+        &state.meters[0],
+        spans,
+    )
+    .max(expiry(
+        rule.flags & rule_flag::LIMIT_BYTES != 0,
+        rule.bytes.window.length_ns,
+        &state.meters[1],
+        spans,
+    ));
+    let expired = expired.saturating_sub(realtime_offset_ns);
+    (expired <= now).then_some(expired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::window::Window;
+
+    #[test]
+    fn buckets_are_powers_of_two_covering_max_keys() {
+        assert_eq!(buckets_for(0), 1);
+        assert_eq!(buckets_for(1), 1);
+        assert_eq!(buckets_for(8), 1);
+        assert_eq!(buckets_for(9), 2);
+        assert_eq!(buckets_for(4096), 512);
+        assert_eq!(buckets_for(5000), 1024);
+        assert_eq!(buckets_for(1 << 20), 1 << 17);
+        for n in [3, 100, 12_500_000] {
+            let b = buckets_for(n);
+            assert!(b.is_power_of_two() && b * WAYS as u32 >= n);
+        }
+    }
+
+    /// Guards the hash: every word of the key and the seed change it, the
+    /// tag is never FREE or CLAIMED, and keys spread over buckets.
+    #[test]
+    fn hash_depends_on_every_word_and_spreads() {
+        let key = FlowKey::v4(3, [198, 18, 0, 1], [255; 4]);
+        let h = hash(&key, 7);
+        assert_ne!(h, hash(&key, 8));
+        assert_ne!(h, hash(&FlowKey { rule: 4, ..key }, 7));
+        for i in 0..16 {
+            let mut other = key;
+            other.addr[i] ^= 1;
+            assert_ne!(h, hash(&other, 7), "byte {i}");
+        }
+        assert!(tag_of(0) & tag::KEY != 0 && tag_of(0) != tag::FREE && tag_of(0) != tag::CLAIMED);
+        // 64 Ki consecutive addresses over 8 Ki buckets: about 8 each.
+        let buckets = 1 << 13;
+        let mut load = [0u32; 1 << 13];
+        for n in 0..1u32 << 16 {
+            let key = FlowKey::v4(1, n.to_be_bytes(), [255; 4]);
+            load[bucket_of(hash(&key, 99), buckets) as usize] += 1;
+        }
+        let max = load.iter().max().copied().unwrap_or(0);
+        let empty = load.iter().filter(|&&n| n == 0).count();
+        // Poisson(8): P(>20) ~ 1e-4 per bucket, P(0) ~ 3e-4.
+        assert!(max <= 24 && empty < 20, "max {max}, empty {empty}");
+    }
+
+    fn gcra_rule() -> RuleConfig {
+        RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            algorithm: algorithm::GCRA,
+            ..RuleConfig::default()
+        }
+    }
+
+    #[test]
+    fn gcra_state_rests_once_its_tats_are_past() {
+        let rule = gcra_rule();
+        let mut state = KeyState::default();
+        assert_eq!(at_rest_since(&state, &rule, 1_000, 0), Some(0));
+        state.meters[0][0] = 1_001;
+        assert_eq!(at_rest_since(&state, &rule, 1_000, 0), None);
+        assert_eq!(at_rest_since(&state, &rule, 1_001, 0), Some(1_001));
+        state.meters[1][0] = 2_000;
+        assert_eq!(at_rest_since(&state, &rule, 1_500, 0), None);
+        assert_eq!(at_rest_since(&state, &rule, 2_500, 0), Some(2_000));
+        state.meters[1][0] = 0;
+        state.lock = 1;
+        assert_eq!(at_rest_since(&state, &rule, 5_000, 0), None);
+    }
+
+    #[test]
+    fn window_state_rests_once_its_windows_are_over() {
+        let window = Window::new(10, 1_000).unwrap_or_default();
+        let mut rule = RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            algorithm: algorithm::FIXED_WINDOW,
+            ..RuleConfig::default()
+        };
+        rule.packets.window = window;
+        let mut state = KeyState::default();
+        state.meters[0] = [5_000, 0, 3];
+        // Realtime = monotonic + 4_000: the window ends at 6_000, monotonic 2_000.
+        assert_eq!(at_rest_since(&state, &rule, 1_999, 4_000), None);
+        assert_eq!(at_rest_since(&state, &rule, 2_000, 4_000), Some(2_000));
+        rule.algorithm = algorithm::SLIDING_WINDOW;
+        assert_eq!(at_rest_since(&state, &rule, 2_000, 4_000), None);
+        assert_eq!(at_rest_since(&state, &rule, 3_000, 4_000), Some(3_000));
+        // Nothing counted: at rest whatever the window.
+        state.meters[0] = [5_000, 0, 0];
+        assert_eq!(at_rest_since(&state, &rule, 0, 4_000), Some(0));
+    }
+}
