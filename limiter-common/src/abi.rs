@@ -9,7 +9,10 @@ use crate::{gcra::Gcra, window::Window};
 pub mod map_name {
     pub const CONFIG: &str = "CONFIG";
     pub const RULES: &str = "RULES";
-    pub const LPM_V4: &str = "LPM_V4";
+    pub const V4_L16: &str = "V4_L16";
+    pub const V4_L24: &str = "V4_L24";
+    pub const V4_L32: &str = "V4_L32";
+    pub const V4_LISTS: &str = "V4_LISTS";
     pub const LPM_V6: &str = "LPM_V6";
     pub const KEYS: &str = "KEYS";
     pub const KEY_TAGS: &str = "KEY_TAGS";
@@ -30,6 +33,34 @@ pub const MAX_RULES: u32 = 1024;
 pub const GENERATIONS: u32 = 2;
 /// Entries of each LPM trie: both generations' prefixes.
 pub const MAX_PREFIXES: u32 = GENERATIONS * (MAX_RULES + 2);
+
+/// The IPv4 rule table: direct-indexed arrays in three strides (16, 8, 8
+/// bits of the source), so a source's candidate rules cost at most three
+/// inlined array loads, where an LPM trie walks a node per bit of prefix.
+/// Every map holds blocks of 256 `u32` entries ([`v4_table::Block`]).
+/// Per generation, `V4_L16` holds 256 blocks, one per first octet, with an
+/// entry per /16. An entry with [`v4_table::NEXT`] names a block of
+/// `V4_L24` (one entry per /24), whose entries may in turn name one of
+/// `V4_L32` (one per address). Any other entry is an index in `V4_LISTS`.
+/// Indices are absolute (the generation's base included); `V4_LISTS[0]`
+/// is always the empty list.
+pub mod v4_table {
+    use super::MAX_RULES;
+
+    /// Entries of a block: one per value of an octet.
+    pub const BLOCK: usize = 256;
+    pub type Block = [u32; BLOCK];
+    /// `V4_L16` blocks per generation: one per first octet.
+    pub const L16_BLOCKS: u32 = 256;
+    /// `V4_L24` and `V4_L32` blocks per generation: a prefix needs at most
+    /// one at each level.
+    pub const SUBTABLES: u32 = MAX_RULES + 2;
+    /// Candidate lists per generation: the empty one, and one per prefix.
+    pub const LISTS: u32 = MAX_RULES + 3;
+    /// Set in an entry that names a block of the next level.
+    pub const NEXT: u32 = 1 << 31;
+}
+
 /// Interfaces counted apart; slot 0 counts every interface not registered
 /// in `IFACES` (and BPF_PROG_TEST_RUN).
 pub const MAX_IFACES: u32 = 16;

@@ -65,7 +65,10 @@ pub const fn buckets_for(max_keys: u32) -> u32 {
 
 /// A 64-bit hash of `key`, keyed by `seed` (random per table, so an
 /// attacker cannot aim forged sources at a victim's bucket). Multiply and
-/// xor-shift per 32-bit word: no division, no table, a few instructions.
+/// xor-shift per 32-bit word, then MurmurHash3's 64-bit finaliser, so the
+/// bucket bits depend on every bit of the key (a multiplication alone only
+/// carries low bits upwards, and sources differ in their last bytes): no
+/// division, no table, a few dozen instructions.
 #[inline(always)]
 pub fn hash(key: &FlowKey, seed: u64) -> u64 {
     #[inline(always)]
@@ -82,7 +85,10 @@ pub fn hash(key: &FlowKey, seed: u64) -> u64 {
     let h = mix(h, word(a, 0));
     let h = mix(h, word(a, 4));
     let h = mix(h, word(a, 8));
-    mix(h, word(a, 12))
+    let h = mix(h, word(a, 12));
+    let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// The bucket of a hash in a table of `buckets` (a power of two).
@@ -151,6 +157,9 @@ pub fn at_rest_since(
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::vec;
+
     use super::*;
     use crate::window::Window;
 
@@ -183,17 +192,31 @@ mod tests {
             assert_ne!(h, hash(&other, 7), "byte {i}");
         }
         assert!(tag_of(0) & tag::KEY != 0 && tag_of(0) != tag::FREE && tag_of(0) != tag::CLAIMED);
-        // 64 Ki consecutive addresses over 8 Ki buckets: about 8 each.
-        let buckets = 1 << 13;
-        let mut load = [0u32; 1 << 13];
-        for n in 0..1u32 << 16 {
-            let key = FlowKey::v4(1, n.to_be_bytes(), [255; 4]);
-            load[bucket_of(hash(&key, 99), buckets) as usize] += 1;
+        // 2^20 consecutive addresses (a /12, as a flood or a scan sends
+        // them), under three /12s, over 2^18 buckets (half full, as the
+        // bench's table is): 4 keys a bucket on average. A random hash
+        // leaves 0.9% of keys past full buckets (Poisson(4) beyond 8) and
+        // 1.8% of buckets empty; the multiplicative hash alone, without
+        // the finaliser, left 12% of such keys out in the bench.
+        let buckets = 1u32 << 18;
+        for prefix in [[198u8, 0], [10, 16], [203, 0]] {
+            let mut load = vec![0u32; buckets as usize];
+            for n in 0..1u32 << 20 {
+                let addr = (u32::from_be_bytes([prefix[0], prefix[1], 0, 0]) | n).to_be_bytes();
+                let key = FlowKey::v4(1, addr, [255; 4]);
+                load[bucket_of(hash(&key, 99), buckets) as usize] += 1;
+            }
+            let over: u32 = load.iter().map(|&n| n.saturating_sub(WAYS as u32)).sum();
+            let empty = load.iter().filter(|&&n| n == 0).count();
+            assert!(
+                over < (1 << 20) / 50,
+                "{prefix:?}: {over} keys past full buckets"
+            );
+            assert!(
+                empty < (buckets as usize) / 25,
+                "{prefix:?}: {empty} empty buckets"
+            );
         }
-        let max = load.iter().max().copied().unwrap_or(0);
-        let empty = load.iter().filter(|&&n| n == 0).count();
-        // Poisson(8): P(>20) ~ 1e-4 per bucket, P(0) ~ 3e-4.
-        assert!(max <= 24 && empty < 20, "max {max}, empty {empty}");
     }
 
     fn gcra_rule() -> RuleConfig {

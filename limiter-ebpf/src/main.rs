@@ -18,17 +18,17 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, maps::lpm_trie::Key, programs:
 use cell::{MapCell, add_shared, lock, unlock};
 use limiter_common::{
     abi::{
-        Block, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters, KeyState, PrefixKey,
-        RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag, rule_flag,
-        rule_slot,
+        Block, Candidates, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters, KeyState,
+        PrefixKey, RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag,
+        rule_flag, rule_slot, v4_table,
     },
     gcra::{Decision, Gcra},
     meter::{Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, windows_all},
     window::WindowState,
 };
 use maps::{
-    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V4, LPM_V6,
-    RULE_STATS, RULES,
+    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6, RULE_STATS,
+    RULES, V4_L16, V4_L24, V4_L32, V4_LISTS,
 };
 use parse::{Packet, Source};
 
@@ -243,10 +243,15 @@ fn blocked(packet: &Packet) -> bool {
 /// packet's protocol and port, in the active generation; or the default.
 #[inline(always)]
 fn match_rule(generation: u32, packet: &Packet) -> u32 {
-    let generation = (generation & 1) as u8;
     let candidates = match packet.source {
-        Source::V4(addr) => LPM_V4.get(Key::new(8 + 32, PrefixKey { generation, addr })),
-        Source::V6(addr) => LPM_V6.get(Key::new(8 + 128, PrefixKey { generation, addr })),
+        Source::V4(addr) => candidates_v4(generation, addr),
+        Source::V6(addr) => LPM_V6.get(Key::new(
+            8 + 128,
+            PrefixKey {
+                generation: (generation & 1) as u8,
+                addr,
+            },
+        )),
     };
     let Some(candidates) = candidates else {
         return DEFAULT_RULE;
@@ -260,6 +265,21 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
         }
     }
     DEFAULT_RULE
+}
+
+/// The candidates of an IPv4 source: one to three array loads
+/// (`abi::v4_table`).
+#[inline(always)]
+fn candidates_v4(generation: u32, addr: [u8; 4]) -> Option<&'static Candidates> {
+    let first = (generation & 1) * v4_table::L16_BLOCKS + u32::from(addr[0]);
+    let mut entry = V4_L16.get(first)?[usize::from(addr[1])];
+    if entry & v4_table::NEXT != 0 {
+        entry = V4_L24.get(entry & !v4_table::NEXT)?[usize::from(addr[2])];
+    }
+    if entry & v4_table::NEXT != 0 {
+        entry = V4_L32.get(entry & !v4_table::NEXT)?[usize::from(addr[3])];
+    }
+    V4_LISTS.get(entry)
 }
 
 /// The state of a source not yet tracked, created empty (a full bucket),

@@ -11,7 +11,7 @@ use limiter_common::{
     abi::{
         Block, Candidates, DEFAULT_MAX_KEYS, GENERATIONS, GlobalConfig, GlobalCounters, KeyState,
         MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig,
-        RuleCounters,
+        RuleCounters, v4_table,
     },
     keytable::{Slot, Tags, WAYS, buckets_for},
 };
@@ -24,9 +24,21 @@ pub static CONFIG: Array<GlobalConfig> = Array::pinned(1, 0);
 #[map]
 pub static RULES: Array<RuleConfig> = Array::pinned(GENERATIONS * MAX_RULES, 0);
 
-/// (generation, source prefix) -> the rules that may apply to it.
+/// IPv4 source -> the rules that may apply to it, in direct-indexed
+/// arrays (`abi::v4_table`), written by userspace through a mapping.
 #[map]
-pub static LPM_V4: LpmTrie<PrefixKey<4>, Candidates> = LpmTrie::pinned(MAX_PREFIXES, 0);
+pub static V4_L16: Array<v4_table::Block> =
+    Array::pinned(GENERATIONS * v4_table::L16_BLOCKS, BPF_F_MMAPABLE);
+#[map]
+pub static V4_L24: Array<v4_table::Block> =
+    Array::pinned(GENERATIONS * v4_table::SUBTABLES, BPF_F_MMAPABLE);
+#[map]
+pub static V4_L32: Array<v4_table::Block> =
+    Array::pinned(GENERATIONS * v4_table::SUBTABLES, BPF_F_MMAPABLE);
+#[map]
+pub static V4_LISTS: Array<Candidates> = Array::pinned(GENERATIONS * v4_table::LISTS, 0);
+
+/// (generation, IPv6 source prefix) -> the rules that may apply to it.
 #[map]
 pub static LPM_V6: LpmTrie<PrefixKey<16>, Candidates> = LpmTrie::pinned(MAX_PREFIXES, 0);
 

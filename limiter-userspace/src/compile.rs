@@ -2,6 +2,8 @@
 //! rule (slot 0 is the default) and, per source prefix, the rules that may
 //! apply to it in the order [`crate::rules::matching`] defines.
 
+pub mod v4_table;
+
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -22,8 +24,10 @@ pub struct Tables {
     pub malformed_action: u32,
     /// (rule id, config); id [`DEFAULT_RULE`] is the default.
     pub rules: Vec<(u32, RuleConfig)>,
-    /// (LPM prefix length, key, value), the generation in the key's first byte.
-    pub v4: Vec<(u32, PrefixKey<4>, Candidates)>,
+    /// IPv4: (prefix, length, candidates), for [`v4_table::V4Table`].
+    pub v4: Vec<v4_table::Prefix>,
+    /// IPv6: (LPM prefix length, key, value), the generation in the key's
+    /// first byte.
     pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
 }
 
@@ -58,13 +62,7 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
         // The generation goes first in the key: 8 more bits to match.
         let prefix_len = 8 + u32::from(net.prefix_len());
         match net.addr() {
-            IpAddr::V4(a) => {
-                let key = PrefixKey {
-                    generation,
-                    addr: a.octets(),
-                };
-                tables.v4.push((prefix_len, key, candidates));
-            }
+            IpAddr::V4(a) => tables.v4.push((a.octets(), net.prefix_len(), candidates)),
             IpAddr::V6(a) => {
                 let key = PrefixKey {
                     generation,
@@ -192,8 +190,7 @@ mod tests {
   - { name: net16, match: { source: 10.1.0.0/16 }, limit: unlimited }
 ",
         );
-        let (_, key, net16) = t.v4.iter().find(|e| e.0 == 8 + 16).unwrap();
-        assert_eq!(key.generation, 1);
+        let (_, _, net16) = t.v4.iter().find(|e| e.1 == 16).unwrap();
         let order: Vec<u16> = net16.entries[..net16.len as usize]
             .iter()
             .map(|c| c.rule)

@@ -96,6 +96,49 @@ fn ipv4_rules_by_protocol_port_and_prefix() {
     );
 }
 
+/// Every level of the IPv4 table (`abi::v4_table`): prefixes that end in
+/// the first stride (/8, /16), the second (/20, /24) and the third (/25,
+/// /32), nested, and the generation flip between two rule sets.
+#[test]
+fn ipv4_prefixes_at_every_level_of_the_table() {
+    let rule = |name: &str, source: &str| {
+        format!("  - {{ name: {name}, match: {{ source: {source} }}, limit: unlimited }}\n")
+    };
+    let text = String::from("rules:\n")
+        + &rule("n8", "10.0.0.0/8")
+        + &rule("n16", "10.1.0.0/16")
+        + &rule("n20", "10.1.16.0/20")
+        + &rule("n24", "10.1.2.0/24")
+        + &rule("n25", "10.1.2.128/25")
+        + &rule("n32", "10.1.2.200/32");
+    let mut dp = loaded(&text);
+    let cases = [
+        ([10, 9, 9, 9], "n8"),
+        ([10, 1, 9, 9], "n16"),
+        ([10, 1, 17, 1], "n20"),
+        ([10, 1, 32, 1], "n16"),
+        ([10, 1, 2, 1], "n24"),
+        ([10, 1, 2, 129], "n25"),
+        ([10, 1, 2, 200], "n32"),
+        ([10, 1, 2, 201], "n25"),
+        ([11, 1, 2, 200], "default"),
+    ];
+    for (addr, want) in cases {
+        let frame = frames::udp4(Ipv4Addr::from(addr), 9, 0);
+        assert_eq!(rule_of(&dp, &frame).as_deref(), Some(want), "{addr:?}");
+    }
+    // The next rule set goes into the other generation, then flips.
+    dp.engine
+        .apply(limiter_tests::rules(
+            &(String::from("rules:\n") + &rule("moved", "10.1.2.192/26")),
+        ))
+        .expect("applying");
+    for (addr, want) in [([10, 1, 2, 200], "moved"), ([10, 1, 2, 1], "default")] {
+        let frame = frames::udp4(Ipv4Addr::from(addr), 9, 0);
+        assert_eq!(rule_of(&dp, &frame).as_deref(), Some(want), "{addr:?}");
+    }
+}
+
 #[test]
 fn ipv4_options_are_skipped() {
     let dp = loaded(RULES);

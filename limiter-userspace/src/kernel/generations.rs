@@ -5,11 +5,11 @@
 use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
 use limiter_common::abi::{
     Candidates, KeyState, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters, counter_slot,
-    map_name, rule_slot,
+    map_name, rule_slot, v4_table,
 };
 
 use super::{Datapath, KernelError, maps::map_error};
-use crate::compile::Tables;
+use crate::compile::{Tables, v4_table::V4Table};
 
 impl Datapath {
     /// The named rules of `generation`, by id.
@@ -58,9 +58,12 @@ impl Datapath {
                     .map_err(map_error(map_name::RULES))?;
             }
         }
-        let generation = (generation & 1) as u8;
-        remove_prefixes(&mut self.maps.lpm_v4, map_name::LPM_V4, generation)?;
-        remove_prefixes(&mut self.maps.lpm_v6, map_name::LPM_V6, generation)?;
+        // The IPv4 table of a generation is written whole: nothing to clear.
+        remove_prefixes(
+            &mut self.maps.lpm_v6,
+            map_name::LPM_V6,
+            (generation & 1) as u8,
+        )?;
         Ok(())
     }
 
@@ -73,18 +76,35 @@ impl Datapath {
         for (id, rule) in &tables.rules {
             self.set_rule(generation, *id, rule)?;
         }
-        for (prefix, key, candidates) in &tables.v4 {
-            self.maps
-                .lpm_v4
-                .insert(&Key::new(*prefix, *key), candidates, 0)
-                .map_err(map_error(map_name::LPM_V4))?;
-        }
+        self.write_v4_table(&V4Table::build(generation, &tables.v4))?;
         for (prefix, key, candidates) in &tables.v6 {
             self.maps
                 .lpm_v6
                 .insert(&Key::new(*prefix, *key), candidates, 0)
                 .map_err(map_error(map_name::LPM_V6))?;
         }
+        Ok(())
+    }
+
+    /// Writes one generation of the IPv4 table: its lists first, then its
+    /// blocks through the mappings (nothing reads them until the flip).
+    fn write_v4_table(&mut self, table: &V4Table) -> Result<(), KernelError> {
+        let g = table.generation;
+        for (i, list) in (g * v4_table::LISTS..).zip(&table.lists) {
+            self.maps
+                .v4_lists
+                .set(i, list, 0)
+                .map_err(map_error(map_name::V4_LISTS))?;
+        }
+        let maps = &self.maps;
+        for (first, block) in table.l16.chunks_exact(v4_table::BLOCK).enumerate() {
+            let block: &v4_table::Block = block.try_into().expect("chunks of a block");
+            maps.v4_l16
+                .write((g * v4_table::L16_BLOCKS) as usize + first, &[*block]);
+        }
+        let base = (g * v4_table::SUBTABLES) as usize;
+        maps.v4_l24.write(base, &table.l24);
+        maps.v4_l32.write(base, &table.l32);
         Ok(())
     }
 

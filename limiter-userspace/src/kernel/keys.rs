@@ -5,12 +5,7 @@
 //! kernel claims slots with), never rewriting a bucket the kernel is
 //! updating.
 
-use std::{
-    io,
-    os::fd::{AsFd, AsRawFd},
-    ptr::NonNull,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use aya::maps::{Map, MapData, MapError};
 use limiter_common::{
@@ -18,78 +13,13 @@ use limiter_common::{
     keytable::{Slot, Tags, WAYS, slot_index, tag},
 };
 
-/// A shared mapping of a whole array map of `T`.
-struct Mapped<T> {
-    data: MapData,
-    ptr: NonNull<T>,
-    len: usize,
-}
-
-impl<T> Mapped<T> {
-    fn new(map: Map) -> Result<Self, MapError> {
-        let Map::Array(data) = map else {
-            // Not an array: pins left by another build (check_pinned says so first).
-            return Err(MapError::InvalidMapType { map_type: 0 });
-        };
-        let info = data.info()?;
-        if info.value_size() as usize != size_of::<T>() {
-            return Err(MapError::InvalidValueSize {
-                size: info.value_size() as usize,
-                expected: size_of::<T>(),
-            });
-        }
-        let len = info.max_entries() as usize;
-        // SAFETY: a shared mapping of the whole array, which the kernel
-        // allows for BPF_F_MMAPABLE arrays (elements of a multiple of 8
-        // bytes, back to back); unmapped on drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len * size_of::<T>(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(MapError::SyscallError(aya::sys::SyscallError {
-                call: "mmap",
-                io_error: io::Error::last_os_error(),
-            }));
-        }
-        Ok(Self {
-            data,
-            ptr: NonNull::new(ptr.cast()).expect("mmap returned a mapping"),
-            len,
-        })
-    }
-
-    fn at(&self, index: usize) -> *mut T {
-        assert!(index < self.len);
-        // SAFETY: in bounds of the mapping.
-        unsafe { self.ptr.as_ptr().add(index) }
-    }
-}
-
-impl<T> Drop for Mapped<T> {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len * size_of::<T>()) };
-    }
-}
+use super::mapped::Mapped;
 
 /// The mapped table.
 pub struct KeyTable {
     tags: Mapped<Tags>,
     slots: Mapped<Slot>,
 }
-
-// SAFETY: the mappings are shared memory that the kernel updates at any
-// time; this type only reads them with volatile copies and writes tags
-// with atomics, from whichever thread holds it.
-unsafe impl Send for KeyTable {}
-unsafe impl Sync for KeyTable {}
 
 impl KeyTable {
     /// The table of the maps `KEY_TAGS` and `KEYS`.
@@ -98,10 +28,10 @@ impl KeyTable {
             tags: Mapped::new(tags)?,
             slots: Mapped::new(slots)?,
         };
-        if table.slots.len != table.tags.len * WAYS {
+        if table.slots.len() != table.tags.len() * WAYS {
             return Err(MapError::InvalidValueSize {
-                size: table.slots.len,
-                expected: table.tags.len * WAYS,
+                size: table.slots.len(),
+                expected: table.tags.len() * WAYS,
             });
         }
         Ok(table)
@@ -109,17 +39,17 @@ impl KeyTable {
 
     /// The slots' map (for its kernel accounting).
     pub fn map(&self) -> &MapData {
-        &self.slots.data
+        self.slots.map()
     }
 
     /// Buckets in the table.
     pub fn buckets(&self) -> u32 {
-        self.tags.len as u32
+        self.tags.len() as u32
     }
 
     /// Slots in the table: the most keys it can hold.
     pub fn capacity(&self) -> u64 {
-        self.slots.len as u64
+        self.slots.len() as u64
     }
 
     fn tag(&self, bucket: usize, way: usize) -> &AtomicU32 {
@@ -128,15 +58,15 @@ impl KeyTable {
         unsafe { AtomicU32::from_ptr(&raw mut (*self.tags.at(bucket))[way]) }
     }
 
+    /// A copy of a slot (the kernel may be changing it: a torn state only
+    /// skews one reading of `limiter top`).
     fn slot(&self, bucket: usize, way: usize) -> Slot {
-        // SAFETY: a copy from the mapping (the kernel may be changing it: a
-        // torn state only skews one reading of `limiter top`).
-        unsafe { std::ptr::read_volatile(self.slots.at(slot_index(bucket as u32, way) as usize)) }
+        self.slots.get(slot_index(bucket as u32, way) as usize)
     }
 
     /// Calls `f` with each slot holding a key, and its tag.
     fn for_each_key(&self, mut f: impl FnMut(usize, usize, u32)) {
-        for bucket in 0..self.tags.len {
+        for bucket in 0..self.tags.len() {
             for way in 0..WAYS {
                 let seen = self.tag(bucket, way).load(Ordering::Acquire);
                 if seen & tag::KEY != 0 {

@@ -14,12 +14,12 @@ use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
 use limiter_common::{
     abi::{
         Block, Candidates, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
-        RuleCounters, map_name,
+        RuleCounters, map_name, v4_table,
     },
     keytable::{WAYS, buckets_for},
 };
 
-use super::{KernelError, keys::KeyTable};
+use super::{KernelError, keys::KeyTable, mapped::Mapped};
 
 /// Every map of the program (see `limiter-common`'s `abi` for the layouts).
 pub struct Maps {
@@ -27,8 +27,12 @@ pub struct Maps {
     pub config: Array<MapData, GlobalConfig>,
     /// Both generations of the rule table (`abi::rule_slot`).
     pub rules: Array<MapData, RuleConfig>,
-    /// Source prefix (generation first) → candidate rules.
-    pub lpm_v4: LpmTrie<MapData, PrefixKey<4>, Candidates>,
+    /// IPv4 source → candidate rules (`abi::v4_table`), mapped.
+    pub v4_l16: Mapped<v4_table::Block>,
+    pub v4_l24: Mapped<v4_table::Block>,
+    pub v4_l32: Mapped<v4_table::Block>,
+    pub v4_lists: Array<MapData, Candidates>,
+    /// IPv6 source prefix (generation first) → candidate rules.
     pub lpm_v6: LpmTrie<MapData, PrefixKey<16>, Candidates>,
     /// The per-key state table, memory-mapped.
     pub keys: KeyTable,
@@ -95,7 +99,10 @@ impl Maps {
         Ok(Self {
             config: handle(open, map_name::CONFIG)?,
             rules: handle(open, map_name::RULES)?,
-            lpm_v4: handle(open, map_name::LPM_V4)?,
+            v4_l16: mapped(open, map_name::V4_L16)?,
+            v4_l24: mapped(open, map_name::V4_L24)?,
+            v4_l32: mapped(open, map_name::V4_L32)?,
+            v4_lists: handle(open, map_name::V4_LISTS)?,
             lpm_v6: handle(open, map_name::LPM_V6)?,
             keys: KeyTable::new(open(map_name::KEY_TAGS)?, open(map_name::KEYS)?).map_err(
                 |source| KernelError::Map {
@@ -123,6 +130,17 @@ impl Maps {
             .map_err(map_error(map_name::IFACES))?;
         Ok((0..).zip(slots).filter(|&(_, slot)| slot != 0).collect())
     }
+}
+
+/// Opens map `name`, a memory-mappable array, and maps it.
+fn mapped<T>(
+    open: &mut dyn FnMut(&str) -> Result<Map, KernelError>,
+    name: &str,
+) -> Result<Mapped<T>, KernelError> {
+    Mapped::new(open(name)?).map_err(|source| KernelError::Map {
+        name: name.to_owned(),
+        source,
+    })
 }
 
 /// Opens map `name` and gives it its type.

@@ -10,6 +10,7 @@ pub mod counters;
 pub mod generations;
 pub mod keys;
 pub mod links;
+pub mod mapped;
 pub mod maps;
 pub mod object;
 pub mod pins;

@@ -54,9 +54,9 @@ pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
 pub const STAGES: [&str; 8] = [
     "read config, interface, counters",
     "parse",
-    "match the rule (LPM trie)",
+    "match the rule (IPv4 table)",
     "load the rule and its counters",
-    "look up the key (LRU hash)",
+    "look up the key (key table)",
     "check blocks (cached per key)",
     "read the clock",
     "meter (GCRA)",

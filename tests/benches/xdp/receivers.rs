@@ -71,8 +71,9 @@ pub enum Limit {
 }
 
 /// 500 rules: the benchmark's own on 198.0.0.0/8 and 499 others on
-/// prefixes of several lengths elsewhere, so the rule lookup walks a trie
-/// of realistic depth.
+/// prefixes of several lengths elsewhere (/16, /24, /32), so the rule
+/// tables have a realistic size (the flood's sources, under the /8 alone,
+/// take the IPv4 table's first level only).
 pub fn rule_file(max_keys: u32, limit: Limit) -> String {
     let (limit, new_keys) = match limit {
         Limit::Peers => (
