@@ -74,8 +74,10 @@ pub const MAX_BLOCKS: u32 = 65_536;
 pub const DEFAULT_RULE: u32 = 0;
 /// How many rules may cover one source prefix (see [`Candidates`]).
 pub const MAX_CANDIDATES: usize = 8;
-/// Default capacity of the per-key state map.
+/// Default capacity of the key table.
 pub const DEFAULT_MAX_KEYS: u32 = 1 << 20;
+/// The largest key table (its slot count must fit a `u32` index).
+pub const MAX_KEYS: u32 = 1 << 30;
 /// The longest IPv6 extension-header chain the parser walks.
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 /// Longest rule name stored in the kernel (NUL-padded).

@@ -106,8 +106,9 @@ pub fn tag_of(hash: u64) -> u32 {
 /// Since when `state`, kept under `rule`, has been *at rest* at `now`:
 /// what a new key would start with, so its slot may go to another key
 /// without giving anyone budget. `None` while it is not: a GCRA TAT after
-/// `now` (a key in debt), a count in a window still open (for a sliding
-/// window, the one after too), or its lock held. Times are ns of
+/// `now` (a key in debt), or a count in a window still open (for a sliding
+/// window, the one after too). (A held window lock also means not at rest:
+/// the caller checks it, as it may hold it itself.) Times are ns of
 /// `CLOCK_MONOTONIC`; windows, kept in epoch ns, take `realtime_offset_ns`.
 /// The slot at rest the longest is the one to reuse, as an LRU would.
 #[inline(always)]
@@ -117,9 +118,6 @@ pub fn at_rest_since(
     now: u64,
     realtime_offset_ns: u64,
 ) -> Option<u64> {
-    if state.lock != 0 {
-        return None;
-    }
     if rule.algorithm == algorithm::GCRA {
         let tat = state.meters[0][0].max(state.meters[1][0]);
         return (tat <= now).then_some(tat);
@@ -239,8 +237,7 @@ mod tests {
         assert_eq!(at_rest_since(&state, &rule, 1_500, 0), None);
         assert_eq!(at_rest_since(&state, &rule, 2_500, 0), Some(2_000));
         state.meters[1][0] = 0;
-        state.lock = 1;
-        assert_eq!(at_rest_since(&state, &rule, 5_000, 0), None);
+        assert_eq!(at_rest_since(&state, &rule, 5_000, 0), Some(1_001));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg};
 
 use limiter_common::{
-    abi::{FlowKey, GlobalConfig, GlobalCounters, KeyState, rule_slot},
+    abi::{FlowKey, GlobalConfig, GlobalCounters, KeyState, algorithm, rule_slot},
     keytable::{self, Slot, Tags, WAYS, slot_index, tag},
 };
 
@@ -40,16 +40,30 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<*mut KeyState> {
 /// A slot for `key` in its bucket, reset to a new key's state: a free one,
 /// else the one at rest the longest (counted in `key_evictions`); `None`
 /// when every slot holds a key still in debt, or is being claimed, or
-/// another CPU claimed the chosen slot first.
+/// another CPU changed the chosen slot first.
 ///
 /// Two CPUs that both miss the same new key at once may claim two slots;
-/// lookups then find the first, and the other goes to rest unused.
+/// lookups then find one, and only the packets in flight at that instant
+/// were charged to the other.
 ///
-/// Not inlined: its own stack frame keeps the program within 512 bytes
-/// (and a new key is the rare path).
+/// A function of its own (a BPF subprogram: five arguments at most, so it
+/// returns a plain pointer, null for none): its stack frame keeps the
+/// program within 512 bytes, and a new key is the rare path.
 #[inline(never)]
 pub fn claim(
     config: &GlobalConfig,
+    generation: u32,
+    key: &FlowKey,
+    now: u64,
+    global: &mut GlobalCounters,
+) -> *mut KeyState {
+    claim_slot(config, generation, key, now, global).unwrap_or_default()
+}
+
+#[inline(always)]
+fn claim_slot(
+    config: &GlobalConfig,
+    generation: u32,
     key: &FlowKey,
     now: u64,
     global: &mut GlobalCounters,
@@ -69,7 +83,14 @@ pub fn claim(
             continue;
         }
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
-            && let Some(since) = unsafe { rests_since(config, &*slot, now) }
+            && unsafe { core::ptr::read_volatile(&raw const (*slot).state.lock) } == 0
+            && let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule }))
+            && let Some(since) = keytable::at_rest_since(
+                unsafe { &(*slot).state },
+                rule,
+                now,
+                config.realtime_offset_ns,
+            )
             && since < oldest
         {
             chosen = way;
@@ -92,9 +113,14 @@ pub fn claim(
     if !won {
         return None;
     }
+    if chosen_tag != tag::FREE && !seize(config, generation, slot, now) {
+        unsafe { atomic_xchg::<u32, { AtomicOrdering::SeqCst }>(tag_ptr, chosen_tag) };
+        return None;
+    }
     unsafe {
         (*slot).key.rule = key.rule;
         (*slot).key.addr = key.addr;
+        // Zeroes the lock `seize` took too.
         core::ptr::write_bytes(&raw mut (*slot).state, 0, 1);
         // A full barrier: a CPU that sees the tag sees the key written.
         atomic_xchg::<u32, { AtomicOrdering::SeqCst }>(tag_ptr, tag);
@@ -105,12 +131,70 @@ pub fn claim(
     Some(unsafe { &raw mut (*slot).state })
 }
 
-/// Since when a slot's key has been at rest under its rule in the active
-/// generation (`keytable::at_rest_since`).
+/// Takes an occupied slot's state from any CPU still metering its old key
+/// (found before the claim): takes its window lock, checks again that it
+/// is at rest, and for GCRA swaps each TAT for `u64::MAX`, so a charge in
+/// flight fails its compare-and-swap and then finds no budget. `false`
+/// (and the state as it was) if anything moved meanwhile.
 #[inline(always)]
-fn rests_since(config: &GlobalConfig, slot: &Slot, now: u64) -> Option<u64> {
-    let rule = RULES.get(rule_slot(config.generation, slot.key.rule))?;
-    keytable::at_rest_since(&slot.state, rule, now, config.realtime_offset_ns)
+fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> bool {
+    let state = unsafe { &raw mut (*slot).state };
+    let lock = unsafe { &raw mut (*state).lock };
+    let (_, locked) = unsafe {
+        atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(lock, 0, 1)
+    };
+    if !locked {
+        return false;
+    }
+    let release = || unsafe {
+        atomic_xchg::<u32, { AtomicOrdering::Release }>(lock, 0);
+    };
+    let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule })) else {
+        release();
+        return false;
+    };
+    if rule.algorithm != algorithm::GCRA {
+        // Windows change only under the lock: at rest now, at rest until
+        // the caller zeroes them.
+        let at_rest =
+            keytable::at_rest_since(unsafe { &*state }, rule, now, config.realtime_offset_ns);
+        if at_rest.is_none() {
+            release();
+        }
+        return at_rest.is_some();
+    }
+    // GCRA charges without the lock: at rest means every TAT at or before
+    // now, which each swap checks against the value it replaces.
+    let packets = unsafe { &raw mut (*state).meters[0][0] };
+    let bytes = unsafe { &raw mut (*state).meters[1][0] };
+    let Some(packets_tat) = poison(packets, now) else {
+        release();
+        return false;
+    };
+    if poison(bytes, now).is_none() {
+        unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat) };
+        release();
+        return false;
+    }
+    true
+}
+
+/// Swaps a TAT at or before `now` for `u64::MAX`; the TAT it replaced, or
+/// `None` if it was later than `now` or changed meanwhile.
+#[inline(always)]
+fn poison(tat: *mut u64, now: u64) -> Option<u64> {
+    let seen = unsafe { core::ptr::read_volatile(tat) };
+    if seen > now {
+        return None;
+    }
+    let (_, swapped) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+            tat,
+            seen,
+            u64::MAX,
+        )
+    };
+    swapped.then_some(seen)
 }
 
 /// Key equality word by word (no `memcmp` on this target).

@@ -23,7 +23,9 @@ use limiter_common::{
         rule_flag, rule_slot, v4_table,
     },
     gcra::{Decision, Gcra},
-    meter::{Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, windows_all},
+    meter::{
+        Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, refund, windows_all,
+    },
     window::WindowState,
 };
 use maps::{
@@ -163,7 +165,9 @@ fn limit(
     } else {
         let state = match state {
             Some(state) => Ok(state),
-            None => new_key(config, global, rule_id, rule, &key, counters, now, len),
+            None => new_key(
+                config, generation, global, rule_id, rule, &key, counters, now, len,
+            ),
         };
         match state {
             Ok(state) => {
@@ -286,11 +290,13 @@ fn candidates_v4(generation: u32, addr: [u8; 4]) -> Option<&'static Candidates> 
 /// or the verdict for its packet when it gets none: a packet the rule's
 /// aggregate would refuse creates nothing, beyond the rule's key-creation
 /// budget the packet is refused (see `RuleConfig::admission`), and so it is
-/// when its bucket has no slot to give (`keys::claim`).
+/// when its bucket has no slot to give (`keys::claim`; the creation it was
+/// granted is handed back to the budget).
 #[inline(always)]
 #[expect(clippy::too_many_arguments, reason = "inlined; the packet's context")]
 fn new_key(
     config: &GlobalConfig,
+    generation: u32,
     global: &mut GlobalCounters,
     rule_id: u32,
     rule: &RuleConfig,
@@ -324,12 +330,15 @@ fn new_key(
     let Some(budget) = ADMISSIONS.get_ptr_mut(rule_id) else {
         return refused(REFUSED_ADMISSION);
     };
-    if acquire(&MapCell(budget), &rule.admission, now, 1) != Outcome::Allowed {
+    let budget = MapCell(budget);
+    if acquire(&budget, &rule.admission, now, 1) != Outcome::Allowed {
         return refused(REFUSED_ADMISSION);
     }
-    let Some(state) = keys::claim(config, key, now, global) else {
+    let state = keys::claim(config, generation, key, now, global);
+    if state.is_null() {
+        refund(&budget, &rule.admission, now, 1);
         return refused(KEY_ALLOC_FAILED);
-    };
+    }
     counters.new_keys += 1;
     Ok(state)
 }

@@ -145,6 +145,9 @@ impl Engine {
         for &id in &fresh {
             self.datapath.reset_rule_state(id)?;
         }
+        // Normally forgotten when their rule went; not if a limiter died
+        // between a flip and that sweep.
+        self.datapath.forget_keys(&fresh)?;
 
         self.datapath.clear_generation(next)?;
         let tables = compile::build(&set, &ids, next as u8);

@@ -67,11 +67,12 @@ fn keys_in_debt_are_never_evicted_and_the_longest_at_rest_goes_first() {
     let mut dp = loaded_object(&test_clock_object(), RULES);
     assert_eq!(dp.maps().keys.capacity(), 8);
     // Eight sources fill the bucket's slots in order, each spending its
-    // burst and owing the table an hour; the clock runs backwards, one
-    // nanosecond a source, so the debt that ends first is in the last
-    // slot, not the first.
-    for n in 1..=8 {
-        assert_eq!(send(&mut dp, source(n), T0 + 9 - u64::from(n)), XDP_PASS);
+    // burst and owing the table an hour from the nanosecond it came: the
+    // debt that ends first (source 4's) is in a middle slot, neither the
+    // first nor the last.
+    const ARRIVAL: [u64; 8] = [5, 3, 8, 1, 6, 2, 7, 4];
+    for (n, at) in (1..=8).zip(ARRIVAL) {
+        assert_eq!(send(&mut dp, source(n), T0 + at), XDP_PASS);
     }
     assert_eq!(tracked(&dp), (1..=8).collect::<Vec<_>>());
 
@@ -86,33 +87,55 @@ fn keys_in_debt_are_never_evicted_and_the_longest_at_rest_goes_first() {
         assert_eq!(send(&mut dp, source(n), T0 + 20), XDP_DROP);
     }
     assert_eq!(send(&mut dp, source(1), T0 + 30), XDP_DROP);
-    assert_eq!(send(&mut dp, source(8), T0 + 30), XDP_DROP);
+    assert_eq!(send(&mut dp, source(4), T0 + 30), XDP_DROP);
     assert_eq!(snapshot(&dp).global.key_alloc_failed, 192);
 
     // Two hours on, every key is at rest: the ninth takes the slot of the
-    // one at rest the longest (source 8, whose debt ended first).
+    // one at rest the longest, source 4.
     assert_eq!(send(&mut dp, source(9), T0 + 2 * HOUR), XDP_PASS);
-    assert_eq!(tracked(&dp), [1, 2, 3, 4, 5, 6, 7, 9]);
+    assert_eq!(tracked(&dp), [1, 2, 3, 5, 6, 7, 8, 9]);
     assert_eq!(snapshot(&dp).global.key_evictions, 1);
-    // Source 7 is back in debt; the next newcomer takes source 6's slot.
-    assert_eq!(send(&mut dp, source(7), T0 + 2 * HOUR + 1), XDP_PASS);
+    // Source 6, next in line, comes back (its key is found: back in debt);
+    // the next newcomer takes the slot of source 2, at rest the longest now.
+    assert_eq!(send(&mut dp, source(6), T0 + 2 * HOUR + 1), XDP_PASS);
     assert_eq!(send(&mut dp, source(10), T0 + 2 * HOUR + 2), XDP_PASS);
-    assert_eq!(tracked(&dp), [1, 2, 3, 4, 5, 7, 9, 10]);
-    assert_eq!(send(&mut dp, source(7), T0 + 2 * HOUR + 3), XDP_DROP);
+    assert_eq!(tracked(&dp), [1, 3, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(send(&mut dp, source(6), T0 + 2 * HOUR + 3), XDP_DROP);
     assert_eq!(snapshot(&dp).global.key_evictions, 2);
     let c = *snapshot(&dp).rule("hourly").expect("rule");
     assert_eq!(c.new_keys, 10);
 }
 
 #[test]
-fn a_removed_rules_keys_are_forgotten() {
-    let mut dp = loaded_object(&test_clock_object(), RULES);
+fn a_removed_rules_keys_are_forgotten_and_the_others_kept() {
+    let two_rules = "
+max_keys: 8
+new_keys: { rate: 1000000, unit: second, burst: 1000000 }
+rules:
+  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+";
+    let mut dp = loaded_object(&test_clock_object(), two_rules);
     for n in 1..=5 {
         assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
     }
-    assert_eq!(dp.maps().keys.count(), 5);
+    for n in 1..=2 {
+        assert_eq!(send(&mut dp, Ipv4Addr::new(198, 19, 0, n), T0), XDP_PASS);
+    }
+    assert_eq!(dp.maps().keys.count(), 7);
+    let only_other = "
+max_keys: 8
+new_keys: { rate: 1000000, unit: second, burst: 1000000 }
+rules:
+  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+";
     dp.engine
-        .apply(rules("max_keys: 8\nrules: []\n"))
-        .expect("applying an empty rule set");
-    assert_eq!(dp.maps().keys.count(), 0);
+        .apply(rules(only_other))
+        .expect("applying the rule set without `hourly`");
+    assert_eq!(dp.maps().keys.count(), 2);
+    // The kept keys are the same keys, still in debt.
+    assert_eq!(
+        send(&mut dp, Ipv4Addr::new(198, 19, 0, 1), T0 + 1),
+        XDP_DROP
+    );
 }

@@ -352,7 +352,7 @@ async fn pacing_holds_requests_until_they_conform() {
 }
 
 #[test]
-fn the_key_store_is_bounded_like_the_kernels_lru() {
+fn the_key_store_is_bounded_least_recently_seen_first() {
     let clock = Arc::new(TestClock::default());
     let text = "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: hour, burst: 1 } }\n";
     let limiter = Limiter::new(rules(text), clock.clone());

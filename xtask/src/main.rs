@@ -195,8 +195,9 @@ fn build(release: bool) -> Result<PathBuf> {
 }
 
 /// The program cut after each of its stages (`limiter-ebpf/src/profile.rs`),
-/// for the bench's profile: `stage-N` in the returned directory. Run before
-/// `build`, which then rebuilds the whole program.
+/// for the bench's profile: `stage-N` in the returned directory. Built in
+/// a target directory of their own, so no cut program can ever be the one
+/// a later build embeds.
 fn build_profile_stages() -> Result<PathBuf> {
     /// `profile::METERED`, the last stage.
     const STAGES: u32 = 8;
@@ -208,10 +209,11 @@ fn build_profile_stages() -> Result<PathBuf> {
         status(
             nightly_cargo()
                 .current_dir(&ebpf)
-                .args(["build", "--release", "--quiet"])
+                .args(["build", "--release", "--quiet", "--target-dir"])
+                .arg("target/profile")
                 .env("LIMITER_PROFILE_STOP", stage.to_string()),
         )?;
-        let built = ebpf.join("target/bpfel-unknown-none/release/limiter");
+        let built = ebpf.join("target/profile/bpfel-unknown-none/release/limiter");
         let to = dir.join(format!("stage-{stage}"));
         std::fs::copy(&built, &to)
             .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;

@@ -114,8 +114,9 @@ struct State {
     last_seen: AtomicU64,
 }
 
-/// Bounds memory as the kernel's LRU map does: past `max_keys` keys, the
-/// least recently seen are forgotten (and start again with a full budget).
+/// Bounds memory: past `max_keys` keys, the least recently seen are
+/// forgotten (and start again with a full budget). Unlike the kernel's key
+/// table, which reuses only keys at rest, this may forget a key in debt.
 fn evict_least_recent(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize) {
     let mut seen: Vec<u64> = keys
         .values()

@@ -45,28 +45,29 @@ pub struct InterfaceStats {
 pub struct KeyMapSize {
     /// Slots: the most keys it holds (see `limiter_common::keytable`).
     pub capacity: u64,
-    /// Kernel memory charged for it (`memlock` in the map's fdinfo): the
-    /// whole table, allocated when it is created.
+    /// Kernel memory charged for it (`memlock` in the fdinfo of its two
+    /// maps, tags and slots): the whole table, allocated when it is created.
     pub memory_bytes: u64,
 }
 
 impl KeyMapSize {
     fn read(table: &KeyTable) -> Result<Self, KernelError> {
-        let map = table.map();
-        let path = format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd());
-        let info = std::fs::read_to_string(&path).map_err(|source| KernelError::Io {
-            path: path.clone().into(),
-            source,
-        })?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
+        let mut memory_bytes = 0;
+        for map in table.maps() {
+            let path = format!("/proc/self/fdinfo/{}", map.fd().as_fd().as_raw_fd());
+            let info = std::fs::read_to_string(&path).map_err(|source| KernelError::Io {
+                path: path.clone().into(),
+                source,
+            })?;
+            memory_bytes += info
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
         Ok(Self {
             capacity: table.capacity(),
-            memory_bytes: field("memlock:"),
+            memory_bytes,
         })
     }
 }

@@ -96,7 +96,7 @@ impl Datapath {
                 .set(i, list, 0)
                 .map_err(map_error(map_name::V4_LISTS))?;
         }
-        let maps = &self.maps;
+        let maps = &mut self.maps;
         for (first, block) in table.l16.chunks_exact(v4_table::BLOCK).enumerate() {
             let block: &v4_table::Block = block.try_into().expect("chunks of a block");
             maps.v4_l16

@@ -37,9 +37,9 @@ impl KeyTable {
         Ok(table)
     }
 
-    /// The slots' map (for its kernel accounting).
-    pub fn map(&self) -> &MapData {
-        self.slots.map()
+    /// The table's two maps, tags and slots (for their kernel accounting).
+    pub fn maps(&self) -> [&MapData; 2] {
+        [self.tags.map(), self.slots.map()]
     }
 
     /// Buckets in the table.

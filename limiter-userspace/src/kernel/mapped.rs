@@ -17,11 +17,11 @@ pub struct Mapped<T> {
     len: usize,
 }
 
-// SAFETY: the mapping is shared memory the kernel updates at any time; the
-// owners of a `Mapped` read it with volatile copies or atomics, and write
-// only what the kernel does not read concurrently, or with atomics.
-unsafe impl<T> Send for Mapped<T> {}
-unsafe impl<T> Sync for Mapped<T> {}
+// SAFETY: the mapping is shared memory the kernel updates at any time;
+// through `&self` it is only read (volatile copies) or changed with
+// atomics by the owner, and `write` needs `&mut self`.
+unsafe impl<T: Send> Send for Mapped<T> {}
+unsafe impl<T: Sync> Sync for Mapped<T> {}
 
 impl<T> Mapped<T> {
     /// Maps `map`, which must be an array of `T` created memory-mappable.
@@ -97,7 +97,7 @@ impl<T: Copy> Mapped<T> {
 
     /// Writes `values` from element `start` on. Only for elements the
     /// kernel does not read meanwhile (an inactive rule generation).
-    pub fn write(&self, start: usize, values: &[T]) {
+    pub fn write(&mut self, start: usize, values: &[T]) {
         assert!(start + values.len() <= self.len, "write past the array");
         // SAFETY: in bounds; the caller keeps the kernel off these elements.
         unsafe {

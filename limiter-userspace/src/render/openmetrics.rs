@@ -122,7 +122,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         ),
         (
             "limiter_key_alloc_failures",
-            "Packets of new sources refused: their bucket of the key table held only keys in debt",
+            "Packets of new sources refused a slot in the key table: their bucket held only keys in debt (or another CPU claimed the slot first)",
             g.key_alloc_failed,
         ),
         (

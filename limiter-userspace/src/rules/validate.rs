@@ -7,7 +7,7 @@ use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 use limiter_common::{
-    abi::{DEFAULT_MAX_KEYS, MAX_CANDIDATES, MAX_RULES, RULE_NAME_LEN},
+    abi::{DEFAULT_MAX_KEYS, MAX_CANDIDATES, MAX_KEYS, MAX_RULES, RULE_NAME_LEN},
     gcra::Gcra,
     window::Window,
 };
@@ -24,6 +24,12 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
     let max_keys = file.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
     if max_keys == 0 {
         return Err(invalid("max_keys", "must be at least 1"));
+    }
+    if max_keys > MAX_KEYS {
+        return Err(invalid(
+            "max_keys",
+            format!("{max_keys} keys; at most {MAX_KEYS} (100 bytes of kernel memory each)"),
+        ));
     }
     if file.rules.len() >= MAX_RULES as usize {
         return Err(invalid(
