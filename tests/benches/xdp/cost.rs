@@ -42,12 +42,20 @@ pub struct Costs {
 }
 
 /// The floor program and the limiter (500 rules, blocks loaded, the
-/// source already tracked), on the same frame.
+/// source already tracked), on the same frame: measured in turns, the
+/// best of each, so a slow spell of the VM does not favour either.
 pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
-    Ok(Costs {
-        floor_ns: helper_ns("floor", frame, rounds)?,
-        limiter_ns: limiter_ns(limiter::kernel::object::OBJECT, frame, rounds)?,
-    })
+    let mut costs = Costs {
+        floor_ns: f64::MAX,
+        limiter_ns: f64::MAX,
+    };
+    for _ in 0..rounds {
+        costs.floor_ns = costs.floor_ns.min(helper_ns("floor", frame, 1)?);
+        costs.limiter_ns = costs
+            .limiter_ns
+            .min(limiter_ns(limiter::kernel::object::OBJECT, frame, 1)?);
+    }
+    Ok(costs)
 }
 
 /// The stages of `limiter-ebpf/src/profile.rs`, in order.

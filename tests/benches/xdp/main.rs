@@ -70,11 +70,18 @@ fn main() -> Result<()> {
     lab.rx
         .exec("nft", &["delete", "table", "netdev", "limiter_lab"])?;
     let mut generator = Generator::new(&lab)?;
-    let mut results = json!({ "machine": machine, "quick": quick });
+    // Sections run alone replace their own results and keep the others'.
+    let mut results: Value = std::fs::read_to_string(out.join("xdp.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    results["machine"] = json!(machine);
+    results["quick"] = json!(quick);
 
     if wanted("cost") {
         section("per-packet cost, BPF_PROG_TEST_RUN (one tracked source over its limit)");
-        let costs = cost::measure(generator.frame(), plan.rounds.max(3))?;
+        let costs = cost::measure(generator.frame(), plan.rounds.max(3) * 2)?;
         println!(
             "floor (parse + one LRU hash lookup): {:.0} ns\nlimiter (500 rules, {} blocks):      {:.0} ns  = {:.2}x the floor",
             costs.floor_ns,
