@@ -18,6 +18,7 @@ pub mod map_name {
     pub const KEY_TAGS: &str = "KEY_TAGS";
     pub const AGGREGATES: &str = "AGGREGATES";
     pub const BLOCKS_V4: &str = "BLOCKS_V4";
+    pub const BLOCKED_V4: &str = "BLOCKED_V4";
     pub const BLOCKS_V6: &str = "BLOCKS_V6";
     pub const IFACES: &str = "IFACES";
     pub const RULE_STATS: &str = "RULE_STATS";
@@ -74,6 +75,10 @@ pub const MAX_BLOCKS: u32 = 65_536;
 pub const DEFAULT_RULE: u32 = 0;
 /// How many rules may cover one source prefix (see [`Candidates`]).
 pub const MAX_CANDIDATES: usize = 8;
+/// `BLOCKED_V4`: one bit per IPv4 /16, set while a block covers any of
+/// it, so a source with no block near it skips the blocks trie.
+pub const BLOCKED_V4_WORDS: u32 = (1 << 16) / 64;
+
 /// Default capacity of the key table.
 pub const DEFAULT_MAX_KEYS: u32 = 1 << 20;
 /// The largest key table (its slot count must fit a `u32` index).

@@ -29,8 +29,8 @@ use limiter_common::{
     window::WindowState,
 };
 use maps::{
-    ADMISSIONS, AGGREGATES, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6, RULE_STATS,
-    RULES, V4_L16, V4_L24, V4_L32, V4_LISTS,
+    ADMISSIONS, AGGREGATES, BLOCKED_V4, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6,
+    RULE_STATS, RULES, V4_L16, V4_L24, V4_L32, V4_LISTS,
 };
 use parse::{Packet, Source};
 
@@ -230,7 +230,17 @@ fn whole_address_key(rule: &RuleConfig, packet: &Packet) -> bool {
 #[inline(always)]
 fn blocked(packet: &Packet) -> bool {
     let block: Option<&Block> = match packet.source {
-        Source::V4(addr) => BLOCKS_V4.get(Key::new(32, addr)),
+        Source::V4(addr) => {
+            // Most sources have no block anywhere near: one bit says so.
+            let slash16 = u32::from(u16::from_be_bytes([addr[0], addr[1]]));
+            let near = BLOCKED_V4
+                .get(slash16 / 64)
+                .is_some_and(|bits| bits & (1 << (slash16 % 64)) != 0);
+            if !near {
+                return false;
+            }
+            BLOCKS_V4.get(Key::new(32, addr))
+        }
         Source::V6(addr) => BLOCKS_V6.get(Key::new(128, addr)),
     };
     let Some(block) = block else {

@@ -9,9 +9,9 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        Block, Candidates, DEFAULT_MAX_KEYS, GENERATIONS, GlobalConfig, GlobalCounters, KeyState,
-        MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig,
-        RuleCounters, v4_table,
+        BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, GENERATIONS, GlobalConfig,
+        GlobalCounters, KeyState, MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES,
+        PrefixKey, RuleConfig, RuleCounters, v4_table,
     },
     keytable::{Slot, Tags, WAYS, buckets_for},
 };
@@ -55,6 +55,11 @@ pub static KEYS: Array<Slot> =
 /// Per-rule aggregate GCRA state, by rule id (hierarchical limits).
 #[map]
 pub static AGGREGATES: Array<KeyState> = Array::pinned(MAX_RULES, 0);
+
+/// Which IPv4 /16s a block covers, in part or whole (a bit each; see
+/// `abi::BLOCKED_V4_WORDS`), written by userspace through a mapping.
+#[map]
+pub static BLOCKED_V4: Array<u64> = Array::pinned(BLOCKED_V4_WORDS, BPF_F_MMAPABLE);
 
 /// Manual blocks by source prefix.
 #[map]

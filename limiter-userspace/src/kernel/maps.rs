@@ -39,6 +39,8 @@ pub struct Maps {
     /// Per rule id: the state of its aggregate limit.
     pub aggregates: Array<MapData, KeyState>,
     pub blocks_v4: LpmTrie<MapData, [u8; 4], Block>,
+    /// A bit per IPv4 /16 that a block covers, mapped.
+    pub blocked_v4: Mapped<u64>,
     pub blocks_v6: LpmTrie<MapData, [u8; 16], Block>,
     /// ifindex → counter slot (0: not registered), an array by ifindex.
     pub ifaces: Array<MapData, u32>,
@@ -112,6 +114,7 @@ impl Maps {
             )?,
             aggregates: handle(open, map_name::AGGREGATES)?,
             blocks_v4: handle(open, map_name::BLOCKS_V4)?,
+            blocked_v4: mapped(open, map_name::BLOCKED_V4)?,
             blocks_v6: handle(open, map_name::BLOCKS_V6)?,
             ifaces: handle(open, map_name::IFACES)?,
             admissions: handle(open, map_name::ADMISSIONS)?,

@@ -112,6 +112,7 @@ impl Datapath {
             pin_dir: pin_dir.to_owned(),
         };
         datapath.describe_key_table()?;
+        datapath.write_v4_coverage()?;
         Ok(datapath)
     }
 

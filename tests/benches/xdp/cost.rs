@@ -51,9 +51,10 @@ pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
     };
     for _ in 0..rounds {
         costs.floor_ns = costs.floor_ns.min(helper_ns("floor", frame, 1)?);
-        costs.limiter_ns = costs
-            .limiter_ns
-            .min(limiter_ns(limiter::kernel::object::OBJECT, frame, 1)?);
+        costs.limiter_ns =
+            costs
+                .limiter_ns
+                .min(limiter_ns(limiter::kernel::object::OBJECT, frame, 1)?);
     }
     Ok(costs)
 }
