@@ -255,7 +255,23 @@ impl Candidate {
         }
         true
     }
+
+    /// Whether this candidate may apply to a packet whose port is unknown
+    /// (a later fragment, an unreadable transport header): any port, and
+    /// any protocol if `protocol` is [`UNKNOWN_PROTOCOL`]. Such a packet is
+    /// charged to the first candidate it could belong to, never let
+    /// through unlimited.
+    #[inline(always)]
+    pub fn may_match_unknown_port(&self, protocol: u8) -> bool {
+        self.flags & candidate_flag::MATCH_PROTOCOL == 0
+            || protocol == UNKNOWN_PROTOCOL
+            || self.protocol == protocol
+    }
 }
+
+/// `Packet::protocol` when the transport protocol is unknown: behind more
+/// IPv6 extension headers than the parser walks (255 is reserved by IANA).
+pub const UNKNOWN_PROTOCOL: u8 = 255;
 
 /// A packet without a destination port. A sentinel rather than `Option<u16>`:
 /// LLVM may leave the payload of a `None` undefined and still compare it,
@@ -295,7 +311,8 @@ pub struct Block {
 }
 
 /// Key of the key table (`keytable`): a rule and a masked source address
-/// (IPv4 as `::ffff:a.b.c.d`), so one source has separate budgets per rule.
+/// (IPv4 as `::ffff:a.b.c.d`, with [`FlowKey::V4`] set in `rule`), so one
+/// source has separate budgets per rule.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
@@ -304,6 +321,11 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
+    /// Set in `rule` for an IPv4 source: an IPv6 packet from the mapped
+    /// address `::ffff:a.b.c.d` has the same `addr`, and must not share
+    /// (or spend) the IPv4 source's budget.
+    pub const V4: u32 = 1 << 31;
+
     /// The key of an IPv4 source under a rule's mask.
     #[inline(always)]
     pub fn v4(rule: u32, src: [u8; 4], mask: [u8; 4]) -> Self {
@@ -314,7 +336,22 @@ impl FlowKey {
         addr[13] = src[1] & mask[1];
         addr[14] = src[2] & mask[2];
         addr[15] = src[3] & mask[3];
-        Self { rule, addr }
+        Self {
+            rule: rule | Self::V4,
+            addr,
+        }
+    }
+
+    /// The id of the rule the key belongs to.
+    #[inline(always)]
+    pub fn rule_id(&self) -> u32 {
+        self.rule & !Self::V4
+    }
+
+    /// Whether the key is an IPv4 source's.
+    #[inline(always)]
+    pub fn is_v4(&self) -> bool {
+        self.rule & Self::V4 != 0
     }
 
     /// The key of an IPv6 source under a rule's mask.
@@ -398,6 +435,11 @@ pub struct GlobalCounters {
     pub blocked: u64,
     /// Keys at rest whose slot went to a new key (see `keytable`).
     pub key_evictions: u64,
+    /// Packets whose transport header could not be read (cut short, or
+    /// behind too many IPv6 extension headers): charged as if any port.
+    pub unreadable_transport: u64,
+    /// First fragments too short for their transport header: dropped.
+    pub tiny_fragments: u64,
 }
 
 macro_rules! impl_rule_counters_add {
@@ -416,7 +458,7 @@ impl_rule_counters_add! {
                    shadow_packets, shadow_bytes, new_keys, contended, aggregate_excess,
                    unadmitted }
     GlobalCounters { packets, ipv4, ipv6, non_ip, malformed, fragments, key_alloc_failed, blocked,
-                     key_evictions }
+                     key_evictions, unreadable_transport, tiny_fragments }
 }
 
 const _: () = {
@@ -431,7 +473,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowKey>() == 20);
     assert!(core::mem::size_of::<KeyState>() == 72);
     assert!(core::mem::size_of::<RuleCounters>() == 80);
-    assert!(core::mem::size_of::<GlobalCounters>() == 72);
+    assert!(core::mem::size_of::<GlobalCounters>() == 88);
 };
 
 #[cfg(feature = "user")]
@@ -497,7 +539,8 @@ mod tests {
     #[test]
     fn keys_are_masked_sources() {
         let key = FlowKey::v4(9, [198, 18, 7, 200], [255, 255, 255, 0]);
-        assert_eq!(key.rule, 9);
+        assert_eq!(key.rule_id(), 9);
+        assert!(key.is_v4());
         assert_eq!(
             key.addr,
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 7, 0]
@@ -505,6 +548,7 @@ mod tests {
         let src: [u8; 16] = core::array::from_fn(|i| 0xa0 + i as u8);
         let mask: [u8; 16] = core::array::from_fn(|i| if i < 8 { 0xff } else { 0 });
         let key = FlowKey::v6(3, src, mask);
+        assert!(!key.is_v4() && key.rule_id() == 3);
         assert_eq!(key.addr[..8], src[..8]);
         assert_eq!(key.addr[8..], [0; 8]);
     }

@@ -84,7 +84,7 @@ fn claim_slot(
         }
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
             && unsafe { core::ptr::read_volatile(&raw const (*slot).state.lock) } == 0
-            && let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule }))
+            && let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() }))
             && let Some(since) = keytable::at_rest_since(
                 unsafe { &(*slot).state },
                 rule,
@@ -149,7 +149,7 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
     let release = || unsafe {
         atomic_xchg::<u32, { AtomicOrdering::Release }>(lock, 0);
     };
-    let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule })) else {
+    let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() })) else {
         release();
         return false;
     };

@@ -97,6 +97,19 @@ fn limit(
         global.fragments += 1;
     }
     let global_shadow = config.flags & global_flag::SHADOW != 0;
+    if packet.unreadable {
+        global.unreadable_transport += 1;
+    }
+    if packet.tiny_fragment {
+        // RFC 1858: a first fragment too short for its transport header
+        // hides its ports from every rule; no sound stack sends one.
+        global.tiny_fragments += 1;
+        return if global_shadow {
+            action::PASS
+        } else {
+            action::DROP
+        };
+    }
     // Read once: userspace flips it at any time, and a packet is judged
     // wholly by one generation's rules.
     let generation = unsafe { core::ptr::read_volatile(&config.generation) };
@@ -255,6 +268,8 @@ fn blocked(packet: &Packet) -> bool {
 
 /// The first candidate of the longest source prefix that matches the
 /// packet's protocol and port, in the active generation; or the default.
+/// A packet whose port is unknown (a later fragment, an unreadable
+/// transport header) takes the first it may belong to.
 #[inline(always)]
 fn match_rule(generation: u32, packet: &Packet) -> u32 {
     let candidates = match packet.source {
@@ -274,7 +289,9 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
         if i as u32 >= candidates.len {
             break;
         }
-        if candidate.matches(packet.protocol, packet.dest_port) {
+        if candidate.matches(packet.protocol, packet.dest_port)
+            || (packet.port_unknown && candidate.may_match_unknown_port(packet.protocol))
+        {
             return u32::from(candidate.rule);
         }
     }

@@ -5,7 +5,7 @@
 
 use aya_ebpf::programs::XdpContext;
 use core::mem;
-use limiter_common::abi::{MAX_IPV6_EXT_HEADERS, NO_PORT};
+use limiter_common::abi::{MAX_IPV6_EXT_HEADERS, NO_PORT, UNKNOWN_PROTOCOL};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -30,7 +30,9 @@ mod proto {
 /// chain; bounding the cursor keeps the verifier's offset ranges finite.
 const MAX_OFFSET: usize = 16 * 1024;
 
-/// The frame cannot be parsed: truncated, malformed, or deeper than we walk.
+/// The frame's source cannot be known: its link or network header is
+/// truncated, malformed, or deeper than we walk. (Past the network header
+/// nothing is malformed: the source is known, and its limits apply.)
 pub struct Malformed;
 
 /// Source address of an IP packet.
@@ -42,12 +44,24 @@ pub enum Source {
 /// What the limiter needs from an IP packet.
 pub struct Packet {
     pub source: Source,
-    /// IP protocol number of the transport header.
+    /// IP protocol number of the transport header; [`UNKNOWN_PROTOCOL`]
+    /// when it is behind more IPv6 extension headers than we walk.
     pub protocol: u8,
     /// Destination port for TCP, UDP and SCTP; [`NO_PORT`] for other
-    /// protocols and for later fragments, which carry no transport header.
+    /// protocols, for later fragments, which carry no transport header, and
+    /// when the transport header cannot be read.
     pub dest_port: u32,
     pub fragment: bool,
+    /// The transport header should be there but cannot be read: cut short,
+    /// or behind more IPv6 extension headers than the parser walks.
+    pub unreadable: bool,
+    /// The packet has a port that it does not show: a later fragment, or
+    /// an unreadable transport header. It is charged as if it could have
+    /// any port (never "no limit").
+    pub port_unknown: bool,
+    /// A first fragment too short for its transport header (RFC 1858's
+    /// tiny fragment, a way around port filters): dropped.
+    pub tiny_fragment: bool,
 }
 
 /// Reads a `T` at `offset` into the frame, if the frame is long enough.
@@ -107,9 +121,19 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         protocol,
         dest_port: NO_PORT,
         fragment: fragment_offset != 0 || more_fragments,
+        unreadable: false,
+        port_unknown: fragment_offset != 0,
+        tiny_fragment: false,
     };
     if fragment_offset == 0 {
-        packet.dest_port = parse_transport(ctx, offset + ihl * 4, protocol)?;
+        match parse_transport(ctx, offset + ihl * 4, protocol) {
+            Ok(port) => packet.dest_port = port,
+            Err(Malformed) => {
+                packet.unreadable = true;
+                packet.port_unknown = true;
+                packet.tiny_fragment = more_fragments;
+            }
+        }
     }
     Ok(packet)
 }
@@ -123,25 +147,42 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     }
     let mut offset = offset + Ipv6Hdr::LEN;
     let mut fragment = false;
+    let mut first_fragment = false;
+    // The source is known from here on: whatever follows, a packet.
+    let unreadable = |protocol: u8, fragment: bool, first_fragment: bool| Packet {
+        source: Source::V6(source),
+        protocol,
+        dest_port: NO_PORT,
+        fragment,
+        unreadable: true,
+        port_unknown: true,
+        tiny_fragment: first_fragment,
+    };
     // Up to MAX extension headers, then one more turn for the transport header.
     for _ in 0..=MAX_IPV6_EXT_HEADERS {
         match next {
             proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS => {
                 // Next header, then length in 8-byte units not counting the first 8.
-                let ext: *const [u8; 2] = ptr_at(ctx, offset)?;
+                let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
+                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                };
                 let [following, len] = unsafe { *ext };
                 next = following;
                 offset += (len as usize + 1) * 8;
             }
             proto::AUTH => {
                 // AH counts its length in 4-byte units, not counting the first 8.
-                let ext: *const [u8; 2] = ptr_at(ctx, offset)?;
+                let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
+                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                };
                 let [following, len] = unsafe { *ext };
                 next = following;
                 offset += (len as usize + 2) * 4;
             }
             proto::FRAGMENT => {
-                let ext: *const [u8; 4] = ptr_at(ctx, offset)?;
+                let Ok(ext) = ptr_at::<[u8; 4]>(ctx, offset) else {
+                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                };
                 let [following, _, offset_hi, offset_lo] = unsafe { *ext };
                 fragment = true;
                 next = following;
@@ -153,21 +194,33 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         protocol: next,
                         dest_port: NO_PORT,
                         fragment,
+                        unreadable: false,
+                        port_unknown: true,
+                        tiny_fragment: false,
                     });
                 }
+                // Offset 0 with more to come (not an atomic fragment).
+                first_fragment = offset_lo & 1 != 0;
             }
             _ => {
-                return Ok(Packet {
-                    source: Source::V6(source),
-                    protocol: next,
-                    dest_port: parse_transport(ctx, offset, next)?,
-                    fragment,
+                return Ok(match parse_transport(ctx, offset, next) {
+                    Ok(dest_port) => Packet {
+                        source: Source::V6(source),
+                        protocol: next,
+                        dest_port,
+                        fragment,
+                        unreadable: false,
+                        port_unknown: false,
+                        tiny_fragment: false,
+                    },
+                    Err(Malformed) => unreadable(next, fragment, first_fragment),
                 });
             }
         }
     }
-    // Still inside the extension-header chain: longer than we walk.
-    Err(Malformed)
+    // Still inside the extension-header chain: longer than we walk, so
+    // neither protocol nor port is known.
+    Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment))
 }
 
 /// The destination port of a transport header at `offset`, requiring the

@@ -60,6 +60,9 @@ fn run(datapath: &Datapath, frame: &[u8]) -> (u32, Option<String>, GlobalCounter
     global.non_ip -= before.global.non_ip;
     global.malformed -= before.global.malformed;
     global.fragments -= before.global.fragments;
+    global.blocked -= before.global.blocked;
+    global.unreadable_transport -= before.global.unreadable_transport;
+    global.tiny_fragments -= before.global.tiny_fragments;
     (result.return_value, moved.into_iter().next(), global)
 }
 
@@ -200,9 +203,21 @@ fn ipv6_extension_headers() {
         rule_of(&dp, &frames::ipv6_chain(SRC6, &six, 53)).as_deref(),
         Some("v6-dns")
     );
+    // Deeper, neither protocol nor port is known: the packet is charged to
+    // the first rule it may belong to, never let through unlimited.
     let seven = [six.as_slice(), &[Ext::DestOpts]].concat();
-    let (verdict, rule, global) = run(&dp, &frames::ipv6_chain(SRC6, &seven, 53));
-    assert_eq!((verdict, rule, global.malformed), (XDP_PASS, None, 1));
+    for port in [53, 80] {
+        let (verdict, rule, global) = run(&dp, &frames::ipv6_chain(SRC6, &seven, port));
+        assert_eq!(
+            (
+                verdict,
+                rule.as_deref(),
+                global.malformed,
+                global.unreadable_transport
+            ),
+            (XDP_PASS, Some("v6-dns"), 0, 1)
+        );
+    }
 }
 
 #[test]
@@ -215,13 +230,16 @@ fn fragments() {
         (verdict, rule.as_deref(), global.fragments),
         (XDP_PASS, Some("dns"), 1)
     );
-    // Later fragments have no ports: only rules without a port apply.
+    // Later fragments show no port: charged to the first rule of their
+    // source and protocol, whatever its port (never uncharged).
     let later4 = frames::ipv4_fragment(&frames::udp4(SRC4, 53, 20), false, 185);
     let (verdict, rule, global) = run(&dp, &later4);
     assert_eq!(
         (verdict, rule.as_deref(), global.fragments),
-        (XDP_PASS, Some("v4-any"), 1)
+        (XDP_PASS, Some("dns"), 1)
     );
+    let later_tcp = frames::ipv4_fragment(&frames::tcp4(SRC4, 80), false, 185);
+    assert_eq!(rule_of(&dp, &later_tcp).as_deref(), Some("v4-tcp"));
     let first6 = frames::ipv6_chain(
         SRC6,
         &[Ext::Fragment {
@@ -232,6 +250,18 @@ fn fragments() {
     );
     let (_, rule, global) = run(&dp, &first6);
     assert_eq!((rule.as_deref(), global.fragments), (Some("v6-dns"), 1));
+    // RFC 1858: a first fragment too short for its transport header is
+    // dropped, whatever the rules say.
+    let tiny4 = frames::ipv4_fragment(&frames::udp4(SRC4, 53, 20), true, 0);
+    let tiny4 = tiny4[..frames::L3 + 20 + 4].to_vec();
+    let tiny6 = first6[..first6.len() - 6].to_vec();
+    for tiny in [tiny4, tiny6] {
+        let (verdict, rule, global) = run(&dp, &tiny);
+        assert_eq!(
+            (verdict, rule, global.tiny_fragments, global.malformed),
+            (XDP_DROP, None, 1, 0)
+        );
+    }
     let later6 = frames::ipv6_chain(
         SRC6,
         &[
@@ -246,7 +276,7 @@ fn fragments() {
     let (_, rule, global) = run(&dp, &later6);
     assert_eq!(
         (rule.as_deref(), global.fragments, global.malformed),
-        (Some("v6-any"), 1, 0)
+        (Some("v6-dns"), 1, 0)
     );
 }
 
@@ -267,13 +297,10 @@ fn malformed_frames_are_counted_and_follow_the_policy() {
     bad_version[frames::L3] = 0x65;
     let mut short_ihl = good.clone();
     short_ihl[frames::L3] = 0x44;
-    let tcp = frames::tcp4(SRC4, 80);
-    let cases: [(&str, Vec<u8>); 6] = [
+    let cases: [(&str, Vec<u8>); 4] = [
         ("truncated IPv4 header", good[..frames::L3 + 10].to_vec()),
         ("IPv4 version field 6", bad_version),
         ("IHL below 5", short_ihl),
-        ("truncated UDP header", good[..frames::L3 + 20 + 4].to_vec()),
-        ("truncated TCP header", tcp[..frames::L3 + 20 + 12].to_vec()),
         (
             "truncated IPv6 header",
             frames::udp6(SRC6, 53, 0)[..frames::L3 + 30].to_vec(),
@@ -291,6 +318,86 @@ fn malformed_frames_are_counted_and_follow_the_policy() {
         let (verdict, _, global) = run(&dropping, frame);
         assert_eq!((verdict, global.malformed), (XDP_DROP, 1), "{what}");
     }
+}
+
+/// Once the network header is read, the source is known, and its block
+/// and its rule apply whatever follows: a transport header cut short is
+/// charged as if it could have any port (to the first rule it may belong
+/// to), not let through as malformed.
+#[test]
+fn unreadable_transport_is_charged_not_passed() {
+    let good = frames::udp4(SRC4, 53, 20);
+    let tcp = frames::tcp4(SRC4, 80);
+    let cases = [
+        (
+            "truncated UDP header",
+            good[..frames::L3 + 20 + 4].to_vec(),
+            "dns",
+        ),
+        (
+            "truncated TCP header",
+            tcp[..frames::L3 + 20 + 12].to_vec(),
+            "v4-tcp",
+        ),
+    ];
+    let dp = loaded(RULES);
+    for (what, frame, want) in &cases {
+        let (verdict, rule, global) = run(&dp, frame);
+        assert_eq!(
+            (
+                verdict,
+                rule.as_deref(),
+                global.malformed,
+                global.unreadable_transport
+            ),
+            (XDP_PASS, Some(*want), 0, 1),
+            "{what}"
+        );
+    }
+    // A limited source gets no more through with its headers cut short or
+    // buried in extension headers than with whole ones.
+    let dp = loaded(
+        "rules:
+  - { name: tight4, match: { source: 198.18.0.0/16, protocol: udp, dest_port: 53 }, limit: { rate: 1, unit: day, burst: 2 } }
+  - { name: tight6, match: { source: \"2001:db8::/32\", protocol: udp, dest_port: 53 }, limit: { rate: 1, unit: day, burst: 2 } }
+",
+    );
+    let cut = good[..frames::L3 + 20 + 4].to_vec();
+    let deep = frames::ipv6_chain(SRC6, &[Ext::DestOpts; 9], 53);
+    for frame in [cut, deep] {
+        let verdicts: Vec<u32> = (0..4).map(|_| run(&dp, &frame).0).collect();
+        assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
+    }
+    // A blocked source stays blocked behind extension headers.
+    let mut dp = loaded(RULES);
+    dp.engine
+        .block("2001:db8::/32".parse().expect("prefix"), None)
+        .expect("blocking");
+    let (verdict, _, global) = run(&dp, &frames::ipv6_chain(SRC6, &[Ext::DestOpts; 9], 53));
+    assert_eq!((verdict, global.blocked), (XDP_DROP, 1));
+}
+
+/// An IPv6 packet from `::ffff:a.b.c.d` has a budget of its own: it never
+/// spends (or shares) the IPv4 source a.b.c.d's. (Whole-address keys: the
+/// default /64 of IPv6 keys would hide a shared key.)
+#[test]
+fn ipv4_mapped_ipv6_sources_have_their_own_budget() {
+    let dp = loaded(
+        "rules:
+  - { name: all, key: source, limit: { rate: 1, unit: day, burst: 2 } }
+",
+    );
+    let mapped: Ipv6Addr = SRC4.to_ipv6_mapped();
+    for _ in 0..2 {
+        assert_eq!(run(&dp, &frames::udp6(mapped, 9, 0)).0, XDP_PASS);
+    }
+    assert_eq!(run(&dp, &frames::udp6(mapped, 9, 0)).0, XDP_DROP);
+    // The IPv4 source still has its whole burst.
+    for _ in 0..2 {
+        assert_eq!(run(&dp, &frames::udp4(SRC4, 9, 0)).0, XDP_PASS);
+    }
+    assert_eq!(run(&dp, &frames::udp4(SRC4, 9, 0)).0, XDP_DROP);
+    assert_eq!(counters(&dp, "all").new_keys, 2);
 }
 
 #[test]

@@ -399,3 +399,57 @@ fn fixed_windows_hold_on_real_traffic() {
         0
     );
 }
+
+/// `frame` (Ethernet, IPv6, then the transport header) with `n`
+/// destination-options headers (8 bytes of padding each) after the IPv6
+/// header.
+fn with_dest_options(frame: &[u8], n: usize) -> Vec<u8> {
+    const IPV6: usize = 14;
+    const DEST_OPTS: u8 = 60;
+    let transport = frame[IPV6 + 6];
+    let mut out = frame[..IPV6 + 40].to_vec();
+    out[IPV6 + 6] = DEST_OPTS;
+    let payload = u16::from_be_bytes([out[IPV6 + 4], out[IPV6 + 5]]) + 8 * n as u16;
+    out[IPV6 + 4..IPV6 + 6].copy_from_slice(&payload.to_be_bytes());
+    for i in 0..n {
+        let next = if i + 1 == n { transport } else { DEST_OPTS };
+        // Next header, length 0 (8 bytes), a PadN option of 4 bytes.
+        out.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+    }
+    out.extend_from_slice(&frame[IPV6 + 40..]);
+    out
+}
+
+/// The bypass issue 7 measured: an IPv6 source under a port rule sent
+/// every frame through by putting more extension headers in front of its
+/// transport header than the parser walks (they were "malformed", passed
+/// by default). Now such a frame is charged as if it could have any port,
+/// and the source is held to B + R·t as with plain frames.
+#[test]
+fn extension_headers_do_not_get_around_a_limit() {
+    let lab = Lab::create("lt-exthdr").expect("lab");
+    let limiter = in_process(
+        &lab,
+        "rules:\n  - { name: port9, match: { source: \"2001:db8::/32\", protocol: udp, dest_port: 9 }, limit: { rate: 200, unit: second, burst: 20 } }\n",
+        "/sys/fs/bpf/limiter-test-exthdr",
+    );
+    let addr = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 7, 0, 0, 0, 0, 1));
+    let mut flooding = sources(&lab, 0, &[addr], FLOOD_PPS, 64);
+    flooding[0].frame = with_dest_options(&flooding[0].frame, 9);
+    let (report, received) = flood(&lab, &flooding, DURATION);
+    assert!(report.sent[0] > 2 * (RATE as u64), "the flood ran");
+    assert_close(
+        received.get(&addr).copied().unwrap_or(0),
+        BURST + RATE * report.elapsed.as_secs_f64(),
+        TOLERANCE,
+        "a source behind 9 extension headers",
+    );
+    let snapshot = limiter.snapshot().expect("counters");
+    assert_eq!(snapshot.global.malformed, 0);
+    let unreadable = snapshot.global.unreadable_transport;
+    assert!(
+        unreadable <= report.sent[0] && unreadable >= received[&addr],
+        "{unreadable} counted unreadable, {} sent",
+        report.sent[0]
+    );
+}

@@ -51,10 +51,10 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
             .iter()
             .map(|(key, state)| {
                 let before = previous.get(key).copied().unwrap_or_default();
-                let rule = names.get(&key.rule);
+                let rule = names.get(&key.rule_id());
                 Row {
                     source: source(key, rule),
-                    rule: rule.map_or(format!("#{} (removed)", key.rule), name),
+                    rule: rule.map_or(format!("#{} (removed)", key.rule_id()), name),
                     dropped_per_sec: state.dropped_packets.saturating_sub(before.dropped_packets)
                         as f64
                         / elapsed,
@@ -129,9 +129,7 @@ fn name(rule: &RuleConfig) -> String {
 /// The key as a prefix: `198.18.0.1`, or `2001:db8:1::/64` for a /64 key.
 fn source(key: &FlowKey, rule: Option<&RuleConfig>) -> String {
     let ones = |mask: &[u8]| mask.iter().map(|b| b.count_ones()).sum::<u32>();
-    let mapped =
-        key.addr[..10].iter().all(|&b| b == 0) && key.addr[10] == 0xff && key.addr[11] == 0xff;
-    let (addr, bits, full) = if mapped {
+    let (addr, bits, full) = if key.is_v4() {
         let a = Ipv4Addr::new(key.addr[12], key.addr[13], key.addr[14], key.addr[15]);
         (IpAddr::V4(a), rule.map_or(32, |r| ones(&r.v4_key_mask)), 32)
     } else {

@@ -98,7 +98,7 @@ impl KeyTable {
     pub fn forget(&self, ids: &[u32]) -> usize {
         let mut n = 0;
         self.for_each_key(|bucket, way, seen| {
-            if ids.contains(&self.slot(bucket, way).key.rule)
+            if ids.contains(&self.slot(bucket, way).key.rule_id())
                 && self
                     .tag(bucket, way)
                     .compare_exchange(seen, tag::FREE, Ordering::AcqRel, Ordering::Relaxed)

@@ -102,7 +102,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     for (name, help, value) in [
         (
             "limiter_parse_failures",
-            "Frames the parser rejected (truncated or malformed)",
+            "Frames whose source could not be read (link or network header truncated or malformed)",
             g.malformed,
         ),
         (
@@ -114,6 +114,16 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
             "limiter_fragments",
             "Non-first and first IP fragments seen",
             g.fragments,
+        ),
+        (
+            "limiter_tiny_fragments",
+            "First fragments too short for their transport header, dropped (RFC 1858)",
+            g.tiny_fragments,
+        ),
+        (
+            "limiter_unreadable_transport_packets",
+            "Packets whose transport header could not be read, charged as if any port",
+            g.unreadable_transport,
         ),
         (
             "limiter_blocked_packets",

@@ -69,13 +69,15 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
     );
     let _ = writeln!(
         out,
-        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  key-alloc-failed {}  key-evictions {}",
+        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  tiny-fragments {}  unreadable-transport {}  key-alloc-failed {}  key-evictions {}",
         count(g.packets),
         count(g.ipv4),
         count(g.ipv6),
         count(g.non_ip),
         count(g.malformed),
         count(g.fragments),
+        count(g.tiny_fragments),
+        count(g.unreadable_transport),
         count(g.key_alloc_failed),
         count(g.key_evictions),
     );
