@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use aya::programs::{TestRun, TestRunOptions};
 use limiter::lab::{self, FloodReport, FloodSource, Lab, udp_frame};
 use limiter::{
     engine::Engine,
@@ -55,6 +56,26 @@ impl std::ops::Deref for Loaded {
     fn deref(&self) -> &Datapath {
         self.engine.datapath()
     }
+}
+
+/// The verdict of the test build of the program (`test_clock_object`)
+/// on `frame`, with its clock set to `monotonic`.
+pub fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
+    dp.engine
+        .datapath_mut()
+        .maps_mut()
+        .test_clock
+        .as_mut()
+        .expect("the test build has CLOCK")
+        .set(0, monotonic, 0)
+        .expect("setting the clock");
+    dp.program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
 }
 
 /// Loads the program with `text`'s rules.

@@ -8,12 +8,11 @@
 
 use std::net::Ipv4Addr;
 
-use aya::programs::{TestRun, TestRunOptions};
 use limiter_conformance::assert_same;
 use limiter_tests::{
     Loaded, frames, loaded_object,
     reference::{self, Algo},
-    rules, test_clock_object,
+    rules, run_at, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
 
@@ -100,25 +99,6 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
-
-/// The program's verdict on `frame` with its clock set to `monotonic`.
-fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
-    dp.engine
-        .datapath_mut()
-        .maps_mut()
-        .test_clock
-        .as_mut()
-        .expect("the test build has CLOCK")
-        .set(0, monotonic, 0)
-        .expect("setting the clock");
-    dp.program()
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN")
-        .return_value
-}
 
 /// The verdict on one UDP frame from `source` at `t`.
 fn verdict(dp: &mut Loaded, source: Ipv4Addr, t: u64) -> u32 {

@@ -10,8 +10,7 @@
 
 use std::net::Ipv4Addr;
 
-use aya::programs::{TestRun, TestRunOptions};
-use limiter_tests::{Loaded, frames, loaded_object, rules, snapshot, test_clock_object};
+use limiter_tests::{Loaded, frames, loaded_object, rules, run_at, snapshot, test_clock_object};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -32,21 +31,7 @@ fn source(n: u8) -> Ipv4Addr {
 
 /// The program's verdict on a frame from `from`, with its clock at `t`.
 fn send(dp: &mut Loaded, from: Ipv4Addr, t: u64) -> u32 {
-    dp.engine
-        .datapath_mut()
-        .maps_mut()
-        .test_clock
-        .as_mut()
-        .expect("the test build has CLOCK")
-        .set(0, t, 0)
-        .expect("setting the clock");
-    dp.program()
-        .test_run(TestRunOptions {
-            data_in: Some(&frames::udp4(from, 9, 0)),
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN")
-        .return_value
+    run_at(dp, &frames::udp4(from, 9, 0), t)
 }
 
 /// The last octet of every source the table holds, sorted.

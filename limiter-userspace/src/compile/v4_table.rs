@@ -204,17 +204,20 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
+        // Addresses in a few /8s, /16s and /24s keep the prefixes nested.
+        let near = |r: u64| {
+            [
+                10 + (r % 3) as u8,
+                (r >> 8) as u8 % 4,
+                (r >> 16) as u8 % 8,
+                (r >> 24) as u8,
+            ]
+        };
         for round in 0..20 {
             let mut prefixes: Vec<Prefix> = Vec::new();
             for i in 0..60 {
-                // A few /8s keep the prefixes nested.
                 let r = next();
-                let addr = [
-                    10 + (r % 3) as u8,
-                    (r >> 8) as u8 % 4,
-                    (r >> 16) as u8 % 8,
-                    (r >> 24) as u8,
-                ];
+                let addr = near(r);
                 let len = (r >> 32) as u8 % 33;
                 let m = mask(u32::from(len));
                 let addr = (u32::from_be_bytes(addr) & m).to_be_bytes();
@@ -224,14 +227,7 @@ mod tests {
             }
             let t = V4Table::build(round % 2, &prefixes);
             for _ in 0..2000 {
-                let r = next();
-                let addr = [
-                    10 + (r % 3) as u8,
-                    (r >> 8) as u8 % 4,
-                    (r >> 16) as u8 % 8,
-                    (r >> 24) as u8,
-                ];
-                check(&t, &prefixes, addr);
+                check(&t, &prefixes, near(next()));
             }
         }
     }
