@@ -224,6 +224,8 @@ impl RuleConfig {
 pub mod candidate_flag {
     pub const MATCH_PROTOCOL: u8 = 1 << 0;
     pub const MATCH_DEST_PORT: u8 = 1 << 1;
+    /// The rule is `limit: unlimited` (an exemption).
+    pub const UNLIMITED: u8 = 1 << 2;
 }
 
 /// A rule that may apply to packets from a source prefix, with the
@@ -259,13 +261,18 @@ impl Candidate {
     /// Whether this candidate may apply to a packet whose port is unknown
     /// (a later fragment, an unreadable transport header): any port, and
     /// any protocol if `protocol` is [`UNKNOWN_PROTOCOL`]. Such a packet is
-    /// charged to the first candidate it could belong to, never let
-    /// through unlimited.
+    /// charged to the first candidate it could belong to, but never
+    /// exempted on a guess: an unlimited candidate applies only when what
+    /// it names (protocol, port) is known to match.
     #[inline(always)]
     pub fn may_match_unknown_port(&self, protocol: u8) -> bool {
-        self.flags & candidate_flag::MATCH_PROTOCOL == 0
-            || protocol == UNKNOWN_PROTOCOL
-            || self.protocol == protocol
+        let names_protocol = self.flags & candidate_flag::MATCH_PROTOCOL != 0;
+        let names_port = self.flags & candidate_flag::MATCH_DEST_PORT != 0;
+        let exempts = self.flags & candidate_flag::UNLIMITED != 0;
+        if exempts && (names_port || (names_protocol && protocol == UNKNOWN_PROTOCOL)) {
+            return false;
+        }
+        !names_protocol || protocol == UNKNOWN_PROTOCOL || self.protocol == protocol
     }
 }
 
@@ -532,6 +539,24 @@ mod tests {
         };
         assert!(dns.matches(17, 53));
         assert!(!dns.matches(17, 54) && !dns.matches(6, 53) && !dns.matches(17, NO_PORT));
+        // A port unknown: any port, any protocol if that is unknown too.
+        assert!(dns.may_match_unknown_port(17) && dns.may_match_unknown_port(UNKNOWN_PROTOCOL));
+        assert!(!dns.may_match_unknown_port(6));
+        // An exemption applies only to what it is known to cover.
+        let free = |flags| Candidate {
+            protocol: 6,
+            dest_port: 443,
+            flags: flags | candidate_flag::UNLIMITED,
+            ..Candidate::default()
+        };
+        let https = free(candidate_flag::MATCH_PROTOCOL | candidate_flag::MATCH_DEST_PORT);
+        assert!(
+            !https.may_match_unknown_port(6) && !https.may_match_unknown_port(UNKNOWN_PROTOCOL)
+        );
+        let tcp = free(candidate_flag::MATCH_PROTOCOL);
+        assert!(tcp.may_match_unknown_port(6) && !tcp.may_match_unknown_port(UNKNOWN_PROTOCOL));
+        let office = free(0);
+        assert!(office.may_match_unknown_port(UNKNOWN_PROTOCOL));
     }
 
     /// Guards key masking: the bits outside the mask never reach the key,

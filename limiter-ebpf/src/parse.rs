@@ -188,10 +188,12 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                 next = following;
                 offset += 8;
                 if u16::from_be_bytes([offset_hi, offset_lo]) >> 3 != 0 {
-                    // A later fragment: no transport header to look at.
+                    // A later fragment: no transport header to look at,
+                    // and its Next Header is the sender's word (the
+                    // receiver reassembles by the first fragment's).
                     return Ok(Packet {
                         source: Source::V6(source),
-                        protocol: next,
+                        protocol: UNKNOWN_PROTOCOL,
                         dest_port: NO_PORT,
                         fragment,
                         unreadable: false,

@@ -157,6 +157,9 @@ fn candidate(id: u32, rule: &Rule) -> Candidate {
     if rule.matches.dest_port.is_some() {
         flags |= candidate_flag::MATCH_DEST_PORT;
     }
+    if matches!(rule.limit, Limit::Unlimited) {
+        flags |= candidate_flag::UNLIMITED;
+    }
     Candidate {
         rule: u16::try_from(id).expect("rule ids are below MAX_RULES"),
         dest_port: rule.matches.dest_port.unwrap_or(0),

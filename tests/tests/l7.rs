@@ -375,6 +375,35 @@ fn the_key_store_is_bounded_least_recently_seen_first() {
     assert!(!limiter.check(&request(9_999)).allowed);
 }
 
+/// A dual-stack listener sees IPv4 clients as `::ffff:a.b.c.d`: they are
+/// judged as the IPv4 clients they are, by IPv4 rules and one key each
+/// (before, no IPv4 rule matched them, and a catch-all put every IPv4
+/// client in one /64 bucket).
+#[test]
+fn ipv4_clients_seen_as_mapped_ipv6_are_ipv4_clients() {
+    let clock = Arc::new(TestClock::default());
+    let text = "default: drop\nrules:\n  - { name: v4, match: { source: 10.0.0.0/8 }, limit: { rate: 1, unit: hour, burst: 1 } }\n";
+    let limiter = Limiter::new(rules(text), clock.clone());
+    let mapped = |last: u8| limiter::http::RequestMeta {
+        client: std::net::Ipv4Addr::new(10, 0, 0, last)
+            .to_ipv6_mapped()
+            .into(),
+        port: None,
+        key: None,
+        bytes: 0,
+    };
+    clock.0.store(1, Ordering::SeqCst);
+    let first = limiter.check(&mapped(1));
+    assert!(first.allowed);
+    assert_eq!(first.rule.as_deref(), Some("v4"));
+    assert!(!limiter.check(&mapped(1)).allowed, "one budget per client");
+    assert!(
+        limiter.check(&mapped(2)).allowed,
+        "another client, another key"
+    );
+    assert_eq!(limiter.tracked_keys(), 2);
+}
+
 /// Guards the eviction order: past `max_keys`, the least recently *seen*
 /// keys are forgotten (they start again with a full budget), not the
 /// oldest inserted or any others. Each key has spent its one-an-hour

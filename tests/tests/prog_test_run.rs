@@ -368,6 +368,44 @@ fn unreadable_transport_is_charged_not_passed() {
         let verdicts: Vec<u32> = (0..4).map(|_| run(&dp, &frame).0).collect();
         assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
     }
+    // A later IPv6 fragment's Next Header is the sender's word (the
+    // receiver reassembles by the first fragment's): one naming nothing a
+    // rule names is still charged (from another /64: SRC6 spent its burst).
+    let mut later6 = frames::ipv6_chain(
+        Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1),
+        &[Ext::Fragment {
+            offset: 100,
+            more: false,
+        }],
+        53,
+    );
+    later6[frames::L3 + 40] = 59;
+    let verdicts: Vec<u32> = (0..4).map(|_| run(&dp, &later6).0).collect();
+    assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
+    // An exemption never applies on a guess: a source exempt on tcp/443
+    // and limited otherwise is charged for what hides its port.
+    let dp = loaded(
+        "rules:
+  - { name: https, match: { source: \"2001:db8::/32\", protocol: tcp, dest_port: 443 }, limit: unlimited }
+  - { name: rest, match: { source: \"2001:db8::/32\" }, limit: { rate: 1, unit: day, burst: 2 } }
+",
+    );
+    let deep = frames::ipv6_chain(SRC6, &[Ext::DestOpts; 9], 443);
+    let verdicts: Vec<(u32, Option<String>)> = (0..3)
+        .map(|_| {
+            let (verdict, rule, _) = run(&dp, &deep);
+            (verdict, rule)
+        })
+        .collect();
+    let rest = Some("rest".to_owned());
+    assert_eq!(
+        verdicts,
+        [
+            (XDP_PASS, rest.clone()),
+            (XDP_PASS, rest.clone()),
+            (XDP_DROP, rest)
+        ]
+    );
     // A blocked source stays blocked behind extension headers.
     let mut dp = loaded(RULES);
     dp.engine

@@ -182,6 +182,12 @@ impl Limiter {
 
     /// Meters one request and decides.
     pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
+        // A dual-stack listener sees IPv4 clients as `::ffff:a.b.c.d`:
+        // they are IPv4 clients, under IPv4 rules and IPv4 keys.
+        let request = &RequestMeta {
+            client: request.client.to_canonical(),
+            ..*request
+        };
         let Some(index) = first_match(&self.rules, &self.order, request.client, 6, request.port)
         else {
             let allowed = self.rules.default == Fallback::Pass;

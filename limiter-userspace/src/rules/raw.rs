@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use limiter_common::abi::UNKNOWN_PROTOCOL;
 use serde::{
     Deserialize, Deserializer,
     de::{self, MapAccess, Visitor, value::MapAccessDeserializer},
@@ -81,12 +82,16 @@ impl<'de> Deserialize<'de> for Protocol {
         impl Visitor<'_> for ProtocolVisitor {
             type Value = Protocol;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("tcp, udp, icmp, icmpv6, sctp or a protocol number 0-255")
+                f.write_str(
+                    "tcp, udp, icmp, icmpv6, sctp or a protocol number 0-254 (255 is reserved)",
+                )
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Protocol, E> {
                 u8::try_from(v)
+                    .ok()
+                    .filter(|&p| p != UNKNOWN_PROTOCOL)
                     .map(Protocol)
-                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+                    .ok_or_else(|| E::invalid_value(de::Unexpected::Unsigned(v), &self))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Protocol, E> {
                 Ok(Protocol(match v {
