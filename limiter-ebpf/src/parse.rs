@@ -107,8 +107,18 @@ pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
-    let (vihl, frags, protocol, source) =
-        unsafe { ((*ip).vihl, (*ip).frags, (*ip).proto, (*ip).src_addr) };
+    let (vihl, total_len, frags, protocol, source) = unsafe {
+        (
+            (*ip).vihl,
+            (*ip).tot_len,
+            (*ip).frags,
+            (*ip).proto,
+            (*ip).src_addr,
+        )
+    };
+    // Where the datagram ends: bytes past it (Ethernet padding, or bytes
+    // appended to dress up a tiny fragment) are not its transport header.
+    let ip_end = offset + usize::from(u16::from_be_bytes(total_len));
     let ihl = (vihl & 0x0f) as usize;
     if vihl >> 4 != 4 || ihl < 5 {
         return Err(Malformed);
@@ -126,7 +136,7 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         tiny_fragment: false,
     };
     if fragment_offset == 0 {
-        match parse_transport(ctx, offset + ihl * 4, protocol) {
+        match parse_transport(ctx, offset + ihl * 4, ip_end, protocol) {
             Ok(port) => packet.dest_port = port,
             Err(Malformed) => {
                 packet.unreadable = true;
@@ -141,10 +151,16 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
-    let (vcf, mut next, source) = unsafe { ((*ip).vcf, (*ip).next_hdr, (*ip).src_addr) };
+    let (vcf, payload_len, mut next, source) =
+        unsafe { ((*ip).vcf, (*ip).payload_len, (*ip).next_hdr, (*ip).src_addr) };
     if vcf[0] >> 4 != 6 {
         return Err(Malformed);
     }
+    // Where the packet ends (a jumbogram's payload length is 0: the frame's end).
+    let ip_end = match u16::from_be_bytes(payload_len) {
+        0 => usize::MAX,
+        len => offset + Ipv6Hdr::LEN + usize::from(len),
+    };
     let mut offset = offset + Ipv6Hdr::LEN;
     let mut fragment = false;
     let mut first_fragment = false;
@@ -205,7 +221,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                 first_fragment = offset_lo & 1 != 0;
             }
             _ => {
-                return Ok(match parse_transport(ctx, offset, next) {
+                return Ok(match parse_transport(ctx, offset, ip_end, next) {
                     Ok(dest_port) => Packet {
                         source: Source::V6(source),
                         protocol: next,
@@ -226,20 +242,32 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
 }
 
 /// The destination port of a transport header at `offset`, requiring the
-/// protocol's whole fixed header to be present.
+/// protocol's whole fixed header to be present, within the frame and
+/// within the IP datagram (which ends at `ip_end`).
 #[inline(always)]
-fn parse_transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Result<u32, Malformed> {
+fn parse_transport(
+    ctx: &XdpContext,
+    offset: usize,
+    ip_end: usize,
+    protocol: u8,
+) -> Result<u32, Malformed> {
     let header_len = match protocol {
         proto::TCP => 20,
         proto::UDP => 8,
         proto::SCTP => 12,
         proto::ICMP | proto::ICMPV6 => {
+            if offset + 4 > ip_end {
+                return Err(Malformed);
+            }
             ptr_at::<[u8; 4]>(ctx, offset)?;
             return Ok(NO_PORT);
         }
         _ => return Ok(NO_PORT),
     };
-    if offset > MAX_OFFSET || ctx.data() + offset + header_len > ctx.data_end() {
+    if offset > MAX_OFFSET
+        || offset + header_len > ip_end
+        || ctx.data() + offset + header_len > ctx.data_end()
+    {
         return Err(Malformed);
     }
     // All three start with source port, destination port. The volatile read

@@ -253,9 +253,13 @@ fn fragments() {
     // RFC 1858: a first fragment too short for its transport header is
     // dropped, whatever the rules say.
     let tiny4 = frames::ipv4_fragment(&frames::udp4(SRC4, 53, 20), true, 0);
-    let tiny4 = tiny4[..frames::L3 + 20 + 4].to_vec();
+    let cut4 = tiny4[..frames::L3 + 20 + 4].to_vec();
+    // The same, its length saying so but its frame padded to full size:
+    // the bytes past the datagram are not its transport header.
+    let mut padded4 = tiny4.clone();
+    padded4[frames::L3 + 2..frames::L3 + 4].copy_from_slice(&24u16.to_be_bytes());
     let tiny6 = first6[..first6.len() - 6].to_vec();
-    for tiny in [tiny4, tiny6] {
+    for tiny in [cut4, padded4, tiny6] {
         let (verdict, rule, global) = run(&dp, &tiny);
         assert_eq!(
             (verdict, rule, global.tiny_fragments, global.malformed),
