@@ -24,6 +24,7 @@ pub mod map_name {
     pub const RULE_STATS: &str = "RULE_STATS";
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
     pub const ADMISSIONS: &str = "ADMISSIONS";
+    pub const FRAGMENTS: &str = "FRAGMENTS";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -75,6 +76,32 @@ pub const MAX_BLOCKS: u32 = 65_536;
 pub const DEFAULT_RULE: u32 = 0;
 /// How many rules may cover one source prefix (see [`Candidates`]).
 pub const MAX_CANDIDATES: usize = 8;
+/// Datagrams whose first fragment `FRAGMENTS` remembers (an LRU).
+pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
+
+/// A fragmented datagram: its source (IPv4 as `::ffff:a.b.c.d`) and the
+/// rest of what the receiver reassembles by (destination, identification,
+/// and for IPv4 the protocol), packed in `datagram` (IPv4 exactly; IPv6
+/// with its destination folded).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragmentKey {
+    pub source: [u8; 16],
+    pub datagram: u64,
+}
+
+/// What became of a datagram's first fragment: its later fragments follow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FirstFragment {
+    pub rule: u32,
+    /// The generation whose rule it was (another generation's is ignored).
+    pub generation: u32,
+    /// 1 if it was dropped.
+    pub dropped: u32,
+    pub _pad: u32,
+}
+
 /// `BLOCKED_V4`: one bit per IPv4 /16, set while a block covers any of
 /// it, so a source with no block near it skips the blocks trie.
 pub const BLOCKED_V4_WORDS: u32 = (1 << 16) / 64;

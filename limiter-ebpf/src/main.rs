@@ -8,6 +8,7 @@
 )]
 
 mod cell;
+mod fragments;
 mod keys;
 mod maps;
 mod parse;
@@ -113,7 +114,16 @@ fn limit(
     // Read once: userspace flips it at any time, and a packet is judged
     // wholly by one generation's rules.
     let generation = unsafe { core::ptr::read_volatile(&config.generation) };
-    let rule_id = match_rule(generation, packet);
+    // A later fragment takes its first fragment's rule, and its fate.
+    let first = if packet.later_fragment() {
+        fragments::first_of(generation, packet)
+    } else {
+        None
+    };
+    let rule_id = match first {
+        Some(first) => first.rule,
+        None => match_rule(generation, packet),
+    };
     if profile::stop_after(profile::RULE_MATCHED) {
         return profile::verdict(u64::from(rule_id));
     }
@@ -165,38 +175,39 @@ fn limit(
     if profile::stop_after(profile::CLOCK_READ) {
         return profile::verdict(now);
     }
-    let verdict = if rule.flags & rule_flag::BLOCK != 0 {
-        Verdict {
-            outcome: Outcome::Denied,
-            refused_by: 0,
-        }
-    } else if rule.flags & rule_flag::UNLIMITED != 0 {
-        Verdict {
-            outcome: Outcome::Allowed,
-            refused_by: 0,
-        }
-    } else {
-        let state = match state {
-            Some(state) => Ok(state),
-            None => new_key(
-                config, generation, global, rule_id, rule, &key, counters, now, len,
-            ),
-        };
-        match state {
-            Ok(state) => {
-                let verdict = meter(config, rule_id, rule, state, now, len);
-                // For `limiter top`; see `KeyState::passed_packets`.
-                let state = unsafe { &mut *state };
-                if verdict.outcome == Outcome::Allowed {
-                    state.passed_packets += 1;
-                } else {
-                    state.dropped_packets += 1;
-                }
-                verdict
+    let verdict =
+        if rule.flags & rule_flag::BLOCK != 0 || first.is_some_and(|first| first.dropped != 0) {
+            Verdict {
+                outcome: Outcome::Denied,
+                refused_by: 0,
             }
-            Err(verdict) => verdict,
-        }
-    };
+        } else if rule.flags & rule_flag::UNLIMITED != 0 {
+            Verdict {
+                outcome: Outcome::Allowed,
+                refused_by: 0,
+            }
+        } else {
+            let state = match state {
+                Some(state) => Ok(state),
+                None => new_key(
+                    config, generation, global, rule_id, rule, &key, counters, now, len,
+                ),
+            };
+            match state {
+                Ok(state) => {
+                    let verdict = meter(config, rule_id, rule, state, now, len);
+                    // For `limiter top`; see `KeyState::passed_packets`.
+                    let state = unsafe { &mut *state };
+                    if verdict.outcome == Outcome::Allowed {
+                        state.passed_packets += 1;
+                    } else {
+                        state.dropped_packets += 1;
+                    }
+                    verdict
+                }
+                Err(verdict) => verdict,
+            }
+        };
     if profile::stop_after(profile::METERED) {
         return profile::verdict(verdict.outcome as u64);
     }
@@ -225,12 +236,16 @@ fn limit(
             _ => {}
         }
     }
+    if packet.first_fragment {
+        fragments::remember(generation, packet, rule_id, !allowed && !shadow);
+    }
     if allowed || shadow {
         action::PASS
     } else {
         action::DROP
     }
 }
+
 #[inline(always)]
 fn whole_address_key(rule: &RuleConfig, packet: &Packet) -> bool {
     match packet.source {

@@ -5,13 +5,14 @@
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, LpmTrie, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
 };
 use limiter_common::{
     abi::{
-        BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, GENERATIONS, GlobalConfig,
-        GlobalCounters, KeyState, MAX_BLOCKS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES,
-        PrefixKey, RuleConfig, RuleCounters, v4_table,
+        BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, FirstFragment, FragmentKey,
+        GENERATIONS, GlobalConfig, GlobalCounters, KeyState, MAX_BLOCKS, MAX_FRAGMENTED_DATAGRAMS,
+        MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
+        v4_table,
     },
     keytable::{Slot, Tags, WAYS, buckets_for},
 };
@@ -71,6 +72,12 @@ pub static BLOCKS_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 /// written at attach.
 #[map]
 pub static IFACES: Array<u32> = Array::pinned(MAX_IFINDEX, 0);
+
+/// Source and fragmented datagram -> what became of its first fragment
+/// (`crate::fragments`).
+#[map]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FirstFragment> =
+    LruHashMap::pinned(MAX_FRAGMENTED_DATAGRAMS, 0);
 
 /// Per rule: the TAT of its key-creation budget (`RuleConfig::admission`).
 #[map]

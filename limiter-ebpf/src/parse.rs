@@ -62,6 +62,18 @@ pub struct Packet {
     /// A first fragment too short for its transport header (RFC 1858's
     /// tiny fragment, a way around port filters): dropped.
     pub tiny_fragment: bool,
+    /// Offset 0 with more to come: the fragment whose verdict the later
+    /// ones of its datagram follow.
+    pub first_fragment: bool,
+    /// For fragments: the datagram, as `abi::FragmentKey::datagram`.
+    pub datagram: u64,
+}
+
+impl Packet {
+    /// A fragment past the first: no transport header of its own.
+    pub fn later_fragment(&self) -> bool {
+        self.fragment && self.port_unknown && !self.unreadable
+    }
 }
 
 /// Reads a `T` at `offset` into the frame, if the frame is long enough.
@@ -116,6 +128,7 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             (*ip).src_addr,
         )
     };
+    let (destination, id) = unsafe { ((*ip).dst_addr, (*ip).id) };
     // Where the datagram ends: bytes past it (Ethernet padding, or bytes
     // appended to dress up a tiny fragment) are not its transport header.
     let ip_end = offset + usize::from(u16::from_be_bytes(total_len));
@@ -134,6 +147,11 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         unreadable: false,
         port_unknown: fragment_offset != 0,
         tiny_fragment: false,
+        first_fragment: fragment_offset == 0 && more_fragments,
+        // What IPv4 reassembles by, besides the source: all of it, exactly.
+        datagram: u64::from(u32::from_ne_bytes(destination)) << 32
+            | u64::from(u16::from_ne_bytes(id)) << 8
+            | u64::from(protocol),
     };
     if fragment_offset == 0 {
         match parse_transport(ctx, offset + ihl * 4, ip_end, protocol) {
@@ -151,8 +169,26 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
-    let (vcf, payload_len, mut next, source) =
-        unsafe { ((*ip).vcf, (*ip).payload_len, (*ip).next_hdr, (*ip).src_addr) };
+    let (vcf, payload_len, mut next, source, destination) = unsafe {
+        (
+            (*ip).vcf,
+            (*ip).payload_len,
+            (*ip).next_hdr,
+            (*ip).src_addr,
+            (*ip).dst_addr,
+        )
+    };
+    // The destination folded to 32 bits, beside the identification.
+    let folded = (0..4).fold(0u32, |h, i| {
+        h.rotate_left(7)
+            ^ u32::from_ne_bytes([
+                destination[4 * i],
+                destination[4 * i + 1],
+                destination[4 * i + 2],
+                destination[4 * i + 3],
+            ])
+    });
+    let mut datagram = 0u64;
     if vcf[0] >> 4 != 6 {
         return Err(Malformed);
     }
@@ -165,7 +201,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let mut fragment = false;
     let mut first_fragment = false;
     // The source is known from here on: whatever follows, a packet.
-    let unreadable = |protocol: u8, fragment: bool, first_fragment: bool| Packet {
+    let unreadable = |protocol: u8, fragment: bool, first_fragment: bool, datagram: u64| Packet {
         source: Source::V6(source),
         protocol,
         dest_port: NO_PORT,
@@ -173,6 +209,8 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         unreadable: true,
         port_unknown: true,
         tiny_fragment: first_fragment,
+        first_fragment,
+        datagram,
     };
     // Up to MAX extension headers, then one more turn for the transport header.
     for _ in 0..=MAX_IPV6_EXT_HEADERS {
@@ -180,7 +218,12 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS => {
                 // Next header, then length in 8-byte units not counting the first 8.
                 let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
-                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                    return Ok(unreadable(
+                        UNKNOWN_PROTOCOL,
+                        fragment,
+                        first_fragment,
+                        datagram,
+                    ));
                 };
                 let [following, len] = unsafe { *ext };
                 next = following;
@@ -189,18 +232,30 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             proto::AUTH => {
                 // AH counts its length in 4-byte units, not counting the first 8.
                 let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
-                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                    return Ok(unreadable(
+                        UNKNOWN_PROTOCOL,
+                        fragment,
+                        first_fragment,
+                        datagram,
+                    ));
                 };
                 let [following, len] = unsafe { *ext };
                 next = following;
                 offset += (len as usize + 2) * 4;
             }
             proto::FRAGMENT => {
-                let Ok(ext) = ptr_at::<[u8; 4]>(ctx, offset) else {
-                    return Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment));
+                let Ok(ext) = ptr_at::<[u8; 8]>(ctx, offset) else {
+                    return Ok(unreadable(
+                        UNKNOWN_PROTOCOL,
+                        fragment,
+                        first_fragment,
+                        datagram,
+                    ));
                 };
-                let [following, _, offset_hi, offset_lo] = unsafe { *ext };
+                let [following, _, offset_hi, offset_lo, id0, id1, id2, id3] = unsafe { *ext };
                 fragment = true;
+                datagram =
+                    u64::from(folded) << 32 | u64::from(u32::from_ne_bytes([id0, id1, id2, id3]));
                 next = following;
                 offset += 8;
                 if u16::from_be_bytes([offset_hi, offset_lo]) >> 3 != 0 {
@@ -215,6 +270,8 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         unreadable: false,
                         port_unknown: true,
                         tiny_fragment: false,
+                        first_fragment: false,
+                        datagram,
                     });
                 }
                 // Offset 0 with more to come (not an atomic fragment).
@@ -230,15 +287,22 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         unreadable: false,
                         port_unknown: false,
                         tiny_fragment: false,
+                        first_fragment,
+                        datagram,
                     },
-                    Err(Malformed) => unreadable(next, fragment, first_fragment),
+                    Err(Malformed) => unreadable(next, fragment, first_fragment, datagram),
                 });
             }
         }
     }
     // Still inside the extension-header chain: longer than we walk, so
     // neither protocol nor port is known.
-    Ok(unreadable(UNKNOWN_PROTOCOL, fragment, first_fragment))
+    Ok(unreadable(
+        UNKNOWN_PROTOCOL,
+        fragment,
+        first_fragment,
+        datagram,
+    ))
 }
 
 /// The destination port of a transport header at `offset`, requiring the

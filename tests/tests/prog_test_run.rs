@@ -9,7 +9,7 @@ use limiter::kernel::Datapath;
 use limiter_common::abi::{GlobalCounters, RuleCounters};
 use limiter_tests::{
     frames::{self, Ext},
-    loaded, snapshot,
+    loaded, loaded_object, run_at, snapshot, test_clock_object,
 };
 
 const XDP_DROP: u32 = 1;
@@ -281,6 +281,62 @@ fn fragments() {
     assert_eq!(
         (rule.as_deref(), global.fragments, global.malformed),
         (Some("v6-dns"), 1, 0)
+    );
+}
+
+/// An IPv4 fragment of datagram `id`: the first (offset 0, more to come)
+/// or a later one.
+fn fragment_of(id: u16, dest_port: u16, first: bool) -> Vec<u8> {
+    let whole = frames::udp4(SRC4, dest_port, 20);
+    let mut frame = if first {
+        frames::ipv4_fragment(&whole, true, 0)
+    } else {
+        frames::ipv4_fragment(&whole, false, 185)
+    };
+    frame[frames::L3 + 4..frames::L3 + 6].copy_from_slice(&id.to_be_bytes());
+    frame
+}
+
+/// Later fragments follow their datagram's first fragment: its rule (not
+/// the first rule their source and protocol may match), and its fate.
+#[test]
+fn later_fragments_follow_their_first() {
+    let text = "rules:
+  - { name: dns, match: { source: 198.18.0.0/16, protocol: udp, dest_port: 53 }, limit: { rate: 1, unit: second, burst: 1 } }
+  - { name: rest, match: { source: 198.18.0.0/16 }, limit: unlimited }
+";
+    let mut dp = loaded_object(&test_clock_object(), text);
+    let second = 1_000_000_000;
+    // A datagram to port 80: its first fragment is `rest`'s, and so are
+    // its later ones (alone, they would be charged to `dns`: one passes).
+    assert_eq!(run_at(&mut dp, &fragment_of(1, 80, true), second), XDP_PASS);
+    for _ in 0..3 {
+        assert_eq!(
+            run_at(&mut dp, &fragment_of(1, 80, false), second),
+            XDP_PASS
+        );
+    }
+    let c = *snapshot(&dp).rule("rest").expect("rest");
+    assert_eq!(c.passed_packets, 4);
+    // Datagram 2 spends `dns`'s burst; datagram 3's first fragment is
+    // dropped, and its later fragment too, even once `dns` has budget again.
+    assert_eq!(run_at(&mut dp, &fragment_of(2, 53, true), second), XDP_PASS);
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(3, 53, true), second + 1),
+        XDP_DROP
+    );
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(3, 53, false), 3 * second),
+        XDP_DROP
+    );
+    // A later fragment whose first was never seen is charged to `dns`.
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(4, 53, false), 3 * second),
+        XDP_PASS
+    );
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(5, 80, false), 3 * second),
+        XDP_DROP
     );
 }
 

@@ -1,0 +1,57 @@
+//! Fragments follow their datagram: the rule and the verdict of a
+//! datagram's first fragment (the one with the ports) are remembered by
+//! source and datagram, and its later fragments take the same rule, and
+//! are dropped if it was. A later fragment whose first was not seen (lost,
+//! reordered, forgotten by the LRU) is charged to its source's first rule
+//! that may apply (`match_rule`).
+
+use limiter_common::abi::{FirstFragment, FragmentKey};
+
+use crate::{
+    maps::FRAGMENTS,
+    parse::{Packet, Source},
+};
+
+#[inline(always)]
+fn key(packet: &Packet) -> FragmentKey {
+    let mut source = [0u8; 16];
+    match packet.source {
+        Source::V4(a) => {
+            source[10] = 0xff;
+            source[11] = 0xff;
+            source[12] = a[0];
+            source[13] = a[1];
+            source[14] = a[2];
+            source[15] = a[3];
+        }
+        Source::V6(a) => source = a,
+    }
+    FragmentKey {
+        source,
+        datagram: packet.datagram,
+    }
+}
+
+/// For a later fragment: what became of its datagram's first fragment
+/// under the rules of `generation`, if it was seen. (This and `remember`
+/// are BPF subprograms, called for fragments only: their frames keep the
+/// program's stack within 512 bytes.)
+#[inline(never)]
+pub fn first_of(generation: u32, packet: &Packet) -> Option<FirstFragment> {
+    let first = unsafe { FRAGMENTS.get(key(packet)) }.copied()?;
+    (first.generation == generation).then_some(first)
+}
+
+/// For a first fragment: remembers its rule and whether it was dropped.
+#[inline(never)]
+pub fn remember(generation: u32, packet: &Packet, rule: u32, dropped: bool) {
+    let first = FirstFragment {
+        rule,
+        generation,
+        dropped: u32::from(dropped),
+        _pad: 0,
+    };
+    // A full map evicts the least recent datagram; failing to insert only
+    // means its later fragments are charged without it.
+    let _ = FRAGMENTS.insert(key(packet), first, 0);
+}
