@@ -215,8 +215,9 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     // Up to MAX extension headers, then one more turn for the transport header.
     for _ in 0..=MAX_IPV6_EXT_HEADERS {
         match next {
-            proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS => {
-                // Next header, then length in 8-byte units not counting the first 8.
+            proto::HOP_BY_HOP | proto::ROUTING | proto::DEST_OPTS | proto::AUTH => {
+                // Next header, then the length beyond the first 8 bytes:
+                // in 4-byte units for AH, in 8-byte units for the others.
                 let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
                     return Ok(unreadable(
                         UNKNOWN_PROTOCOL,
@@ -226,22 +227,12 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                     ));
                 };
                 let [following, len] = unsafe { *ext };
-                next = following;
-                offset += (len as usize + 1) * 8;
-            }
-            proto::AUTH => {
-                // AH counts its length in 4-byte units, not counting the first 8.
-                let Ok(ext) = ptr_at::<[u8; 2]>(ctx, offset) else {
-                    return Ok(unreadable(
-                        UNKNOWN_PROTOCOL,
-                        fragment,
-                        first_fragment,
-                        datagram,
-                    ));
+                offset += if next == proto::AUTH {
+                    (len as usize + 2) * 4
+                } else {
+                    (len as usize + 1) * 8
                 };
-                let [following, len] = unsafe { *ext };
                 next = following;
-                offset += (len as usize + 2) * 4;
             }
             proto::FRAGMENT => {
                 let Ok(ext) = ptr_at::<[u8; 8]>(ctx, offset) else {

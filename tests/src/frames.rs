@@ -89,6 +89,8 @@ pub enum Ext {
     HopByHop,
     Routing,
     DestOpts,
+    /// An authentication header with a 12-byte ICV (24 bytes, length 4).
+    Auth,
     /// A fragment header with this offset (8-byte units) and more-fragments flag.
     Fragment {
         offset: u16,
@@ -103,6 +105,7 @@ pub fn ipv6_chain(src: Ipv6Addr, chain: &[Ext], dest_port: u16) -> Vec<u8> {
         Ext::HopByHop => 0,
         Ext::Routing => 43,
         Ext::DestOpts => 60,
+        Ext::Auth => 51,
         Ext::Fragment { .. } => 44,
     };
     let mut payload = Vec::new();
@@ -116,6 +119,11 @@ pub fn ipv6_chain(src: Ipv6Addr, chain: &[Ext], dest_port: u16) -> Vec<u8> {
             }
             // Type 0 routing header with no addresses left.
             Ext::Routing => payload.extend_from_slice(&[next, 0, 0, 0, 0, 0, 0, 0]),
+            // Length in 4-byte units, minus 2: 24 bytes.
+            Ext::Auth => {
+                payload.extend_from_slice(&[next, 4, 0, 0]);
+                payload.extend_from_slice(&[0; 20]);
+            }
             Ext::Fragment { offset, more } => {
                 let field = (offset << 3) | u16::from(*more);
                 payload.extend_from_slice(&[next, 0]);

@@ -181,7 +181,7 @@ fn ipv6_extension_headers() {
         rule_of(&dp, &frames::udp6(SRC6, 53, 10)).as_deref(),
         Some("v6-dns")
     );
-    let chain = [Ext::HopByHop, Ext::Routing, Ext::DestOpts];
+    let chain = [Ext::HopByHop, Ext::Routing, Ext::Auth, Ext::DestOpts];
     assert_eq!(
         rule_of(&dp, &frames::ipv6_chain(SRC6, &chain, 53)).as_deref(),
         Some("v6-dns")
