@@ -147,12 +147,12 @@ fn limit(
     } else {
         None
     };
-    // A key that is one whole address remembers the block epoch at which
-    // its source was last found unblocked (a masked key covers addresses
-    // a block may cover apart); 0 means never, hence the + 1.
     if profile::stop_after(profile::KEY_FOUND) {
         return profile::verdict(state.map_or(0, |s| s as u64));
     }
+    // A key that is one whole address remembers the block epoch at which
+    // its source was last found unblocked (a masked key covers addresses
+    // a block may cover apart); 0 means never, hence the + 1.
     let block_cache = state.filter(|_| whole_address_key(rule, packet));
     let epoch = config.block_epoch.wrapping_add(1);
     if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { (*s).block_epoch } != epoch) {

@@ -99,7 +99,9 @@ fn run() -> Result<()> {
         Task::Bench { quick, sections } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
-            let stages = build_profile_stages()?;
+            // Eight builds of the program: only for a run with the profile.
+            let profile = sections.is_empty() || sections.iter().any(|s| s == "profile");
+            let stages = profile.then(build_profile_stages).transpose()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
             let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
@@ -114,8 +116,10 @@ fn run() -> Result<()> {
             ])
             .args(quick.then_some("--quick"))
             .args(&sections)
-            .env("LIMITER_EBPF_OBJECT", &object)
-            .env("LIMITER_PROFILE_OBJECTS", &stages);
+            .env("LIMITER_EBPF_OBJECT", &object);
+            if let Some(stages) = &stages {
+                xdp.env("LIMITER_PROFILE_OBJECTS", stages);
+            }
             status(&mut xdp)?;
             if quick || !sections.is_empty() {
                 return Ok(());
