@@ -79,14 +79,17 @@ pub const MAX_CANDIDATES: usize = 8;
 /// Datagrams whose first fragment `FRAGMENTS` remembers (an LRU).
 pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
 
-/// A fragmented datagram: its source (IPv4 as `::ffff:a.b.c.d`) and the
+/// A fragmented datagram: its source (a whole-address [`FlowKey`] of rule
+/// 0, so an IPv4 source and its mapped IPv6 address stay apart) and the
 /// rest of what the receiver reassembles by (destination, identification,
 /// and for IPv4 the protocol), packed in `datagram` (IPv4 exactly; IPv6
 /// with its destination folded).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FragmentKey {
-    pub source: [u8; 16],
+    pub source: FlowKey,
+    /// Explicit, so the hashed key has no uninitialised bytes.
+    pub _pad: u32,
     pub datagram: u64,
 }
 
@@ -505,6 +508,7 @@ const _: () = {
     assert!(core::mem::size_of::<Candidate>() == 8);
     assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
     assert!(core::mem::size_of::<FlowKey>() == 20);
+    assert!(core::mem::size_of::<FragmentKey>() == 32);
     assert!(core::mem::size_of::<KeyState>() == 72);
     assert!(core::mem::size_of::<RuleCounters>() == 80);
     assert!(core::mem::size_of::<GlobalCounters>() == 88);

@@ -5,7 +5,7 @@
 //! reordered, forgotten by the LRU) is charged to its source's first rule
 //! that may apply (`match_rule`).
 
-use limiter_common::abi::{FirstFragment, FragmentKey};
+use limiter_common::abi::{FirstFragment, FlowKey, FragmentKey};
 
 use crate::{
     maps::FRAGMENTS,
@@ -14,20 +14,13 @@ use crate::{
 
 #[inline(always)]
 fn key(packet: &Packet) -> FragmentKey {
-    let mut source = [0u8; 16];
-    match packet.source {
-        Source::V4(a) => {
-            source[10] = 0xff;
-            source[11] = 0xff;
-            source[12] = a[0];
-            source[13] = a[1];
-            source[14] = a[2];
-            source[15] = a[3];
-        }
-        Source::V6(a) => source = a,
-    }
+    let source = match packet.source {
+        Source::V4(a) => FlowKey::v4(0, a, [0xff; 4]),
+        Source::V6(a) => FlowKey::v6(0, a, [0xff; 16]),
+    };
     FragmentKey {
         source,
+        _pad: 0,
         datagram: packet.datagram,
     }
 }
