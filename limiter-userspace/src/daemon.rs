@@ -9,7 +9,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
@@ -29,12 +29,13 @@ use crate::{
     },
     engine::{Change, Engine},
     kernel::{
-        self, Attachment, Mode,
+        self, Attachment, Mode, capabilities,
         links::LINKS_DIR,
         pins::{self, PinLock},
         require_root,
     },
-    render::openmetrics,
+    listen::{self, AcceptErrors, Limits, Slots},
+    render::openmetrics::{self, Format},
     rules::{self, RuleSet},
 };
 
@@ -55,6 +56,14 @@ pub struct DaemonConfig {
     /// Re-apply the rule file when it changes on disk.
     #[serde(default)]
     pub watch: bool,
+    /// The metrics endpoint's connection cap and header deadline.
+    #[serde(default)]
+    pub metrics_listener: Limits,
+    /// The control socket's connection cap, and how long a client may take
+    /// to send a whole request (each connection may buffer a 4 MiB rule
+    /// file, hence a lower cap).
+    #[serde(default = "default_control_listener")]
+    pub control_listener: Limits,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -77,6 +86,13 @@ fn default_metrics() -> String {
     "127.0.0.1:9464".into()
 }
 
+fn default_control_listener() -> Limits {
+    Limits {
+        max_connections: 16,
+        ..Limits::default()
+    }
+}
+
 impl DaemonConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let mut config: Self = crate::yaml::load(path)?;
@@ -96,10 +112,12 @@ impl DaemonConfig {
         if self.metrics == "off" {
             return Ok(None);
         }
-        let addr: SocketAddr = self
-            .metrics
-            .parse()
-            .with_context(|| format!("metrics: {:?} is not host:port or `off`", self.metrics))?;
+        let addr: SocketAddr = self.metrics.parse().with_context(|| {
+            format!(
+                "metrics: {} is not host:port or `off`",
+                crate::yaml::quoted(&self.metrics)
+            )
+        })?;
         if !addr.ip().is_loopback() {
             tracing::warn!(
                 "metrics listen on {addr}, which is not a loopback address (as configured)"
@@ -111,12 +129,29 @@ impl DaemonConfig {
 
 /// State shared by the daemon's tasks.
 struct Shared {
+    /// Held only by blocking tasks; see [`Shared::engine`].
     engine: Mutex<Engine>,
     config: DaemonConfig,
     attachments: Vec<Attachment>,
     generation: AtomicU64,
     tracked_keys: AtomicU64,
     shutdown: Notify,
+}
+
+impl Shared {
+    /// The engine, also after a task panicked while holding it: the engine
+    /// writes a rule set into the inactive generation and flips to it last,
+    /// so an interrupted change leaves the one in force whole, and a dead
+    /// control plane would be worse than going on.
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|poisoned| {
+            tracing::error!(
+                "a task panicked while changing the rules; the rules in force are unchanged"
+            );
+            self.engine.clear_poison();
+            poisoned.into_inner()
+        })
+    }
 }
 
 pub fn run(config_path: &Path) -> Result<()> {
@@ -170,13 +205,23 @@ async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(scrape))
             .with_state(Arc::clone(&shared));
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("metrics server: {e}");
-            }
-        });
+        tokio::spawn(listen::serve_http(
+            listener,
+            shared.config.metrics_listener,
+            "metrics",
+            move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
+        ));
     }
+    // Everything that needed more than the program's own capabilities is
+    // done: loaded, attached, bound.
+    let kept = capabilities::keep_only_needed().context("dropping capabilities")?;
+    let mut kept: Vec<String> = kept.iter().map(ToString::to_string).collect();
+    kept.sort();
+    tracing::info!("running with {} only", kept.join(", "));
     tokio::spawn(housekeeping(Arc::clone(&shared)));
+    let control = shared.config.control_listener;
+    let slots = Slots::new(control.max_connections);
+    let mut accept_errors = AcceptErrors::new("control socket");
     let mut hangup = signal(SignalKind::hangup())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
@@ -184,16 +229,21 @@ async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Some(slot) = slots.take() else {
+                        tokio::spawn(control::server::refuse(stream, control.max_connections));
+                        continue;
+                    };
                     let shared = Arc::clone(&shared);
                     tokio::spawn(async move {
-                        control::server::serve_connection(stream, |request| {
+                        let _slot = slot;
+                        control::server::serve_connection(stream, control.header_timeout, |request| {
                             let shared = Arc::clone(&shared);
                             async move { handle(&shared, request).await.unwrap_or_else(Response::error) }
                         })
                         .await;
                     });
                 }
-                Err(e) => tracing::warn!("control socket: {e}"),
+                Err(e) => accept_errors.back_off(&e).await,
             },
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: re-applying {}", shared.config.rules.display());
@@ -232,7 +282,7 @@ async fn apply(shared: &Arc<Shared>, text: String, origin: String) -> Result<Cha
     let shared = Arc::clone(shared);
     tokio::task::spawn_blocking(move || {
         let rules = RuleSet::parse(&text, Path::new(&origin))?;
-        let change = shared.engine.lock().expect("engine lock").apply(rules)?;
+        let change = shared.engine().apply(rules)?;
         shared.generation.fetch_add(1, Ordering::Relaxed);
         log_change(&origin, &change);
         Ok(change)
@@ -262,7 +312,7 @@ async fn housekeeping(shared: Arc<Shared>) {
         ticks += 1;
         let work = Arc::clone(&shared);
         let _ = tokio::task::spawn_blocking(move || {
-            let mut engine = work.engine.lock().expect("engine lock");
+            let mut engine = work.engine();
             if let Err(e) = engine.remove_expired_blocks() {
                 tracing::warn!("removing expired blocks: {e:#}");
             }
@@ -292,28 +342,30 @@ async fn housekeeping(shared: Arc<Shared>) {
 
 async fn scrape(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
 ) -> impl axum::response::IntoResponse {
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
     let result = tokio::task::spawn_blocking(move || {
-        let engine = shared.engine.lock().expect("engine lock");
+        let engine = shared.engine();
         let snapshot = engine.snapshot()?;
         let blocks = engine.blocks()?.len() as u64;
-        anyhow::Ok(openmetrics::render(
+        anyhow::Ok(format.encode(openmetrics::render(
             &snapshot,
             openmetrics::DaemonGauges {
                 ruleset_generation: shared.generation.load(Ordering::Relaxed),
                 tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
                 blocks,
             },
-        ))
+        )))
     })
     .await;
     match result {
         Ok(Ok(body)) => (
             axum::http::StatusCode::OK,
-            [(
-                axum::http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
+            [(axum::http::header::CONTENT_TYPE, format.content_type())],
             body,
         ),
         Ok(Err(e)) => (
@@ -385,5 +437,5 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&mut Engine) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let shared = Arc::clone(shared);
-    tokio::task::spawn_blocking(move || f(&mut shared.engine.lock().expect("engine lock"))).await?
+    tokio::task::spawn_blocking(move || f(&mut shared.engine())).await?
 }

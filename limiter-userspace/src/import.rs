@@ -105,7 +105,7 @@ fn convert(
         return;
     }
     if d.key != "remote_address" {
-        skipped.push(format!("{shown}: key {:?} is not the client address (remote_address); use the L7 library's key extractor", d.key));
+        skipped.push(format!("{shown}: key {} is not the client address (remote_address); use the L7 library's key extractor", crate::yaml::quoted(&d.key)));
         return;
     }
     let source = match &d.value {
@@ -145,7 +145,8 @@ fn convert(
     let unit = unit.to_ascii_lowercase();
     if !["second", "minute", "hour", "day"].contains(&unit.as_str()) {
         skipped.push(format!(
-            "{shown}: unit {unit:?} (only second, minute, hour and day convert)"
+            "{shown}: unit {} (only second, minute, hour and day convert)",
+            crate::yaml::quoted(&unit)
         ));
         return;
     }

@@ -16,6 +16,7 @@ pub mod http;
 pub mod import;
 pub mod kernel;
 pub mod lab;
+pub mod listen;
 pub mod render;
 pub mod rules;
 pub mod session;

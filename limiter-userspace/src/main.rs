@@ -134,7 +134,17 @@ enum Command {
         /// Largest request header block accepted (bytes); larger gets 431.
         #[arg(long, default_value_t = 16384)]
         max_header_bytes: usize,
-        /// Time the upstream has to answer before the client gets 502.
+        /// Connections served at once; one more gets 503.
+        #[arg(long, default_value_t = 1024)]
+        max_connections: usize,
+        /// Largest request body (bytes); larger gets 413.
+        #[arg(long, default_value_t = 10 << 20)]
+        max_body_bytes: u64,
+        /// Longest pause in a request body before the client gets 408.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        body_timeout: Duration,
+        /// Time the upstream has to answer, once it has the whole request,
+        /// before the client gets 502.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         upstream_timeout: Duration,
         /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
@@ -199,6 +209,16 @@ enum OnOff {
     Off,
 }
 
+impl Command {
+    /// Whether the command serves sockets (or cleans up when it ends).
+    fn serves(&self) -> bool {
+        matches!(
+            self,
+            Self::Run { .. } | Self::Daemon { .. } | Self::Proxy { .. } | Self::Lab { .. }
+        )
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -210,7 +230,15 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !command.serves() {
+        // A reader that went away (`limiter check | head`) ends a command
+        // quietly, as it ends other Unix tools. Servers keep Rust's ignored
+        // SIGPIPE: a client hanging up is an EPIPE on its own socket.
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    let result = match command {
         Command::Run {
             ifaces,
             config,
@@ -261,6 +289,9 @@ fn main() -> ExitCode {
             key_header,
             header_timeout,
             max_header_bytes,
+            max_connections,
+            max_body_bytes,
+            body_timeout,
             upstream_timeout,
             metrics,
         } => commands::proxy(
@@ -273,6 +304,9 @@ fn main() -> ExitCode {
                 ),
                 header_timeout,
                 max_header_bytes,
+                max_connections,
+                max_body_bytes,
+                body_timeout,
                 upstream_timeout,
                 metrics,
             },

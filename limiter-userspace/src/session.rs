@@ -53,6 +53,9 @@ impl Session {
         }
         pins::ensure_bpffs()?;
         let lock = PinLock::acquire(pin_dir)?;
+        // Refused, not cleaned up: another user's directory is not ours to
+        // delete, and what is in it is not ours to trust.
+        pins::private_dir(pin_dir)?;
         if pin_dir.join(LINKS_DIR).exists() {
             bail!(
                 "{} holds a daemon's pinned state (links that keep enforcing); \

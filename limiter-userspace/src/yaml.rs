@@ -41,6 +41,37 @@ impl fmt::Display for InvalidFile {
     }
 }
 
+/// The most of a rejected value an error shows: enough to find it, not
+/// enough for a 10 MB value to flood a terminal, a log or a socket.
+const SHOWN: usize = 64;
+
+/// `text` quoted for an error message, cut after [`SHOWN`] bytes (at a
+/// character boundary) with how much was left out.
+pub fn quoted(text: &str) -> String {
+    if text.len() <= SHOWN {
+        return format!("{text:?}");
+    }
+    let cut = (0..=SHOWN)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{:?}… ({} bytes)", &text[..cut], text.len())
+}
+
+/// A message cut to a few lines' length: the parser's own messages may
+/// quote a value whole (`unknown variant `...``).
+fn bounded(message: String) -> String {
+    const MAX: usize = 4 * SHOWN;
+    if message.len() <= MAX {
+        return message;
+    }
+    let cut = (0..=MAX)
+        .rev()
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… ({} bytes)", &message[..cut], message.len())
+}
+
 /// How YAML is read: plain errors (no source snippet), YAML 1.2 booleans
 /// only (`on` and `no` are strings), and no `<<` merge keys (a rule file
 /// says what it means where it says it).
@@ -89,9 +120,11 @@ pub fn parse<T: DeserializeOwned>(text: &str, origin: &Path) -> Result<T, Invali
                 .map(|l| l.line() as usize)
                 .filter(|&l| l > 0),
             field: path,
-            message: serde_saphyr::DefaultMessageFormatter
-                .format_message(&error)
-                .into_owned(),
+            message: bounded(
+                serde_saphyr::DefaultMessageFormatter
+                    .format_message(&error)
+                    .into_owned(),
+            ),
         }
     })
 }
@@ -273,7 +306,18 @@ impl<'de> Deserialize<'de> for Key {
 
 #[cfg(test)]
 mod tests {
-    use super::Lines;
+    use super::{Lines, quoted};
+
+    #[test]
+    fn long_values_are_cut_in_errors() {
+        assert_eq!(quoted("10.0.0.0/33"), "\"10.0.0.0/33\"");
+        let long = "é".repeat(5_000_000);
+        let shown = quoted(&long);
+        assert!(
+            shown.len() < 100 && shown.ends_with("… (10000000 bytes)"),
+            "{shown}"
+        );
+    }
 
     /// Guards the lines of fields found after parsing: a field's line is
     /// its key's, also when its value is a block starting on the next line.

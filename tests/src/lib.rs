@@ -387,11 +387,26 @@ pub struct Daemon {
     pub metrics_port: u16,
     netns: String,
     starts: usize,
+    /// A command the daemon runs under (`setpriv ...`), if any.
+    wrapper: Vec<String>,
 }
 
 impl Daemon {
     /// Writes a daemon config for `iface` and `rules`, and starts it.
     pub fn start(lab: &Lab, name: &str, ifaces: &[&str], rules: &str) -> Result<Self> {
+        Self::start_with(lab, name, ifaces, rules, "", &[])
+    }
+
+    /// [`Daemon::start`] with more lines of daemon configuration, under
+    /// `wrapper` (a command that execs the rest of its arguments).
+    pub fn start_with(
+        lab: &Lab,
+        name: &str,
+        ifaces: &[&str],
+        rules: &str,
+        extra_config: &str,
+        wrapper: &[String],
+    ) -> Result<Self> {
         let dir = TempDir::new(name);
         dir.write("rules.yaml", rules);
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{name}"));
@@ -404,7 +419,7 @@ impl Daemon {
         dir.write(
             "daemon.yaml",
             &format!(
-                "rules: rules.yaml\ninterfaces: [{}]\npin_dir: {}\nsocket: {}\nmetrics: 127.0.0.1:{metrics_port}\n",
+                "rules: rules.yaml\ninterfaces: [{}]\npin_dir: {}\nsocket: {}\nmetrics: 127.0.0.1:{metrics_port}\n{extra_config}",
                 interfaces.join(", "),
                 pin_dir.display(),
                 socket.display()
@@ -419,6 +434,7 @@ impl Daemon {
             metrics_port,
             netns: lab.rx.name().to_owned(),
             starts: 0,
+            wrapper: wrapper.to_vec(),
         };
         daemon.spawn()?;
         Ok(daemon)
@@ -429,14 +445,19 @@ impl Daemon {
         self.starts += 1;
         let log = fs::File::create(self.log_path())?;
         let config = self.dir.0.join("daemon.yaml");
-        let child = limiter_command(
-            Some(&self.netns),
-            &["daemon", "--config", &config.to_string_lossy()],
-        )
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("spawning limiter daemon")?;
+        let limiter = limiter_bin();
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .args(&self.wrapper)
+            .arg(limiter)
+            .args(["daemon", "--config", &config.to_string_lossy()])
+            .stdin(Stdio::null());
+        let child = command
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawning limiter daemon")?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !limiter::control::Client::new(&self.socket).daemon_running() {
@@ -453,6 +474,11 @@ impl Daemon {
 
     fn log_path(&self) -> PathBuf {
         self.dir.0.join(format!("daemon-{}.log", self.starts))
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// What the current process logged.
@@ -523,6 +549,33 @@ pub fn ok(output: std::process::Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// One HTTP/1.0 GET with extra header lines from inside a namespace;
+/// returns the status line and header block, and the body, whatever the
+/// status.
+pub fn http_request(
+    ns: &limiter::lab::Netns,
+    port: u16,
+    path: &str,
+    headers: &str,
+) -> Result<(String, String)> {
+    use std::io::{Read, Write};
+    let (path, headers) = (path.to_owned(), headers.to_owned());
+    ns.enter(move || -> Result<(String, String)> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .context("no HTTP header end")?;
+        Ok((head.to_owned(), body.to_owned()))
+    })?
 }
 
 /// One HTTP GET from inside a namespace; returns the body.

@@ -14,7 +14,7 @@ use std::{
 
 use limiter::lab::{Lab, RX_IFACE};
 use limiter_tests::{
-    Daemon, assert_close, assert_within, flood, http_get, ok, sources, xdp_attached,
+    Daemon, assert_close, assert_within, flood, http_request, ok, sources, xdp_attached,
 };
 
 fn v4(n: u8, third: u8) -> Vec<IpAddr> {
@@ -381,7 +381,15 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
         &sources(&lab, 0, &all, 1000, 64),
         Duration::from_secs(2),
     );
-    let body = http_get(&lab.rx, daemon.metrics_port, "/metrics").expect("scrape");
+    // As Prometheus asks: OpenMetrics (host.rs checks the classic format).
+    let (head, body) = http_request(
+        &lab.rx,
+        daemon.metrics_port,
+        "/metrics",
+        "Accept: application/openmetrics-text;version=1.0.0\r\n",
+    )
+    .expect("scrape");
+    assert!(head.contains(" 200 "), "{head}");
     let samples = parse_openmetrics(&body);
     let sample = |name: &str, labels: &[(&str, &str)]| -> f64 {
         samples

@@ -13,10 +13,13 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 3] = [
+const PACKAGES: [(&str, &str); 5] = [
     ("ip", "iproute2"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
+    // `systemd-analyze security` rates the unit (no running systemd needed).
+    ("systemd-analyze", "systemd"),
+    ("setpriv", "util-linux"),
 ];
 
 /// bpf-linker releases that build with the toolchains here.
@@ -25,7 +28,51 @@ const BPF_LINKER_VERSION: &str = "^0.13";
 pub fn all() -> Result<()> {
     toolchain()?;
     packages()?;
+    promtool()?;
     python_modules()
+}
+
+/// Where `promtool` goes.
+const PROMTOOL: &str = "/usr/local/bin/promtool";
+
+/// `promtool check metrics` checks our exposition as Prometheus reads it.
+/// It comes in Debian's `prometheus` package, whose installation would
+/// start a Prometheus server listening on every address: only the tool is
+/// taken out of the package, and nothing runs.
+fn promtool() -> Result<()> {
+    if on_path("promtool") {
+        return Ok(());
+    }
+    step("installing promtool (from Debian's prometheus package, without the server)");
+    let dir = std::env::temp_dir().join(format!("limiter-promtool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| {
+        status(
+            Command::new("apt-get")
+                .arg("update")
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+        status(
+            Command::new("apt-get")
+                .args(["download", "prometheus"])
+                .current_dir(&dir),
+        )?;
+        let deb = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "deb"))
+            .context("apt-get download left no .deb")?;
+        status(
+            Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(&deb)
+                .arg(dir.join("root")),
+        )?;
+        std::fs::copy(dir.join("root/usr/bin/promtool"), PROMTOOL)
+            .with_context(|| format!("copying promtool to {PROMTOOL}"))?;
+        anyhow::Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// Python modules the tests use: the Prometheus project's own client

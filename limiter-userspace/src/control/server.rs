@@ -1,9 +1,11 @@
-//! The socket side of the protocol: a root-only (0600) Unix socket, one
-//! JSON request per line, one response per line. Malformed, unknown and
-//! oversized requests get an error response and never reach the handler;
-//! an oversized line (or `detach`) also ends the connection.
+//! The socket side of the protocol: a root-only (0600) Unix socket in a
+//! root-only directory, one JSON request per line, one response per line.
+//! Malformed, unknown and oversized requests get an error response and
+//! never reach the handler; an oversized line (or `detach`) also ends the
+//! connection, as does a request not complete within the deadline. The
+//! connections served at once are capped by the caller ([`refuse`]).
 
-use std::{future::Future, path::Path};
+use std::{future::Future, path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use futures_util::{SinkExt, StreamExt};
@@ -17,7 +19,8 @@ use super::protocol::{MAX_REQUEST, Request, Response};
 /// (not chmod after bind, which would leave a window).
 pub fn bind(socket: &Path) -> Result<UnixListener> {
     if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)?;
+        // Whoever can write in the directory can replace the socket.
+        crate::kernel::pins::private_dir(dir)?;
     }
     let _ = std::fs::remove_file(socket);
     let old = umask(Mode::from_bits_truncate(0o177));
@@ -27,14 +30,28 @@ pub fn bind(socket: &Path) -> Result<UnixListener> {
 }
 
 /// Answers the requests of one connection with `handle` until the client
-/// hangs up.
-pub async fn serve_connection<F, Fut>(stream: UnixStream, handle: F)
+/// hangs up, or takes longer than `deadline` to send a whole request (or
+/// to take an answer).
+pub async fn serve_connection<F, Fut>(stream: UnixStream, deadline: Duration, handle: F)
 where
     F: Fn(Request) -> Fut,
     Fut: Future<Output = Response>,
 {
     let mut lines = Framed::new(stream, LinesCodec::new_with_max_length(MAX_REQUEST));
-    while let Some(line) = lines.next().await {
+    loop {
+        let line = match tokio::time::timeout(deadline, lines.next()).await {
+            Ok(Some(line)) => line,
+            Ok(None) => break,
+            Err(_) => {
+                let late = Response::error(format!(
+                    "no complete request within {}; closing",
+                    humantime::format_duration(deadline)
+                ));
+                let text = serde_json::to_string(&late).expect("a response serializes");
+                let _ = tokio::time::timeout(deadline, lines.send(text)).await;
+                break;
+            }
+        };
         let (response, last) = match line {
             Ok(line) => match serde_json::from_str::<Request>(&line) {
                 Ok(request) => {
@@ -47,8 +64,19 @@ where
             Err(e) => (Response::error(format!("bad request: {e}")), true),
         };
         let text = serde_json::to_string(&response).expect("a response serializes");
-        if lines.send(text).await.is_err() || last {
+        let sent = tokio::time::timeout(deadline, lines.send(text)).await;
+        if !matches!(sent, Ok(Ok(()))) || last {
             break;
         }
     }
+}
+
+/// Tells a client beyond the connection cap so, and hangs up.
+pub async fn refuse(stream: UnixStream, max: usize) {
+    let mut lines = Framed::new(stream, LinesCodec::new());
+    let busy = Response::error(format!(
+        "the daemon is serving {max} control connections already; try again"
+    ));
+    let text = serde_json::to_string(&busy).expect("a response serializes");
+    let _ = tokio::time::timeout(Duration::from_secs(1), lines.send(text)).await;
 }

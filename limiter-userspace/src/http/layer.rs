@@ -12,7 +12,7 @@ use std::{
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use super::{Admission, Limiter};
+use super::{Admission, BodyMeter, Limiter, RequestMeta};
 
 /// What identifies a client.
 #[derive(Clone)]
@@ -33,9 +33,28 @@ pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<Vec<u8>> + Send + S
 /// What a request costs against byte limits.
 #[derive(Clone)]
 pub enum CostBy {
-    /// Its `Content-Length` (0 without one).
+    /// Its `Content-Length`; a body without one (chunked) is charged as it
+    /// streams, by whoever reads it ([`BodyCharge`]).
     ContentLength,
     Custom(Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>),
+}
+
+/// Inserted into an admitted request whose body its rule's byte limits
+/// charge as it streams (a chunked upload: its size was not known when it
+/// was admitted). Whoever reads the body calls [`BodyCharge::charge`] for
+/// each chunk and stops reading when it refuses (`limiter proxy` answers
+/// 429 and cuts the upload short).
+#[derive(Clone)]
+pub struct BodyCharge {
+    limiter: Arc<Limiter>,
+    meter: BodyMeter,
+}
+
+impl BodyCharge {
+    /// Charges `n` more body bytes; `false`: over the limit, stop.
+    pub fn charge(&self, n: u64) -> bool {
+        self.limiter.charge_body(&self.meter, n)
+    }
 }
 
 /// The client's address, inserted by whoever accepted the connection.
@@ -108,8 +127,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        let admission = self.admit(&request);
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let (admission, body_charge) = self.admit(&request);
+        if let Some(charge) = body_charge {
+            request.extensions_mut().insert(charge);
+        }
         if !admission.allowed {
             let mut response = Response::new(R::from(format!(
                 "429 Too Many Requests: rate limited by rule {:?}\n",
@@ -132,7 +154,7 @@ where
 }
 
 impl<S> RateLimit<S> {
-    fn admit<B>(&self, request: &Request<B>) -> Admission {
+    fn admit<B>(&self, request: &Request<B>) -> (Admission, Option<BodyCharge>) {
         let extensions = request.extensions();
         let client = extensions
             .get::<ClientAddr>()
@@ -153,19 +175,34 @@ impl<S> RateLimit<S> {
             KeyBy::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
             KeyBy::Custom(f) => f(&parts),
         };
+        let length = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         let bytes = match &self.config.cost_by {
-            CostBy::ContentLength => parts
-                .headers
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(0),
+            CostBy::ContentLength => length.unwrap_or(0),
             CostBy::Custom(f) => f(&parts),
         };
-        self.config.limiter.check(&super::RequestMeta {
+        let meta = RequestMeta {
             client,
             port: self.config.port,
             key: key.as_deref(),
             bytes,
-        })
+        };
+        let limiter = &self.config.limiter;
+        let admission = limiter.check(&meta);
+        // HTTP/1.1: a request without Content-Length has a body only if it
+        // says how it is framed (Transfer-Encoding).
+        let streams = matches!(self.config.cost_by, CostBy::ContentLength)
+            && length.is_none()
+            && parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        let charge = (admission.allowed && streams)
+            .then(|| limiter.body_meter(&meta))
+            .flatten()
+            .map(|meter| BodyCharge {
+                limiter: Arc::clone(limiter),
+                meter,
+            });
+        (admission, charge)
     }
 }

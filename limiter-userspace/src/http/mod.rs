@@ -28,7 +28,7 @@ use limiter_common::{
 };
 use serde::Serialize;
 
-pub use layer::{ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
+pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
 
 use crate::rules::{
     Algorithm, Fallback, Limit, Rate, Rates, Rule, RuleSet,
@@ -101,6 +101,10 @@ pub struct HttpCounters {
     pub passed: AtomicU64,
     pub dropped: AtomicU64,
     pub shadow: AtomicU64,
+    /// Admitted requests whose streaming body a byte limit cut short.
+    pub bodies_cut: AtomicU64,
+    /// The same under a dry run: counted, not cut.
+    pub shadow_bodies: AtomicU64,
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
@@ -132,11 +136,41 @@ fn evict_least_recent(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize) {
 }
 
 /// A key's identity: the rule's index and either the masked client address
-/// (no allocation) or the caller's key bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// or a digest of the caller's key. A digest, not the bytes: a client
+/// sending 8 KB header values would otherwise make every key cost 8 KB.
+/// Keyed per process (as std's maps are), so no one can aim two keys at
+/// one digest; 128 bits, so no two keys meet by chance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum KeyBytes {
     Addr([u8; 16]),
-    Custom(Box<[u8]>),
+    Custom([u8; 16]),
+}
+
+/// Two independently keyed SipHash instances: a 128-bit keyed digest.
+struct KeyDigest([std::hash::RandomState; 2]);
+
+impl KeyDigest {
+    fn new() -> Self {
+        Self([std::hash::RandomState::new(), std::hash::RandomState::new()])
+    }
+
+    fn of(&self, key: &[u8]) -> [u8; 16] {
+        use std::hash::BuildHasher;
+        let [a, b] = &self.0;
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&a.hash_one(key).to_ne_bytes());
+        out[8..].copy_from_slice(&b.hash_one(key).to_ne_bytes());
+        out
+    }
+}
+
+/// The byte meters of an admitted request whose size was unknown when it
+/// was admitted (a chunked upload, no `Content-Length`): its body is
+/// charged as it streams ([`Limiter::charge_body`]).
+#[derive(Clone)]
+pub struct BodyMeter {
+    index: usize,
+    state: Arc<State>,
 }
 
 type StateKey = (usize, KeyBytes);
@@ -149,6 +183,7 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     /// By (rule index, key).
     keys: Mutex<HashMap<StateKey, Arc<State>>>,
+    digest: KeyDigest,
     aggregates: Vec<State>,
     pub counters: Vec<HttpCounters>,
 }
@@ -168,6 +203,7 @@ impl Limiter {
             rules,
             clock,
             keys: Mutex::new(HashMap::new()),
+            digest: KeyDigest::new(),
         }
     }
 
@@ -180,16 +216,65 @@ impl Limiter {
         self.keys.lock().expect("key map lock").len()
     }
 
-    /// Meters one request and decides.
-    pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
-        // A dual-stack listener sees IPv4 clients as `::ffff:a.b.c.d`:
-        // they are IPv4 clients, under IPv4 rules and IPv4 keys.
-        let request = &RequestMeta {
+    /// The rule that applies to `request`, if any. A dual-stack listener
+    /// sees IPv4 clients as `::ffff:a.b.c.d`: they are IPv4 clients, under
+    /// IPv4 rules and IPv4 keys.
+    fn rule_of<'r>(&self, request: &RequestMeta<'r>) -> (RequestMeta<'r>, Option<usize>) {
+        let request = RequestMeta {
             client: request.client.to_canonical(),
             ..*request
         };
-        let Some(index) = first_match(&self.rules, &self.order, request.client, 6, request.port)
-        else {
+        let index = first_match(&self.rules, &self.order, request.client, 6, request.port);
+        (request, index)
+    }
+
+    /// The byte meters that will charge `request`'s body as it streams, if
+    /// its rule limits bytes (see [`BodyMeter`]).
+    pub fn body_meter(&self, request: &RequestMeta<'_>) -> Option<BodyMeter> {
+        let (request, index) = self.rule_of(request);
+        let index = index?;
+        let rule = &self.rules.rules[index];
+        let Limit::Metered { bytes, .. } = rule.limit else {
+            return None;
+        };
+        let aggregate_bytes = rule.aggregate.and_then(|a| a.bytes);
+        if (bytes.is_none() && aggregate_bytes.is_none()) || rule.delay.is_some() {
+            return None;
+        }
+        let state = self.state(index, rule, &request, self.clock.monotonic_ns());
+        Some(BodyMeter { index, state })
+    }
+
+    /// Charges `n` more bytes of a streaming body to its key's and its
+    /// rule's byte limits, all or none: `false` when they refuse (under a
+    /// dry run, counted as shadow excess and allowed).
+    pub fn charge_body(&self, meter: &BodyMeter, n: u64) -> bool {
+        let rule = &self.rules.rules[meter.index];
+        let Limit::Metered { bytes, .. } = rule.limit else {
+            return true;
+        };
+        let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
+        rates[order::KEY_BYTES] = bytes;
+        rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
+        let monotonic = self.clock.monotonic_ns();
+        let aggregate = &self.aggregates[meter.index];
+        if self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic) {
+            return true;
+        }
+        let counters = &self.counters[meter.index];
+        if rule.shadow {
+            counters.shadow_bodies.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.bodies_cut.fetch_add(1, Ordering::Relaxed);
+        }
+        rule.shadow
+    }
+
+    /// Meters one request and decides.
+    pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
+        let (request, index) = self.rule_of(request);
+        let request = &request;
+        let Some(index) = index else {
             let allowed = self.rules.default == Fallback::Pass;
             return Admission {
                 allowed,
@@ -230,22 +315,11 @@ impl Limiter {
                 1
             }
         };
-        // Each state keeps its packet meter, then its byte meter.
-        let (key_state, aggregate_state) = (&*state, aggregate);
-        let state_of = |i: usize| {
-            if order::is_aggregate(i) {
-                aggregate_state
-            } else {
-                key_state
-            }
-        };
-        let pair = |i: usize| usize::from(order::charges_bytes(i));
         let mut delay_ns = 0;
-        let allowed = match rule.algorithm {
-            Algorithm::Gcra if rule.delay.is_some() => {
+        let allowed = match (rule.algorithm, rule.delay) {
+            (Algorithm::Gcra, Some(delay)) => {
                 // Validation allows pacing only on a lone packet meter.
-                let max =
-                    u64::try_from(rule.delay.unwrap_or_default().as_nanos()).unwrap_or(u64::MAX);
+                let max = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
                 let gcra = packets.as_ref().map(|m| m.gcra).unwrap_or_default();
                 let now = self.clock.monotonic_ns();
                 match acquire_delayed(&state.cells[0], &gcra, now, 1, max) {
@@ -256,6 +330,45 @@ impl Limiter {
                     None => false,
                 }
             }
+            _ => self.meter(rule, &state, aggregate, &rates, &cost, monotonic),
+        };
+        let counters = &self.counters[index];
+        let shadow = !allowed && rule.shadow;
+        match (allowed, shadow) {
+            (true, _) => counters.passed.fetch_add(1, Ordering::Relaxed),
+            (false, true) => counters.shadow.fetch_add(1, Ordering::Relaxed),
+            (false, false) => counters.dropped.fetch_add(1, Ordering::Relaxed),
+        };
+        Admission {
+            allowed: allowed || shadow,
+            shadow,
+            rule: Some(Arc::clone(&self.names[index])),
+            quota: packets.map(|m| self.quota(rule, &m, &state, monotonic)),
+            delay_ns,
+        }
+    }
+
+    /// Charges `cost(i)` to each meter `i` that `rates` names (in
+    /// [`order`]) with the rule's algorithm, all or none; whether allowed.
+    fn meter(
+        &self,
+        rule: &Rule,
+        state: &State,
+        aggregate: &State,
+        rates: &[Option<Rate>; order::METERS],
+        cost: &dyn Fn(usize) -> u64,
+        monotonic: u64,
+    ) -> bool {
+        // Each state keeps its packet meter, then its byte meter.
+        let state_of = |i: usize| {
+            if order::is_aggregate(i) {
+                aggregate
+            } else {
+                state
+            }
+        };
+        let pair = |i: usize| usize::from(order::charges_bytes(i));
+        match rule.algorithm {
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
                 let mut key_logs = state.logs.lock().expect("log lock");
@@ -312,20 +425,6 @@ impl Limiter {
                 });
                 windows_all(charges, now, sliding).outcome == Outcome::Allowed
             }
-        };
-        let counters = &self.counters[index];
-        let shadow = !allowed && rule.shadow;
-        match (allowed, shadow) {
-            (true, _) => counters.passed.fetch_add(1, Ordering::Relaxed),
-            (false, true) => counters.shadow.fetch_add(1, Ordering::Relaxed),
-            (false, false) => counters.dropped.fetch_add(1, Ordering::Relaxed),
-        };
-        Admission {
-            allowed: allowed || shadow,
-            shadow,
-            rule: Some(Arc::clone(&self.names[index])),
-            quota: packets.map(|m| self.quota(rule, &m, &state, monotonic)),
-            delay_ns,
         }
     }
 
@@ -334,7 +433,7 @@ impl Limiter {
     /// the kernel masks it.
     fn state(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>, now: u64) -> Arc<State> {
         let key = match request.key {
-            Some(key) => KeyBytes::Custom(key.into()),
+            Some(key) => KeyBytes::Custom(self.digest.of(key)),
             None => {
                 let mask = key_masks(rule);
                 let flow = match request.client {

@@ -2,27 +2,39 @@
 //! file to requests before forwarding them, so an operator gets L7 limits
 //! without writing code.
 //!
-//! Bad clients cannot tie it up: headers must arrive within the header
-//! timeout (slow senders are cut off), header blocks are bounded (larger
-//! ones get 431), malformed requests get 400, and a client that drops its
-//! connection only ends that connection's task. An upstream that cannot be
-//! reached gets the client a 502; that request was already charged, since
+//! Bad clients cannot tie it up: connections are capped (one more gets
+//! 503), headers must arrive within the header timeout (slow senders and
+//! idle keep-alive connections are cut off), header blocks are bounded
+//! (larger ones get 431), malformed requests get 400, a body must keep
+//! arriving (408 when it stalls) and stay under a size cap (413), and a
+//! client that drops its connection only ends that connection's task.
+//! A chunked upload under a byte limit is charged as it streams and cut
+//! (429) when over. CONNECT is refused (405): this is not a forward proxy.
+//! An upstream that cannot be reached gets the client a 502, which says
+//! nothing of why (the log does); that request was already charged, since
 //! the limiter decides before forwarding.
+
+mod upload;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use axum::body::Body;
-use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use hyper::body::Incoming;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioIo, TokioTimer},
+    rt::TokioExecutor,
 };
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use super::{ClientAddr, KeyBy, Limiter, RateLimitLayer};
+use self::upload::{Cut, Upload};
+use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer};
+use crate::{
+    listen::{self, Limits},
+    render::openmetrics::Format,
+};
 
 /// Proxy settings.
 pub struct Options {
@@ -33,17 +45,26 @@ pub struct Options {
     pub header_timeout: Duration,
     /// The largest request header block, in bytes.
     pub max_header_bytes: usize,
-    /// How long the upstream may take to answer.
+    /// Connections served at once (the metrics listener allows 64).
+    pub max_connections: usize,
+    /// The largest request body, in bytes.
+    pub max_body_bytes: u64,
+    /// How long a request body may pause between two chunks.
+    pub body_timeout: Duration,
+    /// How long the upstream may take to answer, once it has the request.
     pub upstream_timeout: Duration,
     /// Where to serve `/metrics` (loopback unless configured otherwise).
     pub metrics: Option<SocketAddr>,
 }
 
-/// Renders the limiter's metrics exposition (the caller chooses the format).
+/// Renders the limiter's metrics exposition, as OpenMetrics (converted to
+/// the format the scraper asks for).
 pub type RenderMetrics = Arc<dyn Fn(&Limiter) -> String + Send + Sync>;
 
-/// Hop-by-hop fields, which a proxy must not forward.
-const HOP_BY_HOP: [&str; 8] = [
+/// Hop-by-hop fields, which a proxy must not forward (RFC 9110 7.6.1),
+/// besides those the `Connection` field names.
+const HOP_BY_HOP: [&str; 9] = [
+    "proxy-connection",
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -72,47 +93,122 @@ pub async fn serve(
         let limiter = Arc::clone(&limiter);
         let app = axum::Router::new().route(
             "/metrics",
-            axum::routing::get(move || {
+            axum::routing::get(move |headers: HeaderMap| {
                 let (limiter, render) = (Arc::clone(&limiter), Arc::clone(&render_metrics));
-                async move { render(&limiter) }
+                async move {
+                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                    let format = Format::negotiate(accept);
+                    (
+                        [(header::CONTENT_TYPE, format.content_type())],
+                        format.encode(render(&limiter)),
+                    )
+                }
             }),
         );
-        tokio::spawn(async move { axum::serve(metrics, app).await });
+        let limits = Limits {
+            max_connections: 64,
+            ..Limits::default()
+        };
+        tokio::spawn(listen::serve_http(metrics, limits, "metrics", move |_| {
+            hyper_util::service::TowerToHyperService::new(app.clone())
+        }));
     }
     ready(local);
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
-    let upstream = Arc::new(options.upstream);
+    let forward = Forward {
+        client,
+        upstream: Arc::new(options.upstream),
+        timeout: options.upstream_timeout,
+        max_body_bytes: options.max_body_bytes,
+        body_timeout: options.body_timeout,
+    };
     let layer = RateLimitLayer::new(limiter)
         .key_by(options.key_by)
         .port(local.port());
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!("accept: {e}");
-                continue;
-            }
-        };
-        let forward = Forward {
-            client: client.clone(),
-            upstream: Arc::clone(&upstream),
-            timeout: options.upstream_timeout,
-        };
-        let service = ServiceBuilder::new().layer(layer.clone()).service(forward);
-        let (header_timeout, max_header_bytes) = (options.header_timeout, options.max_header_bytes);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+    let service = ServiceBuilder::new().layer(layer).service(forward);
+    let limits = Limits {
+        max_connections: options.max_connections,
+        header_timeout: options.header_timeout,
+        max_header_bytes: options.max_header_bytes,
+    };
+    let max_body_bytes = options.max_body_bytes;
+    listen::serve_http(listener, limits, "proxy", move |peer| {
+        let service = service.clone();
+        hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            let service = service.clone();
+            async move {
+                if let Some(refusal) = screen(&request, max_body_bytes) {
+                    return Ok(refusal);
+                }
                 request.extensions_mut().insert(ClientAddr(peer));
-                service.clone().oneshot(request)
-            });
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .max_buf_size(max_header_bytes.max(8192));
-            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!(%peer, "connection ended: {e}");
+                service.oneshot(request).await
             }
-        });
+        })
+    })
+    .await;
+    Ok(())
+}
+
+/// Requests refused before the limiter sees them (and charged nothing):
+/// CONNECT, which would make this a tunnel to anywhere, and bodies that
+/// say they are over the cap.
+fn screen(request: &Request<Incoming>, max_body_bytes: u64) -> Option<Response<Body>> {
+    if request.method() == Method::CONNECT {
+        let mut response = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "405 Method Not Allowed: this is a reverse proxy, not a tunnel\n",
+        );
+        let headers = response.headers_mut();
+        headers.insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+        // What follows a CONNECT may be the tunnel's bytes, not a request.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Some(response);
+    }
+    let length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if length.is_some_and(|n| n > max_body_bytes) {
+        return Some(too_large(max_body_bytes));
+    }
+    None
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(Body::from(text));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    response
+}
+
+fn too_large(max: u64) -> Response<Body> {
+    let mut response = Response::new(Body::from(format!(
+        "413 Content Too Large: request bodies are limited to {max} bytes\n"
+    )));
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// Removes the hop-by-hop fields, those the `Connection` field names first.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    for name in named.iter().map(String::as_str).chain(HOP_BY_HOP) {
+        headers.remove(name);
     }
 }
 
@@ -122,6 +218,8 @@ struct Forward {
     client: Client<HttpConnector, Body>,
     upstream: Arc<Uri>,
     timeout: Duration,
+    max_body_bytes: u64,
+    body_timeout: Duration,
 }
 
 impl Service<Request<Incoming>> for Forward {
@@ -158,32 +256,58 @@ impl Forward {
         let base = self.upstream.path().trim_end_matches('/');
         parts.uri = uri.path_and_query(format!("{base}{path}")).build()?;
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
-        for name in HOP_BY_HOP {
-            parts.headers.remove(name);
-        }
+        strip_hop_by_hop(&mut parts.headers);
         if let Some(ip) = peer
             && let Ok(value) = HeaderValue::from_str(&ip.to_string())
         {
             parts.headers.append("x-forwarded-for", value);
         }
-        let request = Request::from_parts(parts, Body::new(body));
-        let response = tokio::time::timeout(self.timeout, self.client.request(request))
-            .await
-            .context("the upstream did not answer in time")??;
+        let charge = parts.extensions.get::<BodyCharge>().cloned();
+        let upload = Upload::new(body, self.max_body_bytes, self.body_timeout, charge);
+        let (cut, sent) = (upload.cut(), upload.sent());
+        let request = Request::from_parts(parts, Body::new(upload));
+        // The upstream's time starts when it has the whole request: a slow
+        // upload is the body timeout's business.
+        let answer = self.client.request(request);
+        let deadline = async {
+            sent.notified().await;
+            tokio::time::sleep(self.timeout).await;
+        };
+        let response = tokio::select! {
+            response = answer => response,
+            () = deadline => return Err(anyhow::anyhow!("the upstream did not answer in time")),
+        };
+        let response = match (response, cut.get()) {
+            (_, Some(cut)) => return Ok(cut_short(*cut, self.max_body_bytes)),
+            (response, None) => response?,
+        };
         let (mut parts, body) = response.into_parts();
-        for name in HOP_BY_HOP {
-            parts.headers.remove(name);
-        }
+        strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, Body::new(body)))
     }
 }
 
-fn bad_gateway(error: anyhow::Error) -> Response<Body> {
-    tracing::warn!("upstream: {error:#}");
-    let mut response = Response::new(Body::from(format!("502 Bad Gateway: {error:#}\n")));
-    *response.status_mut() = StatusCode::BAD_GATEWAY;
+/// The answer to a request whose body the proxy stopped reading.
+fn cut_short(cut: Cut, max_body_bytes: u64) -> Response<Body> {
+    let mut response = match cut {
+        Cut::TooLarge => return too_large(max_body_bytes),
+        Cut::OverLimit => plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            "429 Too Many Requests: the request body is over its byte limit\n",
+        ),
+        Cut::Stalled => plain(
+            StatusCode::REQUEST_TIMEOUT,
+            "408 Request Timeout: the request body stopped arriving\n",
+        ),
+    };
     response
         .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// A 502 that tells the client nothing about the upstream (the log does).
+fn bad_gateway(error: anyhow::Error) -> Response<Body> {
+    tracing::warn!("upstream: {error:#}");
+    plain(StatusCode::BAD_GATEWAY, "502 Bad Gateway\n")
 }

@@ -159,11 +159,7 @@ impl Datapath {
 }
 
 fn pin(link: XdpLink, path: &Path) -> Result<(), KernelError> {
-    let io_error = |source| KernelError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    std::fs::create_dir_all(path.parent().expect("a links dir")).map_err(io_error)?;
+    super::pins::private_dir(path.parent().expect("a links dir"))?;
     let fd_link = FdLink::try_from(link).map_err(|e| KernelError::Adopt {
         path: path.to_owned(),
         detail: format!("the kernel gave no bpf_link to pin ({e}); Linux 5.9 or newer is needed"),

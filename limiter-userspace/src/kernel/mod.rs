@@ -6,6 +6,7 @@
 //! is pinned ([`pins`]).
 
 pub mod blocks;
+pub mod capabilities;
 pub mod counters;
 pub mod generations;
 pub mod keys;
@@ -79,6 +80,8 @@ pub enum KernelError {
         #[source]
         source: MapError,
     },
+    #[error(transparent)]
+    UnsafeDir(#[from] pins::UnsafeDir),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -30,11 +30,10 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
     if object.is_empty() {
         return Err(KernelError::NoObject);
     }
+    // Before reading anything pinned there: pins another user could have
+    // placed are not state to adopt.
+    super::pins::private_dir(pin_dir)?;
     super::maps::check_pinned(object, pin_dir, max_keys)?;
-    std::fs::create_dir_all(pin_dir).map_err(|source| KernelError::Io {
-        path: pin_dir.to_owned(),
-        source,
-    })?;
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(pin_dir)
         .map_max_entries(map_name::KEY_TAGS, buckets_for(max_keys))

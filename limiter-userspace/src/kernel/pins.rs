@@ -3,8 +3,8 @@
 use std::{
     fs::{self, File},
     io,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
+    path::{Component, Path, PathBuf},
 };
 
 use anyhow::{Context, Result, bail};
@@ -13,6 +13,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
     mount::{MsFlags, mount},
     sys::statfs::{BPF_FS_MAGIC, statfs},
+    unistd::geteuid,
 };
 
 /// Where bpffs is mounted.
@@ -21,6 +22,91 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Lock files that say which pin directory a live process owns (0700).
 pub const RUN_DIR: &str = "/run/limiter";
+
+/// A directory the limiter would keep its state in, refused because another
+/// user could change what is in it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct UnsafeDir {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Makes `dir` ours alone: created (with any missing parent) mode 0700, or,
+/// when it exists, owned by us and writable by nobody else, then narrowed
+/// to 0700. Every existing ancestor must be owned by root or us and either
+/// writable by nobody else or sticky (as `/sys/fs/bpf` and `/tmp` are), so
+/// no other user can swap a directory on the way. Anything else is refused
+/// rather than repaired: on bpffs, whoever could write in the directory
+/// could have unpinned or replaced the maps (an unprivileged user who
+/// creates `/sys/fs/bpf/limiter` first owns every pin in it).
+pub fn private_dir(dir: &Path) -> Result<(), UnsafeDir> {
+    let refuse = |path: &Path, reason: String| UnsafeDir {
+        path: path.to_owned(),
+        reason,
+    };
+    let me = geteuid().as_raw();
+    let absolute = std::path::absolute(dir).map_err(|e| refuse(dir, e.to_string()))?;
+    for ancestor in absolute.ancestors().skip(1) {
+        let meta = match fs::metadata(ancestor) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(refuse(ancestor, e.to_string())),
+        };
+        let sticky = meta.mode() & 0o1000 != 0;
+        if (meta.uid() != 0 && meta.uid() != me) || (meta.mode() & 0o022 != 0 && !sticky) {
+            return Err(refuse(
+                dir,
+                format!(
+                    "its parent {} (uid {}, mode {:04o}) can be changed by another user; \
+                     use a directory below ones only root can write",
+                    ancestor.display(),
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            ));
+        }
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&absolute)
+        .map_err(|e| refuse(dir, format!("cannot create: {e}")))?;
+    let meta = fs::symlink_metadata(&absolute).map_err(|e| refuse(dir, e.to_string()))?;
+    if !meta.file_type().is_dir() {
+        return Err(refuse(
+            dir,
+            "is not a directory (a symbolic link or a file); remove it".into(),
+        ));
+    }
+    if meta.uid() != me {
+        return Err(refuse(
+            dir,
+            format!(
+                "owned by uid {}, not by uid {me}: another user made it and could unpin or \
+                 replace what is kept there; remove it (`rm -r {}`) and start again",
+                meta.uid(),
+                dir.display()
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(refuse(
+            dir,
+            format!(
+                "mode {:04o}: other users could unpin or replace what is kept there; \
+                 remove it (`rm -r {}`) and start again",
+                meta.mode() & 0o7777,
+                dir.display()
+            ),
+        ));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        fs::set_permissions(&absolute, fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(dir, format!("cannot narrow it to mode 0700: {e}")))?;
+    }
+    Ok(())
+}
 
 /// Mounts bpffs at [`BPFFS`] unless a bpffs is already there.
 pub fn ensure_bpffs() -> Result<()> {
@@ -32,8 +118,9 @@ pub fn ensure_bpffs() -> Result<()> {
         Some("bpf"),
         BPFFS,
         Some("bpf"),
-        MsFlags::empty(),
-        None::<&str>,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        // Root only, unlike the sticky 1777 some distributions mount.
+        Some("mode=0700"),
     )
     .with_context(|| format!("mounting bpffs at {BPFFS}"))
 }
@@ -56,8 +143,7 @@ pub struct PinLock {
 impl PinLock {
     /// Claims `pin_dir`, or says which process holds it.
     pub fn acquire(pin_dir: &Path) -> Result<Self> {
-        fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
-        fs::set_permissions(RUN_DIR, fs::Permissions::from_mode(0o700))?;
+        private_dir(Path::new(RUN_DIR))?;
         let path = lock_path(pin_dir);
         let file = fs::OpenOptions::new()
             .create(true)
@@ -84,8 +170,15 @@ impl PinLock {
     }
 }
 
+/// The lock file of `pin_dir`, the same for every spelling of it
+/// (`limiter`, `limiter/`, `./limiter`, `a//limiter`).
 fn lock_path(pin_dir: &Path) -> PathBuf {
-    let name: String = pin_dir
+    let absolute = std::path::absolute(pin_dir).unwrap_or_else(|_| pin_dir.to_owned());
+    let normal: PathBuf = absolute
+        .components()
+        .filter(|c| !matches!(c, Component::CurDir))
+        .collect();
+    let name: String = normal
         .to_string_lossy()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -100,5 +193,25 @@ pub fn remove_pins(pin_dir: &Path) -> Result<()> {
             Err(e).with_context(|| format!("removing {}", pin_dir.display()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::lock_path;
+
+    #[test]
+    fn every_spelling_of_a_pin_directory_has_one_lock() {
+        let lock = lock_path(Path::new("/sys/fs/bpf/limiter"));
+        for spelling in [
+            "/sys/fs/bpf/limiter/",
+            "/sys/fs/bpf//limiter",
+            "/sys/fs/bpf/./limiter",
+        ] {
+            assert_eq!(lock_path(Path::new(spelling)), lock, "{spelling}");
+        }
+        assert_ne!(lock_path(Path::new("/sys/fs/bpf/limiter2")), lock);
     }
 }

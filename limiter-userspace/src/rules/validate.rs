@@ -13,6 +13,7 @@ use limiter_common::{
 };
 
 use super::{Algorithm, KeyPrefix, Limit, Match, Rate, Rates, Rule, RuleSet, matching, raw};
+use crate::yaml::quoted;
 
 type Invalid = (String, String);
 
@@ -146,7 +147,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             }
             Some(
                 humantime::parse_duration(delay)
-                    .map_err(|e| invalid(field, format!("{delay:?}: {e}")))?,
+                    .map_err(|e| invalid(field, format!("{}: {e}", quoted(delay))))?,
             )
         }
         _ => None,
@@ -255,7 +256,10 @@ pub fn parse_net(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| {
-            format!("{text:?} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32")
+            format!(
+                "{} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32",
+                quoted(text)
+            )
         })
 }
 
@@ -267,7 +271,10 @@ pub fn parse_unit(unit: &str) -> Result<Duration, String> {
         "hour" => Duration::from_secs(3600),
         "day" => Duration::from_secs(86_400),
         other => humantime::parse_duration(other).map_err(|e| {
-            format!("{other:?}: expected second, minute, hour, day or a duration like 30s ({e})")
+            format!(
+                "{}: expected second, minute, hour, day or a duration like 30s ({e})",
+                quoted(other)
+            )
         })?,
     };
     if period.is_zero() {
@@ -288,7 +295,7 @@ fn parse_key(key: Option<&str>, source: Option<IpNet>) -> Result<KeyPrefix, Stri
     let bits = key
         .strip_prefix("source/")
         .and_then(|n| n.parse::<u8>().ok())
-        .ok_or_else(|| format!("{key:?}: expected `source` or `source/N`"))?;
+        .ok_or_else(|| format!("{}: expected `source` or `source/N`", quoted(key)))?;
     match source.map(|net| net.addr()) {
         Some(IpAddr::V4(_)) if bits <= 32 => Ok(KeyPrefix {
             v4: bits,

@@ -1,0 +1,165 @@
+//! Listening so that no client, and no number of clients, can tie a
+//! listener up: a cap on the connections served at once (one more is told
+//! so and closed), a deadline on every request's header (an idle keep-alive
+//! connection included: hyper starts the header timer when it waits for a
+//! request, not at its first byte), and accept errors (file descriptors
+//! run out under a connection flood) that back off instead of spinning,
+//! logged once per interval with a count.
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::AsyncWriteExt,
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore},
+};
+
+/// What one listener allows.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Connections served at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's header (or, on an
+    /// idle connection, to start the next one).
+    #[serde(default = "default_header_timeout", with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// The largest request header block (bytes; at least 8192): larger
+    /// gets 431.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+}
+
+fn default_max_header_bytes() -> usize {
+    16384
+}
+
+fn default_max_connections() -> usize {
+    256
+}
+
+fn default_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            header_timeout: default_header_timeout(),
+            max_header_bytes: default_max_header_bytes(),
+        }
+    }
+}
+
+/// How long to wait after an accept error before accepting again: long
+/// enough that a full descriptor table costs no CPU, short enough that
+/// service resumes as soon as connections close.
+const BACK_OFF: Duration = Duration::from_millis(100);
+/// At most one log line per interval about accept errors.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Accept errors of one listener: each backs off; one line per
+/// [`LOG_EVERY`] says how many there were.
+pub struct AcceptErrors {
+    what: &'static str,
+    logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl AcceptErrors {
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            logged: None,
+            unlogged: 0,
+        }
+    }
+
+    pub async fn back_off(&mut self, error: &io::Error) {
+        self.unlogged += 1;
+        if self.logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+            tracing::warn!(
+                "{}: cannot accept connections: {error} ({} errors since the last report; \
+                 retrying every {} ms)",
+                self.what,
+                self.unlogged,
+                BACK_OFF.as_millis()
+            );
+            self.logged = Some(Instant::now());
+            self.unlogged = 0;
+        }
+        tokio::time::sleep(BACK_OFF).await;
+    }
+}
+
+/// The connections a listener may serve at once.
+#[derive(Clone)]
+pub struct Slots(Arc<Semaphore>);
+
+impl Slots {
+    pub fn new(max: usize) -> Self {
+        Self(Arc::new(Semaphore::new(max)))
+    }
+
+    /// A slot for one connection, held until it ends; `None` when full.
+    pub fn take(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.0).try_acquire_owned().ok()
+    }
+}
+
+/// Serves HTTP/1.1 on `listener` for ever, with `make(peer)`'s service for
+/// each connection, under `limits`.
+pub async fn serve_http<M, S, B>(listener: TcpListener, limits: Limits, what: &'static str, make: M)
+where
+    M: Fn(SocketAddr) -> S,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let slots = Slots::new(limits.max_connections);
+    let mut errors = AcceptErrors::new(what);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                errors.back_off(&e).await;
+                continue;
+            }
+        };
+        let Some(slot) = slots.take() else {
+            tokio::spawn(refuse_http(stream));
+            continue;
+        };
+        let service = make(peer);
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .max_buf_size(limits.max_header_bytes.max(8192));
+            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, "{what}: connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// The answer to a connection beyond the cap.
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\
+content-length: 21\r\nconnection: close\r\nretry-after: 1\r\n\r\ntoo many connections\n";
+
+async fn refuse_http(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(TOO_MANY)).await;
+}
