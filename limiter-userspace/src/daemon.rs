@@ -178,6 +178,25 @@ pub fn run(config_path: &Path) -> Result<()> {
     if adopting {
         tracing::info!("adopted the state pinned at {}", config.pin_dir.display());
     }
+    let control = control::server::bind(&config.socket)?;
+    tracing::info!("control socket {} (root only)", config.socket.display());
+    let metrics = metrics_addr
+        .map(|addr| {
+            let listener = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("metrics listener on {addr}"))?;
+            listener.set_nonblocking(true)?;
+            tracing::info!("metrics on http://{addr}/metrics");
+            anyhow::Ok(listener)
+        })
+        .transpose()?;
+    // Everything that needed more than the program's own capabilities is
+    // done: loaded, attached, bound. Capabilities belong to threads, and a
+    // thread starts with its creator's: dropped here, before the runtime
+    // starts any, they are dropped for every thread the daemon will have.
+    let kept = capabilities::keep_only_needed().context("dropping capabilities")?;
+    let mut kept: Vec<String> = kept.iter().map(ToString::to_string).collect();
+    kept.sort();
+    tracing::info!("running with {} only", kept.join(", "));
     let shared = Arc::new(Shared {
         engine: Mutex::new(engine),
         config,
@@ -190,18 +209,18 @@ pub fn run(config_path: &Path) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(serve(shared, metrics_addr))
+        .block_on(serve(shared, control, metrics))
 }
 
-async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<()> {
+async fn serve(
+    shared: Arc<Shared>,
+    control: std::os::unix::net::UnixListener,
+    metrics: Option<std::net::TcpListener>,
+) -> Result<()> {
     let socket = &shared.config.socket;
-    let listener = control::server::bind(socket)?;
-    tracing::info!("control socket {} (root only)", socket.display());
-    if let Some(addr) = metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("metrics listener on {addr}"))?;
-        tracing::info!("metrics on http://{addr}/metrics");
+    let listener = tokio::net::UnixListener::from_std(control)?;
+    if let Some(metrics) = metrics {
+        let listener = tokio::net::TcpListener::from_std(metrics)?;
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(scrape))
             .with_state(Arc::clone(&shared));
@@ -212,12 +231,6 @@ async fn serve(shared: Arc<Shared>, metrics_addr: Option<SocketAddr>) -> Result<
             move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
         ));
     }
-    // Everything that needed more than the program's own capabilities is
-    // done: loaded, attached, bound.
-    let kept = capabilities::keep_only_needed().context("dropping capabilities")?;
-    let mut kept: Vec<String> = kept.iter().map(ToString::to_string).collect();
-    kept.sort();
-    tracing::info!("running with {} only", kept.join(", "));
     tokio::spawn(housekeeping(Arc::clone(&shared)));
     let control = shared.config.control_listener;
     let slots = Slots::new(control.max_connections);

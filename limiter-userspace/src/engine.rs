@@ -212,7 +212,11 @@ impl Engine {
     /// Blocks `net` (for `duration`, or until unblocked).
     pub fn block(&mut self, net: IpNet, duration: Option<Duration>) -> Result<()> {
         let expires_ns = match duration {
-            Some(d) => monotonic_ns() + u64::try_from(d.as_nanos()).context("duration too long")?,
+            Some(d) => u64::try_from(d.as_nanos())
+                .ok()
+                .and_then(|ns| monotonic_ns().checked_add(ns))
+                .filter(|&at| at != 0)
+                .context("a block lasts at most 500 years; leave out the duration for ever")?,
             None => 0,
         };
         let net = net.trunc();

@@ -49,7 +49,13 @@ pub struct Conversion {
 }
 
 pub fn envoy(path: &Path) -> Result<Conversion> {
-    let config: EnvoyConfig = crate::yaml::load(path)?;
+    envoy_text(&crate::yaml::read(path)?, path)
+}
+
+/// [`envoy`] on text already read; `origin` names it in errors.
+pub fn envoy_text(text: &str, origin: &Path) -> Result<Conversion> {
+    let path = origin;
+    let config: EnvoyConfig = crate::yaml::parse(text, origin)?;
     let mut rules = Vec::new();
     let mut skipped = Vec::new();
     let mut names = HashSet::new();

@@ -2,14 +2,18 @@
 //! listener up: a cap on the connections served at once (one more is told
 //! so and closed), a deadline on every request's header (an idle keep-alive
 //! connection included: hyper starts the header timer when it waits for a
-//! request, not at its first byte), and accept errors (file descriptors
-//! run out under a connection flood) that back off instead of spinning,
-//! logged once per interval with a count.
+//! request, not at its first byte), a deadline on every write (a client
+//! that stops reading its answers is cut off, not left holding a slot),
+//! and accept errors (file descriptors run out under a connection flood)
+//! that back off instead of spinning, logged once per interval with a
+//! count.
 
 use std::{
     io,
     net::SocketAddr,
+    pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -37,6 +41,13 @@ pub struct Limits {
     /// gets 431.
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
+    /// How long a write to a client may wait for it to read.
+    #[serde(default = "default_write_timeout", with = "humantime_serde")]
+    pub write_timeout: Duration,
+}
+
+fn default_write_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_header_bytes() -> usize {
@@ -57,6 +68,7 @@ impl Default for Limits {
             max_connections: default_max_connections(),
             header_timeout: default_header_timeout(),
             max_header_bytes: default_max_header_bytes(),
+            write_timeout: default_write_timeout(),
         }
     }
 }
@@ -149,7 +161,8 @@ where
             http.timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
                 .max_buf_size(limits.max_header_bytes.max(8192));
-            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+            let io = WriteDeadline::new(TokioIo::new(stream), limits.write_timeout);
+            if let Err(e) = http.serve_connection(io, service).await {
                 tracing::debug!(%peer, "{what}: connection ended: {e}");
             }
         });
@@ -162,4 +175,101 @@ content-length: 21\r\nconnection: close\r\nretry-after: 1\r\n\r\ntoo many connec
 
 async fn refuse_http(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(TOO_MANY)).await;
+}
+
+/// A connection whose writes must make progress: one that waits longer
+/// than `timeout` for the client to read fails, and the connection ends.
+struct WriteDeadline<T> {
+    inner: T,
+    timeout: Duration,
+    /// Armed while a write waits.
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(inner: T, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            waiting: None,
+        }
+    }
+
+    /// After a write that could not proceed: pending until the deadline,
+    /// then an error.
+    fn wait<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        let timeout = self.timeout;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<R>(
+        &mut self,
+        result: Poll<io::Result<R>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<R>> {
+        match result {
+            Poll::Pending => self.wait(cx),
+            ready => {
+                self.waiting = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for WriteDeadline<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for WriteDeadline<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.progressed(result, cx)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_flush(cx);
+        this.progressed(result, cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.progressed(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.progressed(result, cx)
+    }
 }

@@ -64,7 +64,7 @@ impl Session {
             );
         }
         // We hold the lock, so pins left here belong to a `run` that died.
-        if pin_dir.exists() {
+        if std::fs::read_dir(pin_dir).is_ok_and(|mut entries| entries.next().is_some()) {
             tracing::warn!(
                 "removing stale pins of a limiter that died: {}",
                 pin_dir.display()

@@ -72,14 +72,39 @@ fn bounded(message: String) -> String {
     format!("{}… ({} bytes)", &message[..cut], message.len())
 }
 
+/// The largest file read, checked before parsing (the control socket's
+/// own line limit): a rule file of 10,000 rules is about 1 MiB.
+pub const MAX_INPUT: usize = 4 << 20;
+
+/// The deepest nesting of mappings and sequences parsed: a rule file needs
+/// 4 levels, an envoy configuration a few per nested descriptor.
+const MAX_DEPTH: usize = 32;
+
 /// How YAML is read: plain errors (no source snippet), YAML 1.2 booleans
-/// only (`on` and `no` are strings), and no `<<` merge keys (a rule file
-/// says what it means where it says it).
+/// only (`on` and `no` are strings), no `<<` merge keys (a rule file says
+/// what it means where it says it), and bounded work: depth, nodes and
+/// aliases capped as the parser reads (serde-saphyr's budget, its
+/// defaults but for the depth), so no input makes it run long or grow.
 fn options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_DEPTH;
     serde_saphyr::options! {
         with_snippet: false,
         strict_booleans: true,
         merge_keys: MergeKeyPolicy::Error,
+        budget: Some(budget),
+    }
+}
+
+fn too_large(origin: &Path, bytes: u64) -> InvalidFile {
+    InvalidFile {
+        file: origin.to_owned(),
+        line: None,
+        field: String::new(),
+        message: format!(
+            "{bytes} bytes; a file is read only up to {} MiB",
+            MAX_INPUT >> 20
+        ),
     }
 }
 
@@ -88,17 +113,32 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T, InvalidFile> {
     parse(&read(path)?, path)
 }
 
+/// Reads a file of at most [`MAX_INPUT`] bytes (a larger one is not read).
 pub fn read(path: &Path) -> Result<String, InvalidFile> {
-    std::fs::read_to_string(path).map_err(|e| InvalidFile {
+    use std::io::Read;
+    let unreadable = |e: std::io::Error| InvalidFile {
         file: path.to_owned(),
         line: None,
         field: String::new(),
         message: format!("cannot read: {e}"),
-    })
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut text = String::new();
+    file.take(MAX_INPUT as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(unreadable)?;
+    if text.len() > MAX_INPUT {
+        let size = std::fs::metadata(path).map_or(text.len() as u64, |m| m.len());
+        return Err(too_large(path, size));
+    }
+    Ok(text)
 }
 
 /// Deserializes YAML text; `origin` names it in errors.
 pub fn parse<T: DeserializeOwned>(text: &str, origin: &Path) -> Result<T, InvalidFile> {
+    if text.len() > MAX_INPUT {
+        return Err(too_large(origin, text.len() as u64));
+    }
     let mut track = serde_path_to_error::Track::new();
     let result = serde_saphyr::with_deserializer_from_str_with_options(text, options(), |de| {
         T::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))

@@ -43,6 +43,38 @@ pub fn udp6(src: Ipv6Addr, dest_port: u16, payload: usize) -> Vec<u8> {
     frame
 }
 
+pub fn tcp6(src: Ipv6Addr, dest_port: u16) -> Vec<u8> {
+    let mut frame = Vec::new();
+    PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv6(src.octets(), DST_V6.octets(), 64)
+        .tcp(40000, dest_port, 1, 1024)
+        .write(&mut frame, &[])
+        .expect("vec write");
+    frame
+}
+
+/// An ICMP echo request.
+pub fn icmp4(src: Ipv4Addr) -> Vec<u8> {
+    let mut frame = Vec::new();
+    PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv4(src.octets(), DST_V4.octets(), 64)
+        .icmpv4_echo_request(1, 1)
+        .write(&mut frame, &[0; 8])
+        .expect("vec write");
+    frame
+}
+
+/// An ICMPv6 echo request.
+pub fn icmp6(src: Ipv6Addr) -> Vec<u8> {
+    let mut frame = Vec::new();
+    PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv6(src.octets(), DST_V6.octets(), 64)
+        .icmpv6_echo_request(1, 1)
+        .write(&mut frame, &[0; 8])
+        .expect("vec write");
+    frame
+}
+
 pub fn arp() -> Vec<u8> {
     let mut frame = Vec::new();
     frame.extend_from_slice(&[0xff; 6]);

@@ -113,6 +113,9 @@ fn upstream(runtime: &tokio::runtime::Runtime) -> (SocketAddr, Arc<Seen>) {
     let app = Router::new().fallback(any(move |request: Request<Body>| {
         let seen = Arc::clone(&counted);
         async move {
+            if request.uri().path() == "/hang" {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
             seen.requests.fetch_add(1, Ordering::SeqCst);
             let names: Vec<String> = request.headers().keys().map(|k| k.to_string()).collect();
             if let Ok(body) = axum::body::to_bytes(request.into_body(), usize::MAX).await {
@@ -288,7 +291,12 @@ fn bodies_are_capped_and_stalled_ones_cut() {
     let started = Instant::now();
     let stalled = closed_within(&mut stream, Duration::from_secs(10)).expect("an answer");
     assert_eq!(status(&stalled), "408", "{stalled}");
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // The body timeout (1 s), not the upstream's (60 s) nor a read timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 
     // Under the cap, a chunked body goes through whole.
     let small = b"POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
@@ -431,4 +439,33 @@ fn hop_by_hop_fields_connect_and_502_bodies() {
     assert_eq!(status(&answer), "502", "{answer}");
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
     assert_eq!(body, "502 Bad Gateway\n");
+}
+
+/// Guards the upstream's clock: it starts once the upstream has the whole
+/// request, also for a body with a length (which ends with its last data
+/// frame: nothing polls it again to see its end), so an upstream that
+/// never answers a POST gets the client a 502 at the upstream timeout.
+#[test]
+fn an_upstream_that_never_answers_a_post_times_out() {
+    let rt = runtime();
+    let (up, _) = upstream(&rt);
+    let dir = TempDir::new("proxy-hang");
+    let p = Proxy::start(
+        &dir,
+        OPEN,
+        up,
+        &["--upstream-timeout", "1s", "--body-timeout", "30s"],
+        &[],
+    );
+    let started = Instant::now();
+    let answer = exchange(
+        p.addr,
+        b"POST /hang HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    assert_eq!(status(&answer), "502", "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }

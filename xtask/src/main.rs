@@ -55,6 +55,18 @@ enum Task {
     /// tests that exercise it; survivors are checked against tests/MUTANTS.md.
     /// Not part of `test`: it takes about an hour on two cores.
     Mutants(mutants::Options),
+    /// The long fuzz runs: a million mutated frames through the XDP program
+    /// against the reference parser, and 20,000 cases of each input fuzzer
+    /// (rule file, daemon configuration, envoy import, control protocol).
+    /// `cargo xtask test` runs both, shorter.
+    Fuzz {
+        /// Frames through the program.
+        #[arg(long, default_value_t = 1_000_000)]
+        frames: u64,
+        /// Cases of each input fuzzer.
+        #[arg(long, default_value_t = 20_000)]
+        cases: u64,
+    },
     /// Set up, build, lint, and run every test (the root-only ones included).
     Test {
         /// Only run integration tests whose name contains this.
@@ -89,6 +101,7 @@ fn run() -> Result<()> {
             status(&mut command)
         }
         Task::Test { filter } => test(filter),
+        Task::Fuzz { frames, cases } => fuzz(frames, cases),
         Task::Mutants(options) => {
             require_root("the conformance replay loads the XDP program")?;
             setup::all()?;
@@ -132,6 +145,41 @@ fn run() -> Result<()> {
             )
         }
     }
+}
+
+fn fuzz(frames: u64, cases: u64) -> Result<()> {
+    require_root("the datapath fuzzer runs the XDP program through BPF_PROG_TEST_RUN")?;
+    setup::all()?;
+    let limiter = build(false)?;
+    step(&format!("fuzzing the inputs: {cases} cases each"));
+    status(
+        cargo()
+            .args([
+                "test",
+                "--package",
+                "limiter-userspace",
+                "--test",
+                "fuzz_inputs",
+            ])
+            .env("PROPTEST_CASES", cases.to_string()),
+    )?;
+    step(&format!(
+        "fuzzing the datapath: {frames} frames (about 1 ms each), printed as they pass"
+    ));
+    status(
+        cargo()
+            .args([
+                "test",
+                "--package",
+                "limiter-tests",
+                "--test",
+                "fuzz_datapath",
+            ])
+            .args(["--", "--nocapture"])
+            .env("LIMITER_BIN", &limiter)
+            .env("LIMITER_TESTS_BUILD_KERNEL", "1")
+            .env("LIMITER_FUZZ_FRAMES", frames.to_string()),
+    )
 }
 
 fn test(filter: Option<String>) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Calling the daemon: one connection per request, each reply typed.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
     time::Duration,
@@ -64,7 +64,7 @@ impl Client {
 
     /// Sends one request and returns the daemon's reply, or its error.
     fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T> {
-        let mut stream = UnixStream::connect(&self.socket).with_context(|| {
+        let stream = UnixStream::connect(&self.socket).with_context(|| {
             format!(
                 "no daemon answers on {} (is `limiter daemon` running? root only)",
                 self.socket.display()
@@ -73,11 +73,16 @@ impl Client {
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         let mut line = serde_json::to_string(request)?;
         line.push('\n');
-        stream.write_all(line.as_bytes())?;
+        let sent = send_all(&stream, line.as_bytes());
+        // A daemon that refuses a request (too long, too many clients)
+        // answers why and hangs up, maybe before it has all been sent: its
+        // answer says more than the broken pipe.
         let mut answer = String::new();
-        BufReader::new(stream)
-            .read_line(&mut answer)
-            .context("reading the daemon's answer")?;
+        let read = BufReader::new(stream).read_line(&mut answer);
+        if answer.is_empty() {
+            sent.context("sending the request to the daemon")?;
+        }
+        read.context("reading the daemon's answer")?;
         let response: Response = serde_json::from_str(&answer)
             .with_context(|| format!("the daemon's answer is not a response: {answer:?}"))?;
         if !response.ok {
@@ -91,4 +96,19 @@ impl Client {
         let result = response.result.unwrap_or(serde_json::Value::Null);
         serde_json::from_value(result).context("the daemon's reply has an unexpected shape")
     }
+}
+
+/// Writes all of `bytes` without SIGPIPE (which the CLI leaves fatal, for
+/// its output to a closed pipe): a daemon that hung up is an error here.
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    use nix::sys::socket::{MsgFlags, send};
+    use std::os::fd::AsRawFd;
+    while !bytes.is_empty() {
+        match send(stream.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }

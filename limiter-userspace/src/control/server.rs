@@ -10,23 +10,30 @@ use std::{future::Future, path::Path, time::Duration};
 use anyhow::{Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use nix::sys::stat::{Mode, umask};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LinesCodec};
 
 use super::protocol::{MAX_REQUEST, Request, Response};
 
 /// Binds `socket` with no permissions for group and others from the start
-/// (not chmod after bind, which would leave a window).
-pub fn bind(socket: &Path) -> Result<UnixListener> {
-    if let Some(dir) = socket.parent() {
-        // Whoever can write in the directory can replace the socket.
-        crate::kernel::pins::private_dir(dir)?;
-    }
+/// (not chmod after bind, which would leave a window), in a directory no
+/// one else can write. A std listener, non-blocking, for a runtime to take
+/// over: the daemon binds before it starts any thread.
+pub fn bind(socket: &Path) -> Result<std::os::unix::net::UnixListener> {
+    // `control.sock` alone: in the current directory.
+    let dir = socket
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // Whoever can write in the directory can replace the socket.
+    crate::kernel::pins::private_dir(dir)?;
     let _ = std::fs::remove_file(socket);
     let old = umask(Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(socket);
+    let bound = std::os::unix::net::UnixListener::bind(socket);
     umask(old);
-    bound.with_context(|| format!("listening on {}", socket.display()))
+    let listener = bound.with_context(|| format!("listening on {}", socket.display()))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 /// Answers the requests of one connection with `handle` until the client

@@ -48,12 +48,19 @@ pub enum CostBy {
 pub struct BodyCharge {
     limiter: Arc<Limiter>,
     meter: BodyMeter,
+    /// Whether this body went over its limit already (counted once).
+    over: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BodyCharge {
-    /// Charges `n` more body bytes; `false`: over the limit, stop.
+    /// Charges `n` more body bytes; `false`: over the limit, stop (under a
+    /// dry run, the excess is counted and the body goes on).
     pub fn charge(&self, n: u64) -> bool {
-        self.limiter.charge_body(&self.meter, n)
+        if self.limiter.charge_body(&self.meter, n) {
+            return true;
+        }
+        let first = !self.over.swap(true, std::sync::atomic::Ordering::Relaxed);
+        self.limiter.count_body_over_limit(&self.meter, first)
     }
 }
 
@@ -202,6 +209,7 @@ impl<S> RateLimit<S> {
             .map(|meter| BodyCharge {
                 limiter: Arc::clone(limiter),
                 meter,
+                over: Default::default(),
             });
         (admission, charge)
     }

@@ -146,7 +146,8 @@ enum KeyBytes {
     Custom([u8; 16]),
 }
 
-/// Two independently keyed SipHash instances: a 128-bit keyed digest.
+/// Two randomly keyed SipHash instances (std's `RandomState`): a 128-bit
+/// digest no one without the keys can aim.
 struct KeyDigest([std::hash::RandomState; 2]);
 
 impl KeyDigest {
@@ -246,8 +247,7 @@ impl Limiter {
     }
 
     /// Charges `n` more bytes of a streaming body to its key's and its
-    /// rule's byte limits, all or none: `false` when they refuse (under a
-    /// dry run, counted as shadow excess and allowed).
+    /// rule's byte limits, all or none: `false` when they refuse.
     pub fn charge_body(&self, meter: &BodyMeter, n: u64) -> bool {
         let rule = &self.rules.rules[meter.index];
         let Limit::Metered { bytes, .. } = rule.limit else {
@@ -257,15 +257,25 @@ impl Limiter {
         rates[order::KEY_BYTES] = bytes;
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         let monotonic = self.clock.monotonic_ns();
+        // A long upload keeps its key recent: evicting it would hand the
+        // client a fresh budget.
+        meter.state.last_seen.store(monotonic, Ordering::Relaxed);
         let aggregate = &self.aggregates[meter.index];
-        if self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic) {
-            return true;
-        }
-        let counters = &self.counters[meter.index];
-        if rule.shadow {
-            counters.shadow_bodies.fetch_add(1, Ordering::Relaxed);
-        } else {
-            counters.bodies_cut.fetch_add(1, Ordering::Relaxed);
+        self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic)
+    }
+
+    /// Counts a streaming body refused by [`Limiter::charge_body`] (once a
+    /// body: `first`); whether it goes on anyway (a dry run).
+    pub fn count_body_over_limit(&self, meter: &BodyMeter, first: bool) -> bool {
+        let rule = &self.rules.rules[meter.index];
+        if first {
+            let counters = &self.counters[meter.index];
+            let counter = if rule.shadow {
+                &counters.shadow_bodies
+            } else {
+                &counters.bodies_cut
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         rule.shadow
     }

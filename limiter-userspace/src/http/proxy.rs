@@ -130,6 +130,7 @@ pub async fn serve(
         max_connections: options.max_connections,
         header_timeout: options.header_timeout,
         max_header_bytes: options.max_header_bytes,
+        ..Limits::default()
     };
     let max_body_bytes = options.max_body_bytes;
     listen::serve_http(listener, limits, "proxy", move |peer| {
@@ -263,22 +264,46 @@ impl Forward {
             parts.headers.append("x-forwarded-for", value);
         }
         let charge = parts.extensions.get::<BodyCharge>().cloned();
-        let upload = Upload::new(body, self.max_body_bytes, self.body_timeout, charge);
-        let (cut, sent) = (upload.cut(), upload.sent());
+        let upload = Upload::new(body, self.max_body_bytes, charge);
+        let progress = upload.progress();
         let request = Request::from_parts(parts, Body::new(upload));
-        // The upstream's time starts when it has the whole request: a slow
-        // upload is the body timeout's business.
         let answer = self.client.request(request);
-        let deadline = async {
-            sent.notified().await;
-            tokio::time::sleep(self.timeout).await;
+        // Watches the exchange from outside the body (an upstream that stops
+        // reading stops polling it): a body may pause up to the body
+        // timeout; the upstream's time starts when it has the whole request,
+        // so a slow upload is the body timeout's business.
+        let watchdog = async {
+            loop {
+                let (moved, whole) = progress.get();
+                let due = moved
+                    + if whole {
+                        self.timeout
+                    } else {
+                        self.body_timeout
+                    };
+                if tokio::time::Instant::now() >= due {
+                    return whole;
+                }
+                // Until the deadline, or until the body moves (which may
+                // end it, and start the upstream's time).
+                tokio::select! {
+                    () = tokio::time::sleep_until(due) => {}
+                    () = progress.moved_since() => {}
+                }
+            }
         };
         let response = tokio::select! {
             response = answer => response,
-            () = deadline => return Err(anyhow::anyhow!("the upstream did not answer in time")),
+            whole = watchdog => {
+                if whole {
+                    anyhow::bail!("the upstream did not answer in time");
+                }
+                progress.cut_short(Cut::Stalled);
+                return Ok(cut_short(Cut::Stalled, self.max_body_bytes));
+            }
         };
-        let response = match (response, cut.get()) {
-            (_, Some(cut)) => return Ok(cut_short(*cut, self.max_body_bytes)),
+        let response = match (response, progress.cut()) {
+            (_, Some(cut)) => return Ok(cut_short(cut, self.max_body_bytes)),
             (response, None) => response?,
         };
         let (mut parts, body) = response.into_parts();

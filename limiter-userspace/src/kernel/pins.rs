@@ -3,7 +3,7 @@
 use std::{
     fs::{self, File},
     io,
-    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
+    os::unix::fs::{DirBuilderExt, MetadataExt},
     path::{Component, Path, PathBuf},
 };
 
@@ -32,78 +32,61 @@ pub struct UnsafeDir {
     pub reason: String,
 }
 
-/// Makes `dir` ours alone: created (with any missing parent) mode 0700, or,
-/// when it exists, owned by us and writable by nobody else, then narrowed
-/// to 0700. Every existing ancestor must be owned by root or us and either
-/// writable by nobody else or sticky (as `/sys/fs/bpf` and `/tmp` are), so
-/// no other user can swap a directory on the way. Anything else is refused
-/// rather than repaired: on bpffs, whoever could write in the directory
-/// could have unpinned or replaced the maps (an unprivileged user who
+/// Makes sure `dir` is ours alone: created mode 0700 (with any missing
+/// parent) if it is missing; if it exists, owned by us and writable by
+/// no one else (used as it is). Then every ancestor, checked after the
+/// creation so none can be slipped in between, must be owned by root or us
+/// and either writable by no one else or sticky (as `/sys/fs/bpf` and
+/// `/tmp` are), so no other user can swap a directory on the way. Anything
+/// else is refused rather than repaired: on bpffs, whoever can write in
+/// the directory can unpin or replace the maps (an unprivileged user who
 /// creates `/sys/fs/bpf/limiter` first owns every pin in it).
 pub fn private_dir(dir: &Path) -> Result<(), UnsafeDir> {
-    let refuse = |path: &Path, reason: String| UnsafeDir {
-        path: path.to_owned(),
+    let refuse = |reason: String| UnsafeDir {
+        path: dir.to_owned(),
         reason,
     };
     let me = geteuid().as_raw();
-    let absolute = std::path::absolute(dir).map_err(|e| refuse(dir, e.to_string()))?;
+    let absolute = std::path::absolute(dir).map_err(|e| refuse(e.to_string()))?;
+    if fs::symlink_metadata(&absolute).is_err() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&absolute)
+            .map_err(|e| refuse(format!("cannot create: {e}")))?;
+    }
     for ancestor in absolute.ancestors().skip(1) {
-        let meta = match fs::metadata(ancestor) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(refuse(ancestor, e.to_string())),
-        };
+        let meta = fs::metadata(ancestor).map_err(|e| refuse(e.to_string()))?;
         let sticky = meta.mode() & 0o1000 != 0;
         if (meta.uid() != 0 && meta.uid() != me) || (meta.mode() & 0o022 != 0 && !sticky) {
-            return Err(refuse(
-                dir,
-                format!(
-                    "its parent {} (uid {}, mode {:04o}) can be changed by another user; \
-                     use a directory below ones only root can write",
-                    ancestor.display(),
-                    meta.uid(),
-                    meta.mode() & 0o7777
-                ),
-            ));
+            return Err(refuse(format!(
+                "its parent {} (uid {}, mode {:04o}) can be changed by another user; \
+                 use a directory below ones only root can write",
+                ancestor.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            )));
         }
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&absolute)
-        .map_err(|e| refuse(dir, format!("cannot create: {e}")))?;
-    let meta = fs::symlink_metadata(&absolute).map_err(|e| refuse(dir, e.to_string()))?;
+    let meta = fs::symlink_metadata(&absolute).map_err(|e| refuse(e.to_string()))?;
     if !meta.file_type().is_dir() {
         return Err(refuse(
-            dir,
-            "is not a directory (a symbolic link or a file); remove it".into(),
+            "is not a directory (a symbolic link or a file)".into(),
         ));
     }
     if meta.uid() != me {
-        return Err(refuse(
-            dir,
-            format!(
-                "owned by uid {}, not by uid {me}: another user made it and could unpin or \
-                 replace what is kept there; remove it (`rm -r {}`) and start again",
-                meta.uid(),
-                dir.display()
-            ),
-        ));
+        return Err(refuse(format!(
+            "owned by uid {}, not by uid {me}: another user made it and could unpin or \
+             replace what is kept there; use a directory of the limiter's own",
+            meta.uid()
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(refuse(
-            dir,
-            format!(
-                "mode {:04o}: other users could unpin or replace what is kept there; \
-                 remove it (`rm -r {}`) and start again",
-                meta.mode() & 0o7777,
-                dir.display()
-            ),
-        ));
-    }
-    if meta.mode() & 0o7777 != 0o700 {
-        fs::set_permissions(&absolute, fs::Permissions::from_mode(0o700))
-            .map_err(|e| refuse(dir, format!("cannot narrow it to mode 0700: {e}")))?;
+        return Err(refuse(format!(
+            "mode {:04o}: other users could unpin or replace what is kept there; \
+             use a directory of the limiter's own, writable by its owner only",
+            meta.mode() & 0o7777
+        )));
     }
     Ok(())
 }
@@ -178,10 +161,17 @@ fn lock_path(pin_dir: &Path) -> PathBuf {
         .components()
         .filter(|c| !matches!(c, Component::CurDir))
         .collect();
+    // Escaped, not replaced: `a-b`, `a_b` and `a/b` are three directories.
     let name: String = normal
         .to_string_lossy()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_string()
+            } else {
+                format!("_{:x}", u32::from(c))
+            }
+        })
         .collect();
     Path::new(RUN_DIR).join(format!("{name}.lock"))
 }
@@ -213,5 +203,9 @@ mod tests {
             assert_eq!(lock_path(Path::new(spelling)), lock, "{spelling}");
         }
         assert_ne!(lock_path(Path::new("/sys/fs/bpf/limiter2")), lock);
+        assert_ne!(
+            lock_path(Path::new("/sys/fs/bpf/limiter-a")),
+            lock_path(Path::new("/sys/fs/bpf/limiter_a"))
+        );
     }
 }

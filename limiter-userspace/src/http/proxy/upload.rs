@@ -1,24 +1,26 @@
 //! A request body on its way to the upstream, watched as it streams: cut
-//! when it passes the size cap, when its rule's byte limit refuses a chunk
-//! (a chunked upload, charged as it arrives), or when it stops arriving.
-//! The proxy then answers for the upstream (413, 429 or 408).
+//! when it passes the size cap or when its rule's byte limit refuses it (a
+//! chunked upload, charged as it arrives), and its progress kept for the
+//! proxy's watchdog ([`Progress`]), which cuts a body that stops arriving
+//! and times the upstream from the moment it has the whole request. The
+//! proxy then answers for the upstream (413, 429, 408 or 502).
 
 use std::{
     pin::Pin,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     task::{Context, Poll},
-    time::Duration,
 };
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::{
-    sync::Notify,
-    time::{Instant, Sleep},
-};
+use tokio::time::Instant;
 
 use crate::http::BodyCharge;
+
+/// Body bytes charged to a byte limit at once: a client sending one-byte
+/// chunks costs the limiter one charge per 16 KiB, not one per chunk.
+const CHARGE_BATCH: u64 = 16 * 1024;
 
 /// Why a body was cut short.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,50 +42,90 @@ impl std::fmt::Display for Cut {
 
 impl std::error::Error for Cut {}
 
+/// How far a body has come: when it last moved, and whether it has all
+/// been read. Shared with the watchdog, which does not depend on the
+/// body being polled (an upstream that stops reading stops the polling).
+pub struct Progress {
+    state: Mutex<(Instant, bool)>,
+    cut: OnceLock<Cut>,
+    /// Told when the body moves (a permit waits if no one listens).
+    moved: tokio::sync::Notify,
+}
+
+impl Progress {
+    /// When the body last moved, and whether it is whole.
+    pub fn get(&self) -> (Instant, bool) {
+        *self.state.lock().expect("progress lock")
+    }
+
+    fn moved(&self, done: bool) {
+        *self.state.lock().expect("progress lock") = (Instant::now(), done);
+        self.moved.notify_one();
+    }
+
+    /// Returns once the body has moved since the last call.
+    pub async fn moved_since(&self) {
+        self.moved.notified().await;
+    }
+
+    /// Why the body was cut short, if it was.
+    pub fn cut(&self) -> Option<Cut> {
+        self.cut.get().copied()
+    }
+
+    /// Cuts the body short (the first reason stands).
+    pub fn cut_short(&self, why: Cut) {
+        let _ = self.cut.set(why);
+    }
+}
+
 pub struct Upload {
     inner: Incoming,
     received: u64,
+    /// Received but not yet charged (see [`CHARGE_BATCH`]).
+    uncharged: u64,
     max: u64,
     charge: Option<BodyCharge>,
-    idle: Duration,
-    stall: Pin<Box<Sleep>>,
-    cut: Arc<OnceLock<Cut>>,
-    /// Told when the body has been read to its end.
-    sent: Arc<Notify>,
+    progress: Arc<Progress>,
 }
 
 impl Upload {
-    pub fn new(inner: Incoming, max: u64, idle: Duration, charge: Option<BodyCharge>) -> Self {
-        let sent = Arc::new(Notify::new());
-        if inner.is_end_stream() {
-            // No body: nothing will read it to its end.
-            sent.notify_one();
-        }
+    pub fn new(inner: Incoming, max: u64, charge: Option<BodyCharge>) -> Self {
+        let done = inner.is_end_stream();
         Self {
             inner,
             received: 0,
+            uncharged: 0,
             max,
             charge,
-            idle,
-            stall: Box::pin(tokio::time::sleep(idle)),
-            cut: Arc::new(OnceLock::new()),
-            sent,
+            progress: Arc::new(Progress {
+                state: Mutex::new((Instant::now(), done)),
+                cut: OnceLock::new(),
+                moved: tokio::sync::Notify::new(),
+            }),
         }
     }
 
-    /// Why the body was cut short, once it has been.
-    pub fn cut(&self) -> Arc<OnceLock<Cut>> {
-        Arc::clone(&self.cut)
-    }
-
-    /// Notified once the whole body has been read.
-    pub fn sent(&self) -> Arc<Notify> {
-        Arc::clone(&self.sent)
+    pub fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     fn cut_short(&mut self, why: Cut) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let _ = self.cut.set(why);
+        self.progress.cut_short(why);
         Poll::Ready(Some(Err(Box::new(why))))
+    }
+
+    /// Charges what was received and not yet charged, once a batch is
+    /// full or the body is whole; `false`: over the limit.
+    fn charge(&mut self, whole: bool) -> bool {
+        let Some(charge) = &self.charge else {
+            return true;
+        };
+        if self.uncharged == 0 || (self.uncharged < CHARGE_BATCH && !whole) {
+            return true;
+        }
+        let n = std::mem::take(&mut self.uncharged);
+        charge.charge(n)
     }
 }
 
@@ -98,31 +140,36 @@ impl Body for Upload {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(why) = this.progress.cut() {
+            // The watchdog gave up on it.
+            return Poll::Ready(Some(Err(Box::new(why))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => {
-                if this.stall.as_mut().poll(cx).is_ready() {
-                    return this.cut_short(Cut::Stalled);
-                }
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     this.received += n;
+                    this.uncharged += n;
                     if this.received > this.max {
                         return this.cut_short(Cut::TooLarge);
                     }
-                    if this.charge.as_ref().is_some_and(|c| !c.charge(n)) {
-                        return this.cut_short(Cut::OverLimit);
-                    }
                 }
-                let next = Instant::now() + this.idle;
-                this.stall.as_mut().reset(next);
+                // A body with a length ends with its last data frame:
+                // nothing polls it again to see the end.
+                let whole = this.inner.is_end_stream();
+                if !this.charge(whole) {
+                    return this.cut_short(Cut::OverLimit);
+                }
+                this.progress.moved(whole);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
             Poll::Ready(None) => {
-                this.sent.notify_one();
+                if !this.charge(true) {
+                    return this.cut_short(Cut::OverLimit);
+                }
+                this.progress.moved(true);
                 Poll::Ready(None)
             }
         }
