@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::{
     clock::{monotonic_ns, realtime_offset_ns},
-    compile,
+    compile, faults,
     kernel::{
         Attachment, Datapath, Mode,
         counters::{self, Snapshot},
@@ -148,16 +148,19 @@ impl Engine {
         // Normally forgotten when their rule went; not if a limiter died
         // between a flip and that sweep.
         self.datapath.forget_keys(&fresh)?;
+        faults::crash_point("reset");
 
         self.datapath.clear_generation(next)?;
         let tables = compile::build(&set, &ids, next as u8);
         self.datapath.write_generation(next, &tables)?;
+        faults::crash_point("written");
         config.generation = next;
         config.malformed_action = tables.malformed_action;
         config.next_rule_id = cursor;
         config.realtime_offset_ns = realtime_offset_ns();
         self.datapath.set_config(config)?;
         std::thread::sleep(GRACE);
+        faults::crash_point("flipped");
 
         let freed: Vec<u32> = old
             .iter()

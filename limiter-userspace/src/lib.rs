@@ -12,6 +12,7 @@ pub mod compile;
 pub mod control;
 pub mod daemon;
 pub mod engine;
+pub mod faults;
 pub mod http;
 pub mod import;
 pub mod kernel;

@@ -476,6 +476,11 @@ impl Daemon {
         self.dir.0.join(format!("daemon-{}.log", self.starts))
     }
 
+    /// The command the next [`Daemon::spawn`] runs the daemon under.
+    pub fn set_wrapper(&mut self, wrapper: &[String]) {
+        self.wrapper = wrapper.to_vec();
+    }
+
     /// The daemon's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -596,4 +601,42 @@ pub fn http_get(ns: &limiter::lab::Netns, port: u16, path: &str) -> Result<Strin
         }
         Ok(body.to_owned())
     })?
+}
+
+/// Runs `command` with `input` on its stdin; what it printed and how it
+/// ended.
+pub fn piped(command: &mut Command, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{command:?}: {e} (cargo xtask setup installs it)"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("writing stdin");
+    child.wait_with_output().expect("waiting")
+}
+
+/// One raw HTTP exchange: writes `bytes`, reads the answer to the end (or
+/// 15 s).
+pub fn exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let _ = stream.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The status code of an HTTP answer (`none` for no answer).
+pub fn status(answer: &str) -> &str {
+    answer.split_whitespace().nth(1).unwrap_or("none")
 }

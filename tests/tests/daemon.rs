@@ -337,20 +337,7 @@ fn parse_openmetrics(text: &str) -> Vec<(String, HashMap<String, String>, f64)> 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
 out = [[s.name, s.labels, s.value] for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]\n\
 print(json.dumps(out))\n";
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (cargo xtask setup installs prometheus-client)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = limiter_tests::piped(Command::new("python3").args(["-c", script]), text);
     assert!(
         out.status.success(),
         "the exposition does not parse: {}\n{text}",

@@ -400,20 +400,7 @@ fn listeners_cap_connections_and_close_idle_ones() {
 /// Samples of an exposition through `promtool check metrics`: Prometheus's
 /// own parser and linter of the classic text format.
 fn promtool_check(text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (cargo xtask setup installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = limiter_tests::piped(Command::new("promtool").args(["check", "metrics"]), text);
     assert!(
         out.status.success(),
         "promtool check metrics: {}{}\n{text}",

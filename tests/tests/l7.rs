@@ -19,7 +19,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use limiter::http::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
-use limiter_tests::{TempDir, limiter_command, reference, rules, traces::corpus};
+use limiter_tests::{TempDir, exchange, limiter_command, reference, rules, status, traces::corpus};
 
 /// A clock the test sets before each request.
 #[derive(Default)]
@@ -185,22 +185,6 @@ fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
     Proxy { child, addr }
 }
 
-/// One raw exchange: what the proxy answered (status line and headers).
-fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
-    let _ = stream.write_all(bytes);
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
-fn status(answer: &str) -> &str {
-    answer.split_whitespace().nth(1).unwrap_or("none")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_limits_and_survives_bad_clients() {
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -223,14 +207,17 @@ async fn the_proxy_limits_and_survives_bad_clients() {
     tokio::task::spawn_blocking(move || {
         let get = b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         // Malformed, oversized, slow and vanishing clients first: none is charged or breaks anything.
-        assert_eq!(status(&raw(p.addr, b"THIS IS NOT HTTP\r\n\r\n")), "400");
+        assert_eq!(
+            status(&exchange(p.addr, b"THIS IS NOT HTTP\r\n\r\n")),
+            "400"
+        );
         let huge = format!(
             "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
             "a".repeat(64 * 1024)
         );
-        assert_eq!(status(&raw(p.addr, huge.as_bytes())), "431");
+        assert_eq!(status(&exchange(p.addr, huge.as_bytes())), "431");
         let started = Instant::now();
-        let slow = raw(p.addr, b"GET / HTTP/1.1\r\nHost: x\r\n"); // never finishes its headers
+        let slow = exchange(p.addr, b"GET / HTTP/1.1\r\nHost: x\r\n"); // never finishes its headers
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "a slow sender held the connection"
@@ -239,18 +226,18 @@ async fn the_proxy_limits_and_survives_bad_clients() {
         drop(TcpStream::connect(p.addr).unwrap()); // connects and leaves
         // Then the limit: burst 3, the fourth is refused with 429.
         for _ in 0..3 {
-            let answer = raw(p.addr, get);
+            let answer = exchange(p.addr, get);
             assert_eq!(status(&answer), "200", "{answer}");
             assert!(answer.contains("from upstream"));
         }
-        let limited = raw(p.addr, get);
+        let limited = exchange(p.addr, get);
         assert_eq!(status(&limited), "429", "{limited}");
         assert!(
             limited.to_ascii_lowercase().contains("retry-after: "),
             "{limited}"
         );
         // The kernel's metric names, with layer="http".
-        let scrape = raw(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        let scrape = exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
         let line = |verdict: &str, n: u64| {
             format!(
                 "limiter_packets_total{{layer=\"http\",rule=\"api\",verdict=\"{verdict}\"}} {n}"
@@ -276,7 +263,7 @@ async fn through_a_dead_upstream(name: &str, rules: &str, n: usize) -> Vec<Strin
     tokio::task::spawn_blocking(move || {
         let get = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         (0..n)
-            .map(|_| status(&raw(p.addr, get)).to_owned())
+            .map(|_| status(&exchange(p.addr, get)).to_owned())
             .collect()
     })
     .await

@@ -19,7 +19,7 @@ use std::{
 
 use axum::{Router, body::Body, routing::any};
 use http::Request;
-use limiter_tests::{TempDir, limiter_bin};
+use limiter_tests::{TempDir, exchange, limiter_bin, status};
 
 /// A `limiter proxy` child process, killed on drop; its log in a file.
 struct Proxy {
@@ -135,22 +135,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Writes `bytes`, reads the answer to the end (or 15 s).
-fn exchange(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
-    let _ = stream.write_all(bytes);
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
-fn status(answer: &str) -> &str {
-    answer.split_whitespace().nth(1).unwrap_or("none")
 }
 
 /// Reads until the peer closes; `Err` if it is still open after `wait`.

@@ -47,11 +47,7 @@ fn promtool() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-promtool-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = (|| {
-        status(
-            Command::new("apt-get")
-                .arg("update")
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+        apt_update()?;
         status(
             Command::new("apt-get")
                 .args(["download", "prometheus"])
@@ -273,15 +269,19 @@ pub fn packages() -> Result<()> {
         "installing Debian packages: {}",
         missing.join(" ")
     ));
-    status(
-        Command::new("apt-get")
-            .arg("update")
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )?;
+    apt_update()?;
     status(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn apt_update() -> Result<()> {
+    status(
+        Command::new("apt-get")
+            .arg("update")
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }

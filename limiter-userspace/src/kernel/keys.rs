@@ -105,6 +105,7 @@ impl KeyTable {
                     .is_ok()
             {
                 n += 1;
+                crate::faults::crash_point("sweeping");
             }
         });
         n
