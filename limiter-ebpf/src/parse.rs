@@ -154,9 +154,28 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             | u64::from(protocol),
     };
     if fragment_offset == 0 {
-        match parse_transport(ctx, offset + ihl * 4, ip_end, protocol) {
-            Ok(port) => packet.dest_port = port,
-            Err(Malformed) => {
+        // AH (RFC 4302) authenticates what follows, it does not hide it:
+        // the transport header and its port come after it. Its length is
+        // in 4-byte units, less 2. One AH: a second one is unreadable.
+        let mut transport = offset + ihl * 4;
+        let mut readable = true;
+        if protocol == proto::AUTH {
+            match ptr_at::<[u8; 2]>(ctx, transport) {
+                Ok(ah) => {
+                    let [next, len] = unsafe { *ah };
+                    packet.protocol = next;
+                    transport += (len as usize + 2) * 4;
+                    readable = next != proto::AUTH;
+                }
+                Err(Malformed) => readable = false,
+            }
+            if !readable {
+                packet.protocol = UNKNOWN_PROTOCOL;
+            }
+        }
+        match parse_transport(ctx, transport, ip_end, packet.protocol) {
+            Ok(port) if readable => packet.dest_port = port,
+            _ => {
                 packet.unreadable = true;
                 packet.port_unknown = true;
                 packet.tiny_fragment = more_fragments;

@@ -115,6 +115,23 @@ pub fn ipv4_fragment(frame: &[u8], more: bool, offset: u16) -> Vec<u8> {
     out
 }
 
+/// An untagged IPv4 frame with an authentication header (RFC 4302, 24
+/// bytes: a 12-byte ICV, length field 4) between the IP header and what
+/// it carried.
+pub fn ipv4_ah(frame: &[u8]) -> Vec<u8> {
+    const AH: u8 = 51;
+    let ihl = frame[L3] & 0x0f;
+    let header_end = L3 + usize::from(ihl) * 4;
+    let mut out = frame[..header_end].to_vec();
+    out.extend_from_slice(&[frame[L3 + 9], 4, 0, 0]);
+    out.extend_from_slice(&[0; 20]);
+    out.extend_from_slice(&frame[header_end..]);
+    out[L3 + 9] = AH;
+    let total = u16::from_be_bytes([out[L3 + 2], out[L3 + 3]]) + 24;
+    out[L3 + 2..L3 + 4].copy_from_slice(&total.to_be_bytes());
+    out
+}
+
 /// IPv6 extension headers for [`ipv6_chain`].
 #[derive(Clone, Copy)]
 pub enum Ext {

@@ -178,9 +178,26 @@ fn ipv4(frame: &[u8], at: usize) -> Parsed {
         datagram: u64::from(destination) << 32 | u64::from(id) << 8 | u64::from(protocol),
     };
     if offset == 0 {
-        match transport(frame, at + ihl * 4, end, protocol) {
-            Ok(port) => packet.port = port,
-            Err(()) => {
+        // One authentication header (RFC 4302) may come first; a second
+        // one, or one cut short, leaves the transport unknown.
+        let mut start = at + ihl * 4;
+        let mut readable = true;
+        if protocol == 51 {
+            match bytes(frame, start, 2) {
+                Some(ah) => {
+                    packet.protocol = ah[0];
+                    start += (usize::from(ah[1]) + 2) * 4;
+                    readable = ah[0] != 51;
+                }
+                None => readable = false,
+            }
+            if !readable {
+                packet.protocol = UNKNOWN_PROTOCOL;
+            }
+        }
+        match transport(frame, start, end, packet.protocol) {
+            Ok(port) if readable => packet.port = port,
+            _ => {
                 packet.unreadable = true;
                 packet.tiny = more;
             }
@@ -512,6 +529,7 @@ fn corpus() -> Vec<Vec<u8>> {
             corpus.push(frames::ipv4_fragment(&udp, false, 3));
             corpus.push(frames::tagged(&tcp, 0x8100, 7));
             corpus.push(frames::tagged(&frames::tagged(&udp, 0x8100, 7), 0x88a8, 9));
+            corpus.push(frames::ipv4_ah(&tcp));
             corpus.extend([udp, tcp, frames::icmp4(src)]);
         }
     }

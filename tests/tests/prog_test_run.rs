@@ -174,6 +174,37 @@ fn vlan_and_qinq() {
     assert_eq!((verdict, rule, global.malformed), (XDP_PASS, None, 1));
 }
 
+/// Guards IPv4's authentication header: the port behind it is read and
+/// its rule applies (before, an AH packet was protocol 51 without a port,
+/// out of reach of every rule that names tcp or udp); AH within AH, or an
+/// AH cut short, is charged as a packet whose port is unknown.
+#[test]
+fn ipv4_authentication_headers() {
+    let dp = loaded(RULES);
+    assert_eq!(
+        rule_of(&dp, &frames::ipv4_ah(&frames::udp4(SRC4, 53, 10))).as_deref(),
+        Some("dns")
+    );
+    assert_eq!(
+        rule_of(&dp, &frames::ipv4_ah(&frames::tcp4(SRC4, 443))).as_deref(),
+        Some("v4-tcp")
+    );
+    let twice = frames::ipv4_ah(&frames::ipv4_ah(&frames::tcp4(SRC4, 443)));
+    let cut = frames::ipv4_ah(&frames::tcp4(SRC4, 443))[..frames::L3 + 21].to_vec();
+    for frame in [twice, cut] {
+        let (verdict, rule, global) = run(&dp, &frame);
+        assert_eq!(
+            (
+                verdict,
+                rule.as_deref(),
+                global.malformed,
+                global.unreadable_transport
+            ),
+            (XDP_PASS, Some("dns"), 0, 1)
+        );
+    }
+}
+
 #[test]
 fn ipv6_extension_headers() {
     let dp = loaded(RULES);

@@ -118,21 +118,54 @@ struct State {
     last_seen: AtomicU64,
 }
 
-/// Bounds memory: past `max_keys` keys, the least recently seen are
-/// forgotten (and start again with a full budget). Unlike the kernel's key
-/// table, which reuses only keys at rest, this may forget a key in debt.
-fn evict_least_recent(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize) {
-    let mut seen: Vec<u64> = keys
-        .values()
-        .map(|s| s.last_seen.load(Ordering::Relaxed))
-        .collect();
-    let cut = seen.len().saturating_sub(keep);
-    if cut == 0 {
+/// Bounds memory without handing anyone a fresh burst: past `max_keys`
+/// keys, keys *at rest* (unseen for as long as their rule's meters take to
+/// refill whole, so forgetting them gives nothing away) are forgotten,
+/// least recently seen first, down to `keep`. A key still in debt is never
+/// forgotten, as in the kernel's key table: when only such keys are left,
+/// the caller refuses the new key.
+fn evict_at_rest(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize, now: u64, rest_ns: &[u64]) {
+    let excess = keys.len().saturating_sub(keep);
+    if excess == 0 {
         return;
     }
-    let (_, threshold, _) = seen.select_nth_unstable(cut - 1);
-    let threshold = *threshold;
-    keys.retain(|_, s| s.last_seen.load(Ordering::Relaxed) > threshold);
+    let mut at_rest: Vec<(u64, StateKey)> = keys
+        .iter()
+        .map(|(key, s)| (s.last_seen.load(Ordering::Relaxed), *key))
+        .filter(|(seen, (index, _))| now.saturating_sub(*seen) >= rest_ns[*index])
+        .collect();
+    let n = excess.min(at_rest.len());
+    if n < at_rest.len() {
+        at_rest.select_nth_unstable_by_key(n, |(seen, _)| *seen);
+    }
+    for (_, key) in &at_rest[..n] {
+        keys.remove(key);
+    }
+}
+
+/// How long a key of `rule` must go unseen before its state is what a new
+/// key starts with: a GCRA meter refills in its capacity (plus the longest
+/// pacing delay), a window's counts expire within two windows, a log's
+/// entries within one.
+fn rest_ns(rule: &Rule) -> u64 {
+    let Limit::Metered { packets, bytes } = rule.limit else {
+        return 0;
+    };
+    let delay = rule
+        .delay
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    [packets, bytes]
+        .into_iter()
+        .flatten()
+        .map(|m| match rule.algorithm {
+            Algorithm::Gcra => m.gcra.capacity_ns.saturating_add(delay),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                m.window.length_ns.saturating_mul(2)
+            }
+            Algorithm::SlidingLog => m.window.length_ns,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// A key's identity: the rule's index and either the masked client address
@@ -184,6 +217,10 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     /// By (rule index, key).
     keys: Mutex<HashMap<StateKey, Arc<State>>>,
+    /// By rule index: see [`rest_ns`].
+    rest_ns: Vec<u64>,
+    /// New keys refused because every key kept was still in debt.
+    pub key_alloc_failed: AtomicU64,
     digest: KeyDigest,
     aggregates: Vec<State>,
     pub counters: Vec<HttpCounters>,
@@ -192,6 +229,7 @@ pub struct Limiter {
 impl Limiter {
     pub fn new(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
         let n = rules.rules.len();
+        let rest = rules.rules.iter().map(rest_ns).collect();
         Self {
             aggregates: (0..n).map(|_| State::default()).collect(),
             counters: (0..n).map(|_| HttpCounters::default()).collect(),
@@ -204,6 +242,8 @@ impl Limiter {
             rules,
             clock,
             keys: Mutex::new(HashMap::new()),
+            rest_ns: rest,
+            key_alloc_failed: AtomicU64::new(0),
             digest: KeyDigest::new(),
         }
     }
@@ -242,7 +282,7 @@ impl Limiter {
         if (bytes.is_none() && aggregate_bytes.is_none()) || rule.delay.is_some() {
             return None;
         }
-        let state = self.state(index, rule, &request, self.clock.monotonic_ns());
+        let state = self.state(index, rule, &request, self.clock.monotonic_ns())?;
         Some(BodyMeter { index, state })
     }
 
@@ -305,7 +345,23 @@ impl Limiter {
             };
         };
         let monotonic = self.clock.monotonic_ns();
-        let state = self.state(index, rule, request, monotonic);
+        let Some(state) = self.state(index, rule, request, monotonic) else {
+            // No room for a new key: refused, as the kernel refuses one.
+            let counters = &self.counters[index];
+            let counter = if rule.shadow {
+                &counters.shadow
+            } else {
+                &counters.dropped
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return Admission {
+                allowed: rule.shadow,
+                shadow: rule.shadow,
+                rule: Some(Arc::clone(&self.names[index])),
+                quota: None,
+                delay_ns: 0,
+            };
+        };
         let aggregate = &self.aggregates[index];
         let none = Rates {
             packets: None,
@@ -438,10 +494,17 @@ impl Limiter {
         }
     }
 
-    /// The key's state, created on first sight. Keys are the rule's index
-    /// and either the caller's key or the client address masked exactly as
-    /// the kernel masks it.
-    fn state(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>, now: u64) -> Arc<State> {
+    /// The key's state, created on first sight if there is room (see
+    /// [`evict_at_rest`]). Keys are the rule's index and either the
+    /// caller's key or the client address masked exactly as the kernel
+    /// masks it.
+    fn state(
+        &self,
+        index: usize,
+        rule: &Rule,
+        request: &RequestMeta<'_>,
+        now: u64,
+    ) -> Option<Arc<State>> {
         let key = match request.key {
             Some(key) => KeyBytes::Custom(self.digest.of(key)),
             None => {
@@ -454,13 +517,21 @@ impl Limiter {
             }
         };
         let mut keys = self.keys.lock().expect("key map lock");
+        if let Some(state) = keys.get(&(index, key)) {
+            state.last_seen.store(now, Ordering::Relaxed);
+            return Some(Arc::clone(state));
+        }
+        let capacity = self.rules.max_keys as usize;
+        if keys.len() >= capacity {
+            evict_at_rest(&mut keys, capacity / 2, now, &self.rest_ns);
+            if keys.len() >= capacity {
+                self.key_alloc_failed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
         let state = Arc::clone(keys.entry((index, key)).or_default());
         state.last_seen.store(now, Ordering::Relaxed);
-        let capacity = self.rules.max_keys as usize;
-        if keys.len() > capacity {
-            evict_least_recent(&mut keys, capacity / 2);
-        }
-        state
+        Some(state)
     }
 
     /// Quota, remaining and timing of a key's request meter, for headers.

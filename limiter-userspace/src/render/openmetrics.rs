@@ -245,6 +245,15 @@ pub fn render_http(limiter: &crate::http::Limiter) -> String {
         "Admitted requests whose streaming (chunked) body went over the rule's byte limit: cut short, or counted under a dry run",
         bodies,
     );
+    let refused = Family::<Labels, Counter>::default();
+    refused
+        .get_or_create(&vec![("layer".to_owned(), "http".to_owned())])
+        .inc_by(limiter.key_alloc_failed.load(Relaxed));
+    registry.register(
+        "limiter_key_alloc_failures",
+        "Requests of new keys refused: every key kept was still in debt to its limit",
+        refused,
+    );
     let keys = Gauge::<i64>::default();
     keys.set(i64::try_from(limiter.tracked_keys()).unwrap_or(i64::MAX));
     registry.register(
