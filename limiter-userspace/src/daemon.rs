@@ -135,6 +135,8 @@ struct Shared {
     attachments: Vec<Attachment>,
     generation: AtomicU64,
     tracked_keys: AtomicU64,
+    /// The pins went missing and are not back yet.
+    pins_missing: std::sync::atomic::AtomicBool,
     shutdown: Notify,
 }
 
@@ -203,6 +205,7 @@ pub fn run(config_path: &Path) -> Result<()> {
         attachments,
         generation: AtomicU64::new(1),
         tracked_keys: AtomicU64::new(0),
+        pins_missing: Default::default(),
         shutdown: Notify::new(),
     });
     tokio::runtime::Builder::new_multi_thread()
@@ -326,6 +329,7 @@ async fn housekeeping(shared: Arc<Shared>) {
         let work = Arc::clone(&shared);
         let _ = tokio::task::spawn_blocking(move || {
             let mut engine = work.engine();
+            watch_pins(&work, &mut engine);
             if let Err(e) = engine.remove_expired_blocks() {
                 tracing::warn!("removing expired blocks: {e:#}");
             }
@@ -353,6 +357,35 @@ async fn housekeeping(shared: Arc<Shared>) {
     }
 }
 
+/// Reports pins that went missing (bpffs unmounted, the directory
+/// deleted) once, and writes them again once there is a bpffs to write
+/// them in. The program enforces throughout: the daemon holds the maps and
+/// links itself.
+fn watch_pins(shared: &Shared, engine: &mut Engine) {
+    let datapath = engine.datapath_mut();
+    if datapath.pins_intact() {
+        return;
+    }
+    if !shared.pins_missing.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            "the pins under {} are gone (bpffs unmounted?); the program keeps enforcing, \
+             held by this daemon; they are written again when a bpffs is mounted there",
+            shared.config.pin_dir.display()
+        );
+    }
+    match datapath.repin() {
+        Ok(0) => {}
+        Ok(n) => {
+            shared.pins_missing.store(false, Ordering::Relaxed);
+            tracing::info!(
+                "pinned {n} maps and links again under {}",
+                shared.config.pin_dir.display()
+            );
+        }
+        Err(e) => tracing::warn!("pinning again: {e:#}"),
+    }
+}
+
 async fn scrape(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
     headers: axum::http::HeaderMap,
@@ -371,6 +404,7 @@ async fn scrape(
                 ruleset_generation: shared.generation.load(Ordering::Relaxed),
                 tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
                 blocks,
+                pins_missing: shared.pins_missing.load(Ordering::Relaxed),
             },
         )))
     })

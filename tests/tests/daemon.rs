@@ -7,7 +7,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::unix::{fs::PermissionsExt, net::UnixStream},
-    process::{Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };

@@ -122,3 +122,92 @@ fn a_crash_after_the_flip_before_the_sweep() {
 fn a_crash_during_the_sweep() {
     crash_during_apply("sweeping", 1, "lt-crash-sweep");
 }
+
+/// Runs `args` in the daemon's mount namespace.
+fn in_mounts(pid: u32, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("nsenter")
+        .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+        .args(args)
+        .output()
+        .expect("nsenter")
+}
+
+/// Guards the daemon against losing its pins: bpffs unmounted under it
+/// (in a mount namespace of its own, with a bpffs of its own) while a
+/// source is flooded. The program keeps enforcing (before, the pins were
+/// the links' only reference: the links went with them, the program came
+/// off the interface and the flood went through); the loss is reported;
+/// once a bpffs is mounted again the maps and links are pinned again.
+#[test]
+fn bpffs_unmounted_under_the_daemon() {
+    let lab = Lab::create("lt-unmount").expect("lab");
+    let own_bpffs = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t bpf bpf /sys/fs/bpf && exec \"$0\" \"$@\"",
+    ]
+    .map(str::to_owned);
+    let daemon =
+        Daemon::start_with(&lab, "unmount", &[RX_IFACE], BEFORE, "", &own_bpffs).expect("daemon");
+    let pid = daemon.pid().expect("pid");
+    let pins = daemon.pin_dir.clone();
+    let pinned = |path: &std::path::Path| {
+        in_mounts(pid, &["test", "-e", &path.to_string_lossy()])
+            .status
+            .success()
+    };
+    assert!(pinned(&pins.join("CONFIG")) && pinned(&pins.join("links").join(RX_IFACE)));
+    let addrs = [IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1))];
+    let (report, received) = thread::scope(|scope| {
+        let side = scope.spawn(|| {
+            thread::sleep(Duration::from_secs(1));
+            // Its own bpffs, then the host's beneath it (in its namespace
+            // only): no bpffs left there.
+            for _ in 0..2 {
+                let out = in_mounts(pid, &["umount", "/sys/fs/bpf"]);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            thread::sleep(Duration::from_millis(1500));
+            assert!(
+                !pinned(&pins.join("CONFIG")),
+                "still pinned after the unmount"
+            );
+            assert!(
+                limiter_tests::xdp_attached(lab.rx.name(), RX_IFACE),
+                "detached"
+            );
+            assert!(daemon.log().contains("are gone"), "{}", daemon.log());
+            let out = in_mounts(pid, &["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            thread::sleep(Duration::from_millis(1500));
+        });
+        let result = flood(
+            &lab,
+            &sources(&lab, 0, &addrs, 1000, 64),
+            Duration::from_secs(5),
+        );
+        side.join().expect("unmount and mount");
+        result
+    });
+    assert_within(
+        received[&addrs[0]],
+        200.0 + 100.0 * report.elapsed.as_secs_f64(),
+        5.0,
+        "the flooded source while bpffs was gone",
+    );
+    assert!(daemon.log().contains("again under"), "{}", daemon.log());
+    assert!(pinned(&pins.join("CONFIG")) && pinned(&pins.join("links").join(RX_IFACE)));
+    ok(daemon.cli(&["rules", "show"]));
+}

@@ -4,7 +4,6 @@
 //! loopback.
 
 use std::{
-    io::{Read, Write},
     net::{SocketAddr, TcpStream},
     process::{Child, Stdio},
     sync::{

@@ -106,6 +106,7 @@ impl Datapath {
                             }
                         })?;
                         pin(link, &link_path)?;
+                        self.held.link(&link_path)?;
                     }
                     return Ok(Attachment {
                         iface: iface.to_owned(),
@@ -143,13 +144,15 @@ impl Datapath {
             .program_mut()
             .attach_to_link(link)
             .map_err(|e| adopt_error(e.to_string()))?;
-        // The pin keeps the link; the program must not hold (and on drop
+        // The pin keeps the link, and so does the daemon's own reference
+        // (should the pin go); the program must not hold (and on drop
         // close) it as one of its own.
         drop(
             self.program_mut()
                 .take_link(id)
                 .map_err(|e| adopt_error(e.to_string()))?,
         );
+        self.held.link(path)?;
         Ok(Attachment {
             iface: iface.to_owned(),
             mode: Mode::Auto,

@@ -15,6 +15,7 @@ pub mod mapped;
 pub mod maps;
 pub mod object;
 pub mod pins;
+pub mod repin;
 
 use std::{
     io,
@@ -95,6 +96,8 @@ pub struct Datapath {
     ebpf: Ebpf,
     maps: Maps,
     pin_dir: PathBuf,
+    /// References that keep maps and links alive without their pins.
+    held: repin::Held,
 }
 
 impl Datapath {
@@ -108,11 +111,14 @@ impl Datapath {
     /// from a map).
     pub fn open_object(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Self, KernelError> {
         let mut ebpf = object::load(object, pin_dir, max_keys)?;
+        let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_owned()).collect();
+        let held = repin::Held::maps(pin_dir, &names)?;
         let maps = Maps::take(&mut ebpf)?;
         let mut datapath = Self {
             ebpf,
             maps,
             pin_dir: pin_dir.to_owned(),
+            held,
         };
         datapath.describe_key_table()?;
         datapath.write_v4_coverage()?;

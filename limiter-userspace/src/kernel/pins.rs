@@ -108,7 +108,8 @@ pub fn ensure_bpffs() -> Result<()> {
     .with_context(|| format!("mounting bpffs at {BPFFS}"))
 }
 
-fn is_bpffs(path: &Path) -> Result<bool> {
+/// Whether a bpffs is mounted at `path`.
+pub fn is_bpffs(path: &Path) -> Result<bool> {
     match statfs(path) {
         Ok(stat) => Ok(stat.filesystem_type() == BPF_FS_MAGIC),
         Err(Errno::ENOENT) => Ok(false),

@@ -22,6 +22,8 @@ pub struct DaemonGauges {
     /// Keys in the state map now (counted with batched reads).
     pub tracked_keys: u64,
     pub blocks: u64,
+    /// The pins are gone (bpffs unmounted) and not yet written again.
+    pub pins_missing: bool,
 }
 
 type Labels = Vec<(String, String)>;
@@ -178,6 +180,12 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
             "limiter_blocks",
             "Manual blocks in force or awaiting removal",
             facts.blocks,
+            None,
+        ),
+        (
+            "limiter_pins_missing",
+            "1 while the pinned maps and links are gone (bpffs unmounted) and not yet pinned again",
+            u64::from(facts.pins_missing),
             None,
         ),
         (
