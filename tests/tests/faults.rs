@@ -211,3 +211,34 @@ fn bpffs_unmounted_under_the_daemon() {
     assert!(pinned(&pins.join("CONFIG")) && pinned(&pins.join("links").join(RX_IFACE)));
     ok(daemon.cli(&["rules", "show"]));
 }
+
+/// Guards the control plane against a bug: a panic in the middle of a rule
+/// apply (with the engine locked) fails that request only; the daemon
+/// keeps serving, the rules in force are whole, and the next apply works
+/// (before, the engine's lock stayed poisoned and every later request
+/// failed: the control plane was dead until a restart).
+#[test]
+fn a_panic_during_an_apply_leaves_the_control_plane_serving() {
+    let lab = Lab::create("lt-panic").expect("lab");
+    let panic = [
+        "env".to_owned(),
+        "LIMITER_CRASH_AT=written:2:panic".to_owned(),
+    ];
+    let daemon =
+        Daemon::start_with(&lab, "panic", &[RX_IFACE], BEFORE, "", &panic).expect("daemon");
+    let after = daemon.dir.write("after.yaml", AFTER);
+    let out = daemon.cli(&["rules", "apply", &after.to_string_lossy()]);
+    assert!(!out.status.success(), "the apply did not fail");
+    assert!(
+        daemon.log().contains("crash point written: panic"),
+        "{}",
+        daemon.log()
+    );
+    let view: serde_json::Value =
+        serde_json::from_str(&ok(daemon.cli(&["rules", "show", "--json"]))).expect("JSON");
+    assert_eq!(names(&view), ["flooded", "gone"], "{view}");
+    ok(daemon.cli(&["rules", "apply", &after.to_string_lossy()]));
+    let view: serde_json::Value =
+        serde_json::from_str(&ok(daemon.cli(&["rules", "show", "--json"]))).expect("JSON");
+    assert_eq!(names(&view), ["flooded", "added"], "{view}");
+}
