@@ -160,7 +160,13 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         let mut transport = offset + ihl * 4;
         let mut readable = true;
         if protocol == proto::AUTH {
-            match ptr_at::<[u8; 2]>(ctx, transport) {
+            // Within the datagram: padding past it is not its AH.
+            let ah = if transport + 2 > ip_end {
+                Err(Malformed)
+            } else {
+                ptr_at::<[u8; 2]>(ctx, transport)
+            };
+            match ah {
                 Ok(ah) => {
                     let [next, len] = unsafe { *ah };
                     packet.protocol = next;

@@ -364,6 +364,7 @@ async fn housekeeping(shared: Arc<Shared>) {
 fn watch_pins(shared: &Shared, engine: &mut Engine) {
     let datapath = engine.datapath_mut();
     if datapath.pins_intact() {
+        shared.pins_missing.store(false, Ordering::Relaxed);
         return;
     }
     if !shared.pins_missing.swap(true, Ordering::Relaxed) {
@@ -382,7 +383,8 @@ fn watch_pins(shared: &Shared, engine: &mut Engine) {
                 shared.config.pin_dir.display()
             );
         }
-        Err(e) => tracing::warn!("pinning again: {e:#}"),
+        // Once a second until it works: at debug level after the report.
+        Err(e) => tracing::debug!("pinning again: {e:#}"),
     }
 }
 
@@ -468,7 +470,14 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             Response::ok(())
         }
         Request::Detach => {
-            let detached = kernel::detach_all(&shared.config.pin_dir)?;
+            // Under the engine's lock, links released first: the pins
+            // watcher must not pin again what the detach removes.
+            let pin_dir = shared.config.pin_dir.clone();
+            let detached = blocking(shared, move |engine| {
+                engine.datapath_mut().release_links();
+                Ok(kernel::detach_all(&pin_dir)?)
+            })
+            .await?;
             tracing::info!(
                 "detached from {detached:?} and removed {}",
                 shared.config.pin_dir.display()

@@ -167,7 +167,7 @@ impl Engine {
             .map(|(id, _)| *id)
             .filter(|id| !ids.contains(id))
             .collect();
-        let forgotten_keys = self.datapath.forget_keys(&freed)?;
+        let forgotten_keys = self.datapath.sweep_keys(&freed)?;
         let change = diff(&old, &set, &ids, next, forgotten_keys);
         self.applied = Some((set, ids));
         Ok(change)

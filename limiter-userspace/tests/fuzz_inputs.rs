@@ -190,7 +190,10 @@ proptest! {
             input.extend(line);
             input.push(b'\n');
         }
+        let started = std::time::Instant::now();
         let answers = serve(input);
+        // The connection ends with the input, not at the 5 s deadline.
+        prop_assert!(started.elapsed() < std::time::Duration::from_secs(4));
         for answer in answers.lines() {
             prop_assert!(serde_json::from_str::<Response>(answer).is_ok(), "{answer}");
         }

@@ -175,7 +175,11 @@ fn bpffs_unmounted_under_the_daemon() {
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
-            thread::sleep(Duration::from_millis(1500));
+            let reported = (0..50).any(|_| {
+                thread::sleep(Duration::from_millis(100));
+                daemon.log().contains("are gone")
+            });
+            assert!(reported, "{}", daemon.log());
             assert!(
                 !pinned(&pins.join("CONFIG")),
                 "still pinned after the unmount"
@@ -191,7 +195,11 @@ fn bpffs_unmounted_under_the_daemon() {
                 "{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            thread::sleep(Duration::from_millis(1500));
+            let repinned = (0..50).any(|_| {
+                thread::sleep(Duration::from_millis(100));
+                daemon.log().contains("again under")
+            });
+            assert!(repinned, "{}", daemon.log());
         });
         let result = flood(
             &lab,

@@ -183,7 +183,7 @@ fn ipv4(frame: &[u8], at: usize) -> Parsed {
         let mut start = at + ihl * 4;
         let mut readable = true;
         if protocol == 51 {
-            match bytes(frame, start, 2) {
+            match bytes(frame, start, 2).filter(|_| start + 2 <= end) {
                 Some(ah) => {
                     packet.protocol = ah[0];
                     start += (usize::from(ah[1]) + 2) * 4;

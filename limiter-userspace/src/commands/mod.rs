@@ -124,6 +124,15 @@ pub fn detach(pin_dir: &Path, socket: &Path) -> Result<()> {
     let detached: Vec<String> = if daemon.daemon_running() {
         daemon.detach()?.detached
     } else {
+        // A daemon that answers on another socket still holds the pins (and
+        // would pin again what was removed under it): refused, by its lock.
+        let _lock = kernel::pins::PinLock::acquire(pin_dir).with_context(|| {
+            format!(
+                "no daemon answers on {}, but one holds {}: detach through its socket (--socket)",
+                socket.display(),
+                pin_dir.display()
+            )
+        })?;
         kernel::detach_all(pin_dir)?
     };
     if detached.is_empty() {

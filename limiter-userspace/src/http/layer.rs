@@ -53,6 +53,12 @@ pub struct BodyCharge {
 }
 
 impl BodyCharge {
+    /// The most a single charge may be: the smallest burst or window of
+    /// the rule's byte limits (more at once could never be admitted).
+    pub fn max_cost(&self) -> u64 {
+        self.meter.max_cost
+    }
+
     /// Charges `n` more body bytes; `false`: over the limit, stop (under a
     /// dry run, the excess is counted and the body goes on).
     pub fn charge(&self, n: u64) -> bool {

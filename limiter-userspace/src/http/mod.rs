@@ -124,23 +124,34 @@ struct State {
 /// least recently seen first, down to `keep`. A key still in debt is never
 /// forgotten, as in the kernel's key table: when only such keys are left,
 /// the caller refuses the new key.
-fn evict_at_rest(keys: &mut HashMap<StateKey, Arc<State>>, keep: usize, now: u64, rest_ns: &[u64]) {
-    let excess = keys.len().saturating_sub(keep);
-    if excess == 0 {
-        return;
+/// Returns the earliest time a key kept could next come to rest: until
+/// then, no scan can free anything. A key whose state an upload still
+/// charges (a [`BodyMeter`] holds it) is not at rest.
+fn evict_at_rest(
+    keys: &mut HashMap<StateKey, Arc<State>>,
+    keep: usize,
+    now: u64,
+    rest_ns: &[u64],
+) -> u64 {
+    let mut next_rest = u64::MAX;
+    let mut at_rest: Vec<(u64, StateKey)> = Vec::new();
+    for (key, state) in keys.iter() {
+        let seen = state.last_seen.load(Ordering::Relaxed);
+        let rests_at = seen.saturating_add(rest_ns[key.0]);
+        if rests_at <= now && Arc::strong_count(state) == 1 {
+            at_rest.push((seen, *key));
+        } else {
+            next_rest = next_rest.min(rests_at.max(now.saturating_add(1)));
+        }
     }
-    let mut at_rest: Vec<(u64, StateKey)> = keys
-        .iter()
-        .map(|(key, s)| (s.last_seen.load(Ordering::Relaxed), *key))
-        .filter(|(seen, (index, _))| now.saturating_sub(*seen) >= rest_ns[*index])
-        .collect();
-    let n = excess.min(at_rest.len());
+    let n = keys.len().saturating_sub(keep).min(at_rest.len());
     if n < at_rest.len() {
         at_rest.select_nth_unstable_by_key(n, |(seen, _)| *seen);
     }
     for (_, key) in &at_rest[..n] {
         keys.remove(key);
     }
+    next_rest
 }
 
 /// How long a key of `rule` must go unseen before its state is what a new
@@ -205,6 +216,8 @@ impl KeyDigest {
 pub struct BodyMeter {
     index: usize,
     state: Arc<State>,
+    /// The most one charge may be (see [`crate::http::BodyCharge::max_cost`]).
+    max_cost: u64,
 }
 
 type StateKey = (usize, KeyBytes);
@@ -221,6 +234,9 @@ pub struct Limiter {
     rest_ns: Vec<u64>,
     /// New keys refused because every key kept was still in debt.
     pub key_alloc_failed: AtomicU64,
+    /// No key kept can come to rest before this (monotonic ns), as the
+    /// last scan found.
+    no_rest_before: AtomicU64,
     digest: KeyDigest,
     aggregates: Vec<State>,
     pub counters: Vec<HttpCounters>,
@@ -244,6 +260,7 @@ impl Limiter {
             keys: Mutex::new(HashMap::new()),
             rest_ns: rest,
             key_alloc_failed: AtomicU64::new(0),
+            no_rest_before: AtomicU64::new(0),
             digest: KeyDigest::new(),
         }
     }
@@ -283,7 +300,20 @@ impl Limiter {
             return None;
         }
         let state = self.state(index, rule, &request, self.clock.monotonic_ns())?;
-        Some(BodyMeter { index, state })
+        let max_cost = [bytes, aggregate_bytes]
+            .into_iter()
+            .flatten()
+            .map(|m| match rule.algorithm {
+                Algorithm::Gcra => m.burst,
+                _ => m.window.limit,
+            })
+            .min()
+            .unwrap_or(u64::MAX);
+        Some(BodyMeter {
+            index,
+            state,
+            max_cost,
+        })
     }
 
     /// Charges `n` more bytes of a streaming body to its key's and its
@@ -299,7 +329,10 @@ impl Limiter {
         let monotonic = self.clock.monotonic_ns();
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
-        meter.state.last_seen.store(monotonic, Ordering::Relaxed);
+        meter
+            .state
+            .last_seen
+            .fetch_max(monotonic, Ordering::Relaxed);
         let aggregate = &self.aggregates[meter.index];
         self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic)
     }
@@ -518,19 +551,30 @@ impl Limiter {
         };
         let mut keys = self.keys.lock().expect("key map lock");
         if let Some(state) = keys.get(&(index, key)) {
-            state.last_seen.store(now, Ordering::Relaxed);
+            state.last_seen.fetch_max(now, Ordering::Relaxed);
             return Some(Arc::clone(state));
         }
         let capacity = self.rules.max_keys as usize;
         if keys.len() >= capacity {
-            evict_at_rest(&mut keys, capacity / 2, now, &self.rest_ns);
+            // A full scan only when it may free something: a flood of new
+            // keys against a store full of keys in debt costs a compare.
+            if now < self.no_rest_before.load(Ordering::Relaxed) {
+                self.key_alloc_failed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            let next = evict_at_rest(&mut keys, capacity / 2, now, &self.rest_ns);
+            self.no_rest_before.store(next, Ordering::Relaxed);
             if keys.len() >= capacity {
                 self.key_alloc_failed.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
         }
         let state = Arc::clone(keys.entry((index, key)).or_default());
-        state.last_seen.store(now, Ordering::Relaxed);
+        state.last_seen.fetch_max(now, Ordering::Relaxed);
+        // A key added since the last scan may come to rest before the keys
+        // that scan saw.
+        self.no_rest_before
+            .fetch_min(now.saturating_add(self.rest_ns[index]), Ordering::Relaxed);
         Some(state)
     }
 

@@ -298,10 +298,20 @@ impl Forward {
                 if whole {
                     anyhow::bail!("the upstream did not answer in time");
                 }
+                if !progress.waiting_on_client() {
+                    // The body is not being read: the upstream is slow to
+                    // connect or to take it, the client is not at fault.
+                    anyhow::bail!("the upstream did not take the request in time");
+                }
                 progress.cut_short(Cut::Stalled);
                 return Ok(cut_short(Cut::Stalled, self.max_body_bytes));
             }
         };
+        // Answered before the body is whole: hyper goes on sending it, and
+        // it must keep arriving.
+        if !progress.get().1 {
+            tokio::spawn(Arc::clone(&progress).watch(self.body_timeout));
+        }
         let response = match (response, progress.cut()) {
             (_, Some(cut)) => return Ok(cut_short(cut, self.max_body_bytes)),
             (response, None) => response?,

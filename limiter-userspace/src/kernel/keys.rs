@@ -96,6 +96,11 @@ impl KeyTable {
     /// Frees the slots of every key of the given rule ids; returns how
     /// many. A slot the kernel re-claimed meanwhile is left to its new key.
     pub fn forget(&self, ids: &[u32]) -> usize {
+        self.forget_each(ids, || {})
+    }
+
+    /// [`KeyTable::forget`], calling `freed` after each key it frees.
+    pub fn forget_each(&self, ids: &[u32], freed: impl Fn()) -> usize {
         let mut n = 0;
         self.for_each_key(|bucket, way, seen| {
             if ids.contains(&self.slot(bucket, way).key.rule_id())
@@ -105,7 +110,7 @@ impl KeyTable {
                     .is_ok()
             {
                 n += 1;
-                crate::faults::crash_point("sweeping");
+                freed();
             }
         });
         n

@@ -1,24 +1,65 @@
-//! Pins lost under a running daemon (bpffs unmounted, or the pin directory
+//! Pins lost under a running daemon (bpffs unmounted, the pin directory
 //! deleted): the program keeps enforcing, because the daemon holds its own
 //! reference to every map and every XDP link, not only the pins; the loss
 //! is reported, and the pins are written again as soon as a bpffs is
-//! mounted where they lived, so a later daemon can adopt the state.
+//! mounted where they lived, so a later daemon can adopt the state. A
+//! detach releases the links first, so nothing pins them again.
 
-use std::path::{Path, PathBuf};
-
-use aya::{
-    maps::MapData,
-    programs::links::{FdLink, PinnedLink},
+use std::{
+    ffi::CString,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
 };
+
+use aya::maps::MapData;
 
 use super::{Datapath, KernelError, pins};
 
-/// The daemon's own references: a handle on each pinned map, and each
-/// pinned link with where it was pinned.
+/// The daemon's own references: a handle on each pinned map, and a file
+/// descriptor of each pinned link with where it was pinned.
 #[derive(Default)]
 pub struct Held {
     maps: Vec<(String, MapData)>,
-    links: Vec<(PathBuf, PinnedLink)>,
+    links: Vec<(PathBuf, OwnedFd)>,
+    /// Detached: nothing is pinned again.
+    released: bool,
+}
+
+/// `bpf(2)`'s attributes for `BPF_OBJ_PIN` and `BPF_OBJ_GET`.
+#[repr(C)]
+#[derive(Default)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+
+fn obj(command: libc::c_long, path: &Path, fd: u32) -> std::io::Result<libc::c_long> {
+    let name = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let attr = ObjAttr {
+        pathname: name.as_ptr() as u64,
+        bpf_fd: fd,
+        file_flags: 0,
+    };
+    // SAFETY: `attr` and the path it points to outlive the call, and the
+    // size passed is the size of `attr`.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            &attr as *const ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
+    if result < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
 }
 
 impl Held {
@@ -38,17 +79,19 @@ impl Held {
             .collect::<Result<_, _>>()?;
         Ok(Self {
             maps,
-            links: Vec::new(),
+            ..Self::default()
         })
     }
 
     /// Keeps a reference to the link pinned at `path`.
     pub fn link(&mut self, path: &Path) -> Result<(), KernelError> {
-        let link = PinnedLink::from_pin(path).map_err(|e| KernelError::Adopt {
+        let fd = obj(BPF_OBJ_GET, path, 0).map_err(|source| KernelError::Io {
             path: path.to_owned(),
-            detail: e.to_string(),
+            source,
         })?;
-        self.links.push((path.to_owned(), link));
+        // SAFETY: BPF_OBJ_GET returned a new descriptor, ours alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        self.links.push((path.to_owned(), fd));
         Ok(())
     }
 }
@@ -64,12 +107,29 @@ impl Datapath {
             && self.held.links.iter().all(|(path, _)| path.exists())
     }
 
-    /// Pins again what is missing, once the pin directory's parent is a
-    /// bpffs again; returns how many pins were written (0: nothing to do,
-    /// or no bpffs to write them in yet).
+    /// Lets go of the links (a detach): they live on only by their pins,
+    /// which the detach removes, and are never pinned again.
+    pub fn release_links(&mut self) {
+        self.held.links.clear();
+        self.held.released = true;
+    }
+
+    /// Pins again what is missing, once the nearest existing ancestor of
+    /// the pin directory is a bpffs; returns how many pins were written
+    /// (0: nothing to do, or no bpffs to write them in yet).
     pub fn repin(&mut self) -> Result<usize, KernelError> {
-        let parent = self.pin_dir.parent().unwrap_or(Path::new("/"));
-        if !pins::is_bpffs(parent).unwrap_or(false) || self.pins_intact() {
+        if self.held.released || self.pins_intact() {
+            return Ok(0);
+        }
+        let absolute = std::path::absolute(&self.pin_dir).map_err(|source| KernelError::Io {
+            path: self.pin_dir.clone(),
+            source,
+        })?;
+        let existing = absolute
+            .ancestors()
+            .find(|a| a.exists())
+            .unwrap_or(Path::new("/"));
+        if !pins::is_bpffs(existing).unwrap_or(false) {
             return Ok(0);
         }
         pins::private_dir(&self.pin_dir)?;
@@ -84,21 +144,18 @@ impl Datapath {
                 written += 1;
             }
         }
-        let links = std::mem::take(&mut self.held.links);
-        for (path, link) in links {
-            if path.exists() {
-                self.held.links.push((path, link));
-                continue;
-            }
-            pins::private_dir(path.parent().expect("a links dir"))?;
-            let link = FdLink::from(link)
-                .pin(&path)
-                .map_err(|e| KernelError::Adopt {
-                    path: path.clone(),
-                    detail: e.to_string(),
+        // A borrowed descriptor: a failure here loses no link.
+        for (path, fd) in &self.held.links {
+            if !path.exists() {
+                pins::private_dir(path.parent().expect("a links dir"))?;
+                obj(BPF_OBJ_PIN, path, fd.as_raw_fd() as u32).map_err(|source| {
+                    KernelError::Io {
+                        path: path.clone(),
+                        source,
+                    }
                 })?;
-            self.held.links.push((path, link));
-            written += 1;
+                written += 1;
+            }
         }
         Ok(written)
     }

@@ -306,7 +306,7 @@ impl Format {
             let mut params = range.split(';').map(str::trim);
             let media = params.next().unwrap_or("").to_ascii_lowercase();
             let q = params
-                .filter_map(|p| p.strip_prefix("q="))
+                .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
                 .find_map(|q| q.parse::<f32>().ok())
                 .unwrap_or(1.0);
             if media == "application/openmetrics-text" {

@@ -7,8 +7,11 @@
 
 use std::{
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock},
-    task::{Context, Poll},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll, Waker},
 };
 
 use bytes::Bytes;
@@ -50,6 +53,10 @@ pub struct Progress {
     cut: OnceLock<Cut>,
     /// Told when the body moves (a permit waits if no one listens).
     moved: tokio::sync::Notify,
+    /// The body's reader waits on the client (not the client on it).
+    waiting_on_client: AtomicBool,
+    /// Wakes the body's reader, to see a cut.
+    waker: Mutex<Option<Waker>>,
 }
 
 impl Progress {
@@ -73,9 +80,41 @@ impl Progress {
         self.cut.get().copied()
     }
 
-    /// Cuts the body short (the first reason stands).
+    /// Cuts the body short (the first reason stands), and wakes its
+    /// reader to end it.
     pub fn cut_short(&self, why: Cut) {
         let _ = self.cut.set(why);
+        if let Some(waker) = self.waker.lock().expect("waker lock").take() {
+            waker.wake();
+        }
+    }
+
+    /// Whether the body's reader last found the client had sent nothing
+    /// more (a stall is the client's), rather than the body not being read
+    /// at all (the upstream's).
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.load(Ordering::Relaxed)
+    }
+
+    /// Watches a body that is still arriving after the upstream answered:
+    /// cut once it pauses longer than `idle` (hyper goes on sending a body
+    /// after the answer's head).
+    pub async fn watch(self: Arc<Self>, idle: std::time::Duration) {
+        loop {
+            let (moved, whole) = self.get();
+            if whole || self.cut().is_some() {
+                return;
+            }
+            let due = moved + idle;
+            if Instant::now() >= due {
+                self.cut_short(Cut::Stalled);
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                () = self.moved_since() => {}
+            }
+        }
     }
 }
 
@@ -102,6 +141,8 @@ impl Upload {
                 state: Mutex::new((Instant::now(), done)),
                 cut: OnceLock::new(),
                 moved: tokio::sync::Notify::new(),
+                waiting_on_client: AtomicBool::new(false),
+                waker: Mutex::new(None),
             }),
         }
     }
@@ -115,17 +156,22 @@ impl Upload {
         Poll::Ready(Some(Err(Box::new(why))))
     }
 
-    /// Charges what was received and not yet charged, once a batch is
-    /// full or the body is whole; `false`: over the limit.
+    /// Charges what was received and not yet charged, in batches (never
+    /// more at once than the rule's byte limits could ever admit), the
+    /// rest once the body is whole; `false`: over the limit.
     fn charge(&mut self, whole: bool) -> bool {
         let Some(charge) = &self.charge else {
             return true;
         };
-        if self.uncharged == 0 || (self.uncharged < CHARGE_BATCH && !whole) {
-            return true;
+        let batch = CHARGE_BATCH.min(charge.max_cost()).max(1);
+        while self.uncharged >= batch || (whole && self.uncharged > 0) {
+            let piece = self.uncharged.min(batch);
+            if !charge.charge(piece) {
+                return false;
+            }
+            self.uncharged -= piece;
         }
-        let n = std::mem::take(&mut self.uncharged);
-        charge.charge(n)
+        true
     }
 }
 
@@ -145,8 +191,17 @@ impl Body for Upload {
             return Poll::Ready(Some(Err(Box::new(why))));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                *this.progress.waker.lock().expect("waker lock") = Some(cx.waker().clone());
+                this.progress
+                    .waiting_on_client
+                    .store(true, Ordering::Relaxed);
+                Poll::Pending
+            }
             Poll::Ready(Some(Ok(frame))) => {
+                this.progress
+                    .waiting_on_client
+                    .store(false, Ordering::Relaxed);
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     this.received += n;
