@@ -503,3 +503,32 @@ fn a_client_that_stops_reading_loses_its_connection() {
     assert!(served, "the reader still holds the only slot after 40 s");
     drop(reader);
 }
+
+/// Guards `limiter detach` against a daemon it cannot reach: given another
+/// socket than the daemon's, it refuses (the daemon holds the pins and
+/// would pin again what was removed under it) and the program stays
+/// attached with its pins (before, it detached and removed them).
+#[test]
+fn detach_refuses_while_another_daemon_holds_the_pins() {
+    let lab = Lab::create("lt-detach2").expect("lab");
+    let daemon = Daemon::start(&lab, "detach2", &[RX_IFACE], RULES).expect("daemon");
+    let pins = daemon.pin_dir.to_string_lossy().into_owned();
+    let out = limiter_tests::limiter_command(
+        None,
+        &[
+            "detach",
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/run/limiter-test-no-such.sock",
+        ],
+    )
+    .output()
+    .expect("limiter");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "detached: {stderr}");
+    assert!(stderr.contains("detach through its socket"), "{stderr}");
+    assert!(xdp_attached(lab.rx.name(), RX_IFACE));
+    assert!(daemon.pin_dir.join("CONFIG").exists());
+    assert!(ok(daemon.cli(&["rules", "show"])).contains("held"));
+}
