@@ -28,6 +28,10 @@ use limiter::{
 };
 use std::{collections::HashMap, net::IpAddr};
 
+/// BPF_PROG_TEST_RUN's verdicts.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+
 /// Parses rule-file text (panicking with the error: a test bug).
 pub fn rules(text: &str) -> RuleSet {
     RuleSet::parse(text, Path::new("test.yaml")).unwrap_or_else(|e| panic!("{e}"))

@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 
 use limiter_conformance::assert_same;
 use limiter_tests::{
-    Loaded, frames, loaded_object,
+    Loaded, XDP_DROP, XDP_PASS, frames, loaded_object,
     reference::{self, Algo},
     rules, run_at, test_clock_object,
     traces::{corpus, replayable_as_frames},
@@ -96,9 +96,6 @@ fn the_kernel_refuses_what_only_layer_7_can_do() {
         );
     }
 }
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
 
 /// The verdict on one UDP frame from `source` at `t`.
 fn verdict(dp: &mut Loaded, source: Ipv4Addr, t: u64) -> u32 {

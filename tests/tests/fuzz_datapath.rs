@@ -24,12 +24,10 @@ use limiter::{
 };
 use limiter_common::abi::{GlobalCounters, RuleCounters, counter_slot};
 use limiter_tests::{
+    XDP_DROP, XDP_PASS,
     frames::{self, Ext},
     loaded, rules, snapshot,
 };
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
 
 /// Every rule metered with a budget no frame spends: which rule matched is
 /// what the counters show, never a limit.

@@ -10,10 +10,10 @@
 
 use std::net::Ipv4Addr;
 
-use limiter_tests::{Loaded, frames, loaded_object, rules, run_at, snapshot, test_clock_object};
+use limiter_tests::{
+    Loaded, XDP_DROP, XDP_PASS, frames, loaded_object, rules, run_at, snapshot, test_clock_object,
+};
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
 const HOUR: u64 = 3_600_000_000_000;
 /// Far from 0, where a TAT of 0 would look like "at rest since boot".
 const T0: u64 = 1_000_000_000_000;

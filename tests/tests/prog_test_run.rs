@@ -8,12 +8,10 @@ use aya::programs::{TestRun, TestRunOptions};
 use limiter::kernel::Datapath;
 use limiter_common::abi::{GlobalCounters, RuleCounters};
 use limiter_tests::{
+    XDP_DROP, XDP_PASS,
     frames::{self, Ext},
     loaded, loaded_object, run_at, snapshot, test_clock_object,
 };
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
 
 const RULES: &str = r#"
 default: pass
