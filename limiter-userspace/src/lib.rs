@@ -13,6 +13,7 @@ pub mod control;
 pub mod daemon;
 pub mod engine;
 pub mod faults;
+pub mod fleet;
 pub mod http;
 pub mod import;
 pub mod kernel;

@@ -13,13 +13,16 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 5] = [
+const PACKAGES: [(&str, &str); 6] = [
     ("ip", "iproute2"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
     // `systemd-analyze security` rates the unit (no running systemd needed).
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // The fleet tests start their own on loopback; the package's service
+    // is kept from starting (see `packages`).
+    ("redis-server", "redis-server"),
 ];
 
 /// bpf-linker releases that build with the toolchains here.
@@ -270,12 +273,25 @@ pub fn packages() -> Result<()> {
         missing.join(" ")
     ));
     apt_update()?;
-    status(
+    // Packages install services (redis-server's listens): none is started
+    // (policy-rc.d's "101: action forbidden", for this install only).
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        std::fs::write(policy, "#!/bin/sh\nexit 101\n")?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let installed = status(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    );
+    if ours {
+        let _ = std::fs::remove_file(policy);
+    }
+    installed
 }
 
 fn apt_update() -> Result<()> {

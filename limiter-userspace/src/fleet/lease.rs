@@ -1,0 +1,205 @@
+//! Leases on a global budget's partitions, in Redis: one key per
+//! partition (`limiter:<rule>:<partition>`) holding the owner's token,
+//! taken with `SET NX PX` (exclusive, expiring by Redis's clock, not the
+//! hosts'), renewed and given back by small Lua scripts that act only if
+//! the key still holds the owner's token (so a node never renews or frees
+//! a lease it lost). Each acquisition tries free partitions in a random
+//! order, so nodes starting together do not all contend for partition 0.
+//!
+//! A lease is *valid* until the moment its request was sent plus the TTL,
+//! less a safety margin, as this host's monotonic clock measures: Redis
+//! started the TTL after the request was sent, so a node that stops using
+//! a partition at that moment stops before Redis can give it to another,
+//! whatever the network delay (clock rates differ by far less than the
+//! margin).
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use redis::{Script, aio::ConnectionManager};
+
+/// What leasing can fail on.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("a lease's TTL must be at least {} ms", MIN_TTL.as_millis())]
+    TtlTooShort,
+}
+
+/// The shortest TTL: renewals must fit well inside it.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// The part of a TTL a node does not count on: lost to clock-rate
+/// differences and scheduling.
+const SAFETY: f64 = 0.1;
+
+const RENEW: &str = r"
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    renewed[i] = redis.call('PEXPIRE', key, ARGV[2])
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
+";
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// One node's leases on one rule's partitions.
+pub struct Leases {
+    redis: ConnectionManager,
+    prefix: String,
+    partitions: u32,
+    ttl: Duration,
+    owner: String,
+    /// Held partitions, and until when each is valid (see the module).
+    held: BTreeMap<u32, Instant>,
+    renew: Script,
+    release: Script,
+    rng: u64,
+}
+
+impl Leases {
+    /// Leases of `rule`'s `partitions` partitions in the Redis at
+    /// `client`, held `ttl` at a time, under a token of this node's own.
+    pub async fn new(
+        client: redis::Client,
+        rule: &str,
+        partitions: u32,
+        ttl: Duration,
+    ) -> Result<Self, LeaseError> {
+        if ttl < MIN_TTL {
+            return Err(LeaseError::TtlTooShort);
+        }
+        let redis = ConnectionManager::new(client).await?;
+        let seed = {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one((std::process::id(), Instant::now()))
+        };
+        Ok(Self {
+            redis,
+            prefix: format!("limiter:{rule}:"),
+            partitions,
+            ttl,
+            owner: format!("{}-{}-{seed:016x}", hostname(), std::process::id()),
+            held: BTreeMap::new(),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+            rng: seed | 1,
+        })
+    }
+
+    fn key(&self, partition: u32) -> String {
+        format!("{}{partition}", self.prefix)
+    }
+
+    fn valid_until(&self, sent: Instant) -> Instant {
+        sent + self.ttl.mul_f64(1.0 - SAFETY)
+    }
+
+    /// The partitions held and valid at `now`.
+    pub fn held(&self, now: Instant) -> usize {
+        self.held.values().filter(|&&until| until > now).count()
+    }
+
+    /// The partitions held, in order.
+    pub fn partitions(&self) -> Vec<u32> {
+        self.held.keys().copied().collect()
+    }
+
+    /// Leases up to `n` more partitions, trying the free ones in a random
+    /// order; returns those gained.
+    pub async fn acquire(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
+        let mut free: Vec<u32> = (0..self.partitions)
+            .filter(|p| !self.held.contains_key(p))
+            .collect();
+        // Fisher-Yates with xorshift: attempts spread over partitions.
+        for i in (1..free.len()).rev() {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            free.swap(i, (self.rng % (i as u64 + 1)) as usize);
+        }
+        let mut gained = Vec::new();
+        for partition in free {
+            if gained.len() as u32 >= n {
+                break;
+            }
+            let sent = Instant::now();
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(self.key(partition))
+                .arg(&self.owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.ttl.as_millis() as u64)
+                .query_async(&mut self.redis)
+                .await?;
+            if taken.is_some() {
+                let until = self.valid_until(sent);
+                self.held.insert(partition, until);
+                gained.push(partition);
+            }
+        }
+        Ok(gained)
+    }
+
+    /// Renews every partition held, in one round trip; returns those lost
+    /// (expired, or taken by another node after expiring).
+    pub async fn renew(&mut self) -> Result<Vec<u32>, LeaseError> {
+        if self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let partitions = self.partitions();
+        let mut invocation = self.renew.prepare_invoke();
+        for &p in &partitions {
+            invocation.key(self.key(p));
+        }
+        invocation.arg(&self.owner).arg(self.ttl.as_millis() as u64);
+        let sent = Instant::now();
+        let renewed: Vec<i64> = invocation.invoke_async(&mut self.redis).await?;
+        let until = self.valid_until(sent);
+        let mut lost = Vec::new();
+        for (p, ok) in partitions.into_iter().zip(renewed) {
+            if ok == 1 {
+                self.held.insert(p, until);
+            } else {
+                self.held.remove(&p);
+                lost.push(p);
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Gives back up to `n` partitions (those it still owns are deleted at
+    /// once, free for others); returns those given back.
+    pub async fn release(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
+        let give: Vec<u32> = self.held.keys().rev().take(n as usize).copied().collect();
+        for &p in &give {
+            // No longer counted before Redis frees it.
+            self.held.remove(&p);
+            let _: i64 = self
+                .release
+                .key(self.key(p))
+                .arg(&self.owner)
+                .invoke_async(&mut self.redis)
+                .await?;
+        }
+        Ok(give)
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "host".into())
+}
