@@ -1,0 +1,147 @@
+//! How many partitions a node should hold, from what its traffic asks:
+//! more at once when its aggregate refuses traffic (it holds less than its
+//! traffic needs), one back at a time when it uses well under what it
+//! holds (so capacity follows traffic across nodes within a few ticks,
+//! without flapping), and its local budget from the leases valid now.
+
+/// One rule's global budget, split into partitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Packets (or requests) per second for the whole fleet.
+    pub global_rate: u64,
+    pub partitions: u32,
+    /// Per second, held by every node whatever Redis says.
+    pub reserve_rate: u64,
+}
+
+impl Budget {
+    /// The rate one partition is worth (the last partitions may be worth
+    /// one less than the first: the global rate is never exceeded).
+    pub fn partition_rate(&self) -> u64 {
+        self.global_rate / u64::from(self.partitions.max(1))
+    }
+
+    /// The node's local rate with `valid` partitions whose leases are
+    /// valid now: its reserve and its share.
+    pub fn local_rate(&self, valid: u32) -> u64 {
+        self.reserve_rate + u64::from(valid.min(self.partitions)) * self.partition_rate()
+    }
+}
+
+/// What the node's traffic did over the last tick, per second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Admitted by the rule's aggregate.
+    pub admitted_rate: u64,
+    /// Refused by the aggregate although each key's own budget allowed it:
+    /// traffic the node would pass with a larger share.
+    pub refused_rate: u64,
+}
+
+/// Use below this share of what is held (beyond one partition) gives one
+/// partition back.
+const LOW_WATER: f64 = 0.5;
+
+/// The partitions to hold next, holding `held`: enough for the refused
+/// traffic at once, or one fewer when well under use.
+pub fn target(budget: &Budget, held: u32, demand: Demand) -> u32 {
+    let per = budget.partition_rate().max(1);
+    if demand.refused_rate > 0 {
+        let more = demand.refused_rate.div_ceil(per);
+        return u32::try_from(u64::from(held) + more)
+            .unwrap_or(u32::MAX)
+            .min(budget.partitions);
+    }
+    if held == 0 {
+        return 0;
+    }
+    let without_one = budget.local_rate(held - 1) as f64;
+    if (demand.admitted_rate as f64) < without_one * LOW_WATER {
+        held - 1
+    } else {
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: Budget = Budget {
+        global_rate: 50_000,
+        partitions: 50,
+        reserve_rate: 500,
+    };
+
+    #[test]
+    fn the_share_never_exceeds_the_global_rate_and_the_reserve() {
+        assert_eq!(BUDGET.partition_rate(), 1_000);
+        assert_eq!(BUDGET.local_rate(0), 500);
+        assert_eq!(BUDGET.local_rate(50), 50_500);
+        assert_eq!(BUDGET.local_rate(80), 50_500, "more leases than partitions");
+        let odd = Budget {
+            global_rate: 1_000,
+            partitions: 3,
+            reserve_rate: 0,
+        };
+        assert!(u64::from(odd.partitions) * odd.partition_rate() <= odd.global_rate);
+    }
+
+    #[test]
+    fn refused_traffic_takes_what_it_needs_at_once() {
+        let demand = Demand {
+            admitted_rate: 4_500,
+            refused_rate: 2_500,
+        };
+        assert_eq!(target(&BUDGET, 4, demand), 7);
+        assert_eq!(
+            target(&BUDGET, 49, demand),
+            50,
+            "never beyond the partitions"
+        );
+    }
+
+    #[test]
+    fn little_use_gives_back_one_at_a_time_and_steady_use_keeps() {
+        let idle = Demand::default();
+        assert_eq!(target(&BUDGET, 10, idle), 9);
+        assert_eq!(target(&BUDGET, 0, idle), 0);
+        // Using 9,000 of 10,500: keeps its 10.
+        let busy = Demand {
+            admitted_rate: 9_000,
+            refused_rate: 0,
+        };
+        assert_eq!(target(&BUDGET, 10, busy), 10);
+        // Just below half of what 9 would give (9,500 / 2): one back.
+        let light = Demand {
+            admitted_rate: 4_700,
+            refused_rate: 0,
+        };
+        assert_eq!(target(&BUDGET, 10, light), 9);
+    }
+
+    /// A demand that moves from one node to another: the first gives its
+    /// partitions back over a few ticks while the second takes what it
+    /// needs at once, and together they never hold more than exist.
+    #[test]
+    fn capacity_follows_the_traffic() {
+        let (mut a, mut b) = (40u32, 0u32);
+        for _ in 0..40 {
+            a = target(&BUDGET, a, Demand::default());
+            // What a does not hold (b's own included) is all b can lease.
+            let free = BUDGET.partitions - a;
+            let wanted = target(
+                &BUDGET,
+                b,
+                Demand {
+                    admitted_rate: BUDGET.local_rate(b),
+                    refused_rate: 40_000u64.saturating_sub(BUDGET.local_rate(b)),
+                },
+            );
+            b = wanted.min(free);
+            assert!(a + b <= BUDGET.partitions);
+        }
+        assert_eq!(a, 0);
+        assert!(BUDGET.local_rate(b) >= 40_000, "b holds {b}");
+    }
+}
