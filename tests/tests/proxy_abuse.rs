@@ -453,3 +453,37 @@ fn an_upstream_that_never_answers_a_post_times_out() {
         started.elapsed()
     );
 }
+
+/// Guards the answer's way back: an upstream that sends a head and part of
+/// a body, then nothing, has the client's connection closed at the
+/// upstream timeout (before, the client waited as long as it cared to,
+/// holding its connection slot).
+#[test]
+fn an_answer_that_stops_arriving_is_cut() {
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = upstream.local_addr().unwrap();
+    let stalled = std::thread::spawn(move || {
+        let (mut stream, _) = upstream.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = stream.read(&mut request);
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello")
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    let dir = TempDir::new("proxy-stall");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "1s"], &[]);
+    let started = Instant::now();
+    let answer = exchange(p.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the connection stayed open {:?}",
+        started.elapsed()
+    );
+    drop(p);
+    drop(stalled);
+}

@@ -11,9 +11,11 @@
 //! A chunked upload under a byte limit is charged as it streams and cut
 //! (429) when over. CONNECT is refused (405): this is not a forward proxy.
 //! An upstream that cannot be reached gets the client a 502, which says
-//! nothing of why (the log does); that request was already charged, since
+//! nothing of why (the log does); one whose answer stops arriving for the
+//! upstream timeout has its answer cut (the connection closes); that request was already charged, since
 //! the limiter decides before forwarding.
 
+mod stall;
 mod upload;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -29,7 +31,10 @@ use hyper_util::{
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use self::upload::{Cut, Upload};
+use self::{
+    stall::Stalling,
+    upload::{Cut, Upload},
+};
 use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer};
 use crate::{
     listen::{self, Limits},
@@ -318,6 +323,7 @@ impl Forward {
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        let body = Stalling::new(body, self.timeout);
         Ok(Response::from_parts(parts, Body::new(body)))
     }
 }

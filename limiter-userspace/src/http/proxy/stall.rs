@@ -1,0 +1,66 @@
+//! An upstream's response body that must keep arriving: a pause longer
+//! than the upstream timeout between two frames ends it with an error, so
+//! an upstream that sends a head and then stalls does not hold the
+//! client's connection (and its slot) for as long as the client waits.
+
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+pub struct Stalling {
+    inner: Incoming,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Stalling {
+    pub fn new(inner: Incoming, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream's answer stopped arriving")]
+struct Stalled;
+
+impl Body for Stalling {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(Stalled)))),
+                Poll::Pending => Poll::Pending,
+            },
+            Poll::Ready(frame) => {
+                let next = Instant::now() + this.idle;
+                this.timer.as_mut().reset(next);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
