@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::fleet::lease::{LeaseError, Leases};
+use limiter::fleet::{
+    lease::{LeaseError, Leases},
+    store::{StoreConfig, StoreError},
+};
 
 /// A redis-server on a free loopback port, killed on drop.
 struct Redis {
@@ -19,6 +22,10 @@ struct Redis {
 
 impl Redis {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -27,6 +34,7 @@ impl Redis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server (cargo xtask setup installs it)");
@@ -38,8 +46,8 @@ impl Redis {
         Self { child, port }
     }
 
-    fn client(&self) -> redis::Client {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap()
+    fn store(&self) -> StoreConfig {
+        StoreConfig::at(format!("redis://127.0.0.1:{}/", self.port))
     }
 }
 
@@ -58,8 +66,8 @@ fn set(partitions: &[u32]) -> BTreeSet<u32> {
 async fn partitions_are_exclusive_renewed_returned_and_expire() {
     let redis = Redis::start();
     let ttl = Duration::from_millis(400);
-    let mut a = Leases::new(redis.client(), "api", 8, ttl).await.unwrap();
-    let mut b = Leases::new(redis.client(), "api", 8, ttl).await.unwrap();
+    let mut a = Leases::new(&redis.store(), "api", 8, ttl).await.unwrap();
+    let mut b = Leases::new(&redis.store(), "api", 8, ttl).await.unwrap();
     // Exclusive: 5 and then the 3 left, never the same one twice.
     let got_a = a.acquire(5).await.unwrap();
     let got_b = b.acquire(5).await.unwrap();
@@ -101,7 +109,53 @@ async fn partitions_are_exclusive_renewed_returned_and_expire() {
 
 #[tokio::test]
 async fn a_ttl_too_short_to_renew_is_refused() {
-    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let error = Leases::new(client, "api", 8, Duration::from_millis(10)).await;
+    let store = StoreConfig::at("redis://127.0.0.1:1/");
+    let error = Leases::new(&store, "api", 8, Duration::from_millis(10)).await;
     assert!(matches!(error, Err(LeaseError::TtlTooShort)));
+}
+
+/// Guards the credentials: the password from a file or the environment
+/// authenticates; a wrong one is refused by Redis; one in the URL, or two
+/// sources at once, are refused before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_comes_from_a_file_or_the_environment() {
+    // The environment's PATH is the password: a variable that is there,
+    // without setting one in a test process that runs threads.
+    let secret = std::env::var("PATH").expect("PATH");
+    let redis = Redis::start_with(&["--requirepass", &secret]);
+    let dir = std::env::temp_dir().join(format!("limiter-store-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("password");
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let ttl = Duration::from_millis(400);
+    let from_file = StoreConfig {
+        password_file: Some(file.clone()),
+        ..redis.store()
+    };
+    let mut leases = Leases::new(&from_file, "api", 4, ttl).await.unwrap();
+    assert_eq!(leases.acquire(2).await.unwrap().len(), 2);
+    let from_env = StoreConfig {
+        password_env: Some("PATH".into()),
+        ..redis.store()
+    };
+    let mut leases = Leases::new(&from_env, "api", 4, ttl).await.unwrap();
+    assert_eq!(
+        leases.acquire(4).await.unwrap().len(),
+        2,
+        "the other two are held"
+    );
+    std::fs::write(&file, "wrong\n").unwrap();
+    let wrong = Leases::new(&from_file, "api", 4, ttl).await;
+    let message = wrong.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.to_lowercase().contains("pass"), "{message}");
+    let mut in_url = redis.store();
+    in_url.url = in_url.url.replace("redis://", "redis://:pw@");
+    assert!(matches!(in_url.client(), Err(StoreError::PasswordInUrl)));
+    let both = StoreConfig {
+        password_file: Some(file),
+        password_env: Some("PATH".into()),
+        ..redis.store()
+    };
+    assert!(matches!(both.client(), Err(StoreError::TwoPasswords)));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,11 +20,15 @@ use std::{
 
 use redis::{Script, aio::ConnectionManager};
 
+use super::store::{StoreConfig, StoreError};
+
 /// What leasing can fail on.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("a lease's TTL must be at least {} ms", MIN_TTL.as_millis())]
     TtlTooShort,
 }
@@ -70,10 +74,10 @@ pub struct Leases {
 }
 
 impl Leases {
-    /// Leases of `rule`'s `partitions` partitions in the Redis at
-    /// `client`, held `ttl` at a time, under a token of this node's own.
+    /// Leases of `rule`'s `partitions` partitions in `store`, held `ttl`
+    /// at a time, under a token of this node's own.
     pub async fn new(
-        client: redis::Client,
+        store: &StoreConfig,
         rule: &str,
         partitions: u32,
         ttl: Duration,
@@ -81,7 +85,8 @@ impl Leases {
         if ttl < MIN_TTL {
             return Err(LeaseError::TtlTooShort);
         }
-        let redis = ConnectionManager::new(client).await?;
+        let redis =
+            ConnectionManager::new_with_config(store.client()?, store.manager_config()).await?;
         let seed = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now()))
