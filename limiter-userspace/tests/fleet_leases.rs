@@ -11,6 +11,8 @@ use std::{
 
 use limiter::fleet::{
     lease::{LeaseError, Leases},
+    node::{Fallback, Node},
+    share::{Budget, Demand},
     store::{StoreConfig, StoreError},
 };
 
@@ -31,6 +33,10 @@ impl Redis {
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port, extra)
+    }
+
+    fn start_on(port: u16, extra: &[&str]) -> Self {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -158,4 +164,68 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     };
     assert!(matches!(both.client(), Err(StoreError::TwoPasswords)));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Guards the fallback: with Redis gone, a node never enforces more than it
+/// held, and its rate falls to its reserve within one TTL (fail-static) or
+/// is the stated cap (fail-open); with Redis back on the same address, it
+/// leases again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_falls_back_and_leasing_resumes() {
+    let redis = Redis::start();
+    let port = redis.port;
+    let ttl = Duration::from_millis(400);
+    let store = StoreConfig {
+        connect_timeout: Duration::from_millis(200),
+        response_timeout: Duration::from_millis(200),
+        ..redis.store()
+    };
+    let budget = Budget {
+        global_rate: 8_000,
+        partitions: 8,
+        reserve_rate: 100,
+    };
+    let leases = || Leases::new(&store, "api", 8, ttl);
+    let mut fixed = Node::new(leases().await.unwrap(), budget, Fallback::Static);
+    let mut open = Node::new(
+        leases().await.unwrap(),
+        budget,
+        Fallback::Open { rate: 300 },
+    );
+    let hungry = Demand {
+        admitted_rate: 100,
+        refused_rate: 5_000,
+    };
+    assert_eq!(fixed.tick(hungry).await, 100 + 5 * 1_000);
+    assert_eq!(open.tick(hungry).await, 100 + 3 * 1_000, "the 3 left");
+    drop(redis);
+    let stopped = Instant::now();
+    assert_eq!(open.tick(hungry).await, 300);
+    let mut rates = Vec::new();
+    while stopped.elapsed() < ttl * 2 {
+        rates.push((stopped.elapsed(), fixed.tick(hungry).await));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!fixed.store_up());
+    assert!(
+        rates.iter().all(|(_, r)| *r <= 5_100),
+        "more than it held: {rates:?}"
+    );
+    assert!(
+        rates
+            .iter()
+            .filter(|(t, _)| *t >= ttl)
+            .all(|(_, r)| *r == 100),
+        "leases counted past their TTL: {rates:?}"
+    );
+    let _redis = Redis::start_on(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rate = fixed.tick(hungry).await;
+        if fixed.store_up() && rate > 100 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "leasing did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
