@@ -197,7 +197,39 @@ proptest! {
         for answer in answers.lines() {
             prop_assert!(serde_json::from_str::<Response>(answer).is_ok(), "{answer}");
         }
+        // One answer a line, up to the line that ends the connection: one
+        // that is not UTF-8, or `detach`. (Lines may hold newlines of their
+        // own: the protocol splits the bytes, not the cases.)
+        let mut expected = 0;
+        for line in input_lines(&lines) {
+            expected += 1;
+            let ends = match std::str::from_utf8(&line) {
+                Err(_) => true,
+                Ok(text) => serde_json::from_str::<Request>(text.trim_end_matches('\r'))
+                    .is_ok_and(|r| r == Request::Detach),
+            };
+            if ends {
+                break;
+            }
+        }
+        prop_assert_eq!(answers.lines().count(), expected, "{}", answers);
     }
+}
+
+/// The lines the server reads from `lines` sent one after another, each
+/// ended with a newline.
+fn input_lines(lines: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut all = Vec::new();
+    for line in lines {
+        all.extend(line);
+        all.push(b'\n');
+    }
+    all.split(|&b| b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect::<Vec<_>>()
+        .split_last()
+        .map(|(_, lines)| lines.to_vec())
+        .unwrap_or_default()
 }
 
 /// Runs one control connection over a socket pair with a handler that
