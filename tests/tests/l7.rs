@@ -399,6 +399,40 @@ fn ipv4_clients_seen_as_mapped_ipv6_are_ipv4_clients() {
     assert_eq!(limiter.tracked_keys(), 2);
 }
 
+/// Guards the store against a cheap lockout: under a per-day limit with a
+/// large burst, a client that sent one request is at rest again once its
+/// one emission interval has passed (86.4 s at 1,000 a day), not a whole
+/// day later (before, 100 one-off clients locked every new client out of
+/// a 100-key store for a day).
+#[test]
+fn a_key_rests_when_its_budget_is_whole_not_a_day_later() {
+    let clock = Arc::new(TestClock::default());
+    let text =
+        "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1000, unit: day, burst: 1000 } }\n";
+    let limiter = Limiter::new(rules(text), clock.clone());
+    let check = |key: u32, t: u64| {
+        clock.0.store(t, Ordering::SeqCst);
+        limiter
+            .check(&limiter::http::RequestMeta {
+                client: std::net::Ipv4Addr::from(0x0a00_0000 + key).into(),
+                port: None,
+                key: None,
+                bytes: 0,
+            })
+            .allowed
+    };
+    const SECOND: u64 = 1_000_000_000;
+    for key in 0..100 {
+        assert!(check(key, u64::from(key) + 1));
+    }
+    assert!(!check(100, 10 * SECOND), "room while every key is in debt");
+    assert!(
+        check(101, 90 * SECOND),
+        "locked out after the keys came to rest"
+    );
+    assert_eq!(limiter.key_alloc_failed.load(Ordering::SeqCst), 1);
+}
+
 /// Guards the eviction order: past `max_keys`, keys at rest (their
 /// budget whole again) are forgotten least recently seen first, down to
 /// half, and new keys are admitted; a key seen recently stays.

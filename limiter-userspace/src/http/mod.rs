@@ -119,8 +119,10 @@ struct State {
 }
 
 /// Bounds memory without handing anyone a fresh burst: past `max_keys`
-/// keys, keys *at rest* (unseen for as long as their rule's meters take to
-/// refill whole, so forgetting them gives nothing away) are forgotten,
+/// keys, keys *at rest* (their meters whole again, so forgetting them gives
+/// nothing away: for GCRA, both theoretical arrival times passed, as the
+/// kernel's table decides; for windows and logs, unseen for as long as
+/// their counts take to expire) are forgotten,
 /// least recently seen first, down to `keep`. A key still in debt is never
 /// forgotten, as in the kernel's key table: when only such keys are left,
 /// the caller refuses the new key.
@@ -131,13 +133,19 @@ fn evict_at_rest(
     keys: &mut HashMap<StateKey, Arc<State>>,
     keep: usize,
     now: u64,
-    rest_ns: &[u64],
+    rest_ns: &[Option<u64>],
 ) -> u64 {
     let mut next_rest = u64::MAX;
     let mut at_rest: Vec<(u64, StateKey)> = Vec::new();
     for (key, state) in keys.iter() {
         let seen = state.last_seen.load(Ordering::Relaxed);
-        let rests_at = seen.saturating_add(rest_ns[key.0]);
+        let rests_at = match rest_ns[key.0] {
+            // GCRA: when both TATs have passed (0: never charged).
+            None => state.cells[0]
+                .load(Ordering::Acquire)
+                .max(state.cells[1].load(Ordering::Acquire)),
+            Some(ns) => seen.saturating_add(ns),
+        };
         if rests_at <= now && Arc::strong_count(state) == 1 {
             at_rest.push((seen, *key));
         } else {
@@ -155,28 +163,26 @@ fn evict_at_rest(
 }
 
 /// How long a key of `rule` must go unseen before its state is what a new
-/// key starts with: a GCRA meter refills in its capacity (plus the longest
-/// pacing delay), a window's counts expire within two windows, a log's
-/// entries within one.
-fn rest_ns(rule: &Rule) -> u64 {
+/// key starts with: a window's counts expire within two windows, a log's
+/// entries within one. `None` for GCRA, whose state says it exactly.
+fn rest_ns(rule: &Rule) -> Option<u64> {
     let Limit::Metered { packets, bytes } = rule.limit else {
-        return 0;
+        return Some(0);
     };
-    let delay = rule
-        .delay
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-    [packets, bytes]
-        .into_iter()
-        .flatten()
-        .map(|m| match rule.algorithm {
-            Algorithm::Gcra => m.gcra.capacity_ns.saturating_add(delay),
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                m.window.length_ns.saturating_mul(2)
-            }
-            Algorithm::SlidingLog => m.window.length_ns,
-        })
-        .max()
-        .unwrap_or(0)
+    if rule.algorithm == Algorithm::Gcra {
+        return None;
+    }
+    Some(
+        [packets, bytes]
+            .into_iter()
+            .flatten()
+            .map(|m| match rule.algorithm {
+                Algorithm::SlidingLog => m.window.length_ns,
+                _ => m.window.length_ns.saturating_mul(2),
+            })
+            .max()
+            .unwrap_or(0),
+    )
 }
 
 /// A key's identity: the rule's index and either the masked client address
@@ -231,7 +237,7 @@ pub struct Limiter {
     /// By (rule index, key).
     keys: Mutex<HashMap<StateKey, Arc<State>>>,
     /// By rule index: see [`rest_ns`].
-    rest_ns: Vec<u64>,
+    rest_ns: Vec<Option<u64>>,
     /// New keys refused because every key kept was still in debt.
     pub key_alloc_failed: AtomicU64,
     /// No key kept can come to rest before this (monotonic ns), as the
@@ -573,8 +579,11 @@ impl Limiter {
         state.last_seen.fetch_max(now, Ordering::Relaxed);
         // A key added since the last scan may come to rest before the keys
         // that scan saw.
-        self.no_rest_before
-            .fetch_min(now.saturating_add(self.rest_ns[index]), Ordering::Relaxed);
+        self.no_rest_before.fetch_min(
+            // GCRA: at rest by its state, maybe at once (a lower bound).
+            self.rest_ns[index].map_or(now, |ns| now.saturating_add(ns)),
+            Ordering::Relaxed,
+        );
         Some(state)
     }
 
