@@ -337,6 +337,20 @@ async fn pacing_holds_requests_until_they_conform() {
     );
 }
 
+/// Whether `limiter` admits a request from client `client` (10.0.0.0
+/// plus `client`) at `t` ns.
+fn admitted(limiter: &Limiter, clock: &TestClock, client: u32, t: u64) -> bool {
+    clock.0.store(t, Ordering::SeqCst);
+    limiter
+        .check(&limiter::http::RequestMeta {
+            client: std::net::Ipv4Addr::from(0x0a00_0000 + client).into(),
+            port: None,
+            key: None,
+            bytes: 0,
+        })
+        .allowed
+}
+
 /// Guards the key store against churn: 1,000 other clients cannot make it
 /// forget a client in debt (before, 1,001 addresses evicted a limited
 /// client's state and it came back with a fresh burst). With every key
@@ -347,17 +361,7 @@ fn the_key_store_never_forgets_a_client_in_debt() {
     let clock = Arc::new(TestClock::default());
     let text = "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: hour, burst: 1 } }\n";
     let limiter = Limiter::new(rules(text), clock.clone());
-    let check = |i: u32, t: u64| {
-        clock.0.store(t, Ordering::SeqCst);
-        limiter
-            .check(&limiter::http::RequestMeta {
-                client: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
-                port: None,
-                key: None,
-                bytes: 0,
-            })
-            .allowed
-    };
+    let check = |client: u32, t: u64| admitted(&limiter, &clock, client, t);
     let limited = 7;
     assert!(check(limited, 1));
     assert!(!check(limited, 2), "spent its one an hour");
@@ -410,17 +414,7 @@ fn a_key_rests_when_its_budget_is_whole_not_a_day_later() {
     let text =
         "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1000, unit: day, burst: 1000 } }\n";
     let limiter = Limiter::new(rules(text), clock.clone());
-    let check = |key: u32, t: u64| {
-        clock.0.store(t, Ordering::SeqCst);
-        limiter
-            .check(&limiter::http::RequestMeta {
-                client: std::net::Ipv4Addr::from(0x0a00_0000 + key).into(),
-                port: None,
-                key: None,
-                bytes: 0,
-            })
-            .allowed
-    };
+    let check = |client: u32, t: u64| admitted(&limiter, &clock, client, t);
     const SECOND: u64 = 1_000_000_000;
     for key in 0..100 {
         assert!(check(key, u64::from(key) + 1));
@@ -443,17 +437,7 @@ fn the_key_store_forgets_keys_at_rest_least_recently_seen_first() {
     let text =
         "max_keys: 100\nrules:\n  - { name: a, limit: { rate: 1, unit: second, burst: 1 } }\n";
     let limiter = Limiter::new(rules(text), clock.clone());
-    let check = |key: u32, t: u64| {
-        clock.0.store(t, Ordering::SeqCst);
-        limiter
-            .check(&limiter::http::RequestMeta {
-                client: std::net::Ipv4Addr::from(0x0a00_0000 + key).into(),
-                port: None,
-                key: None,
-                bytes: 0,
-            })
-            .allowed
-    };
+    let check = |client: u32, t: u64| admitted(&limiter, &clock, client, t);
     const SECOND: u64 = 1_000_000_000;
     for key in 0..100 {
         assert!(check(key, u64::from(key) + 1));

@@ -294,12 +294,19 @@ pub fn packages() -> Result<()> {
     installed
 }
 
+/// `apt-get update`, once per run (the packages and promtool both need it).
 fn apt_update() -> Result<()> {
+    static UPDATED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if UPDATED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
     status(
         Command::new("apt-get")
             .arg("update")
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    )?;
+    UPDATED.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 fn on_path(command: &str) -> bool {

@@ -77,16 +77,7 @@ impl Maps {
     /// Opens the maps a running limiter pinned under `pin_dir`.
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, KernelError> {
         let mut open = |name: &str| {
-            let path = pin_dir.join(name);
-            let data = MapData::from_pin(&path).map_err(|e| match e {
-                MapError::PinError { .. } if !path.exists() => KernelError::NotRunning {
-                    dir: pin_dir.to_owned(),
-                },
-                source => KernelError::Map {
-                    name: name.to_owned(),
-                    source,
-                },
-            })?;
+            let data = pinned_data(pin_dir, name)?;
             Map::from_map_data(data).map_err(|source| KernelError::Map {
                 name: name.to_owned(),
                 source,
@@ -219,6 +210,20 @@ pub(super) fn check_pinned(
 }
 
 /// Turns a map error into ours, naming the map.
+/// The map pinned as `name` under `pin_dir`, opened once more.
+pub(super) fn pinned_data(pin_dir: &Path, name: &str) -> Result<MapData, KernelError> {
+    let path = pin_dir.join(name);
+    MapData::from_pin(&path).map_err(|e| match e {
+        MapError::PinError { .. } if !path.exists() => KernelError::NotRunning {
+            dir: pin_dir.to_owned(),
+        },
+        source => KernelError::Map {
+            name: name.to_owned(),
+            source,
+        },
+    })
+}
+
 pub(super) fn map_error(name: &'static str) -> impl FnOnce(MapError) -> KernelError {
     move |source| KernelError::Map {
         name: name.to_owned(),

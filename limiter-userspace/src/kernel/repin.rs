@@ -13,7 +13,7 @@ use std::{
 
 use aya::maps::MapData;
 
-use super::{Datapath, KernelError, pins};
+use super::{Datapath, KernelError, maps::pinned_data, pins};
 
 /// The daemon's own references: a handle on each pinned map, and a file
 /// descriptor of each pinned link with where it was pinned.
@@ -68,14 +68,7 @@ impl Held {
     pub fn maps(pin_dir: &Path, names: &[String]) -> Result<Self, KernelError> {
         let maps = names
             .iter()
-            .map(|name| {
-                MapData::from_pin(pin_dir.join(name))
-                    .map(|data| (name.clone(), data))
-                    .map_err(|source| KernelError::Map {
-                        name: name.clone(),
-                        source,
-                    })
-            })
+            .map(|name| pinned_data(pin_dir, name).map(|data| (name.clone(), data)))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             maps,

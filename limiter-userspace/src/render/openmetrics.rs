@@ -215,18 +215,31 @@ pub fn render_http(limiter: &crate::http::Limiter) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let mut registry = Registry::default();
     let packets = Family::<Labels, Counter>::default();
+    let bodies = Family::<Labels, Counter>::default();
     for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
+        let labels = |name: &str, value: &str| {
+            vec![
+                ("layer".to_owned(), "http".to_owned()),
+                ("rule".to_owned(), rule.name.clone()),
+                (name.to_owned(), value.to_owned()),
+            ]
+        };
         for (verdict, value) in [
             ("passed", counters.passed.load(Relaxed)),
             ("dropped", counters.dropped.load(Relaxed)),
             ("shadow_dropped", counters.shadow.load(Relaxed)),
         ] {
-            let labels = vec![
-                ("layer".to_owned(), "http".to_owned()),
-                ("rule".to_owned(), rule.name.clone()),
-                ("verdict".to_owned(), verdict.to_owned()),
-            ];
-            packets.get_or_create(&labels).inc_by(value);
+            packets
+                .get_or_create(&labels("verdict", verdict))
+                .inc_by(value);
+        }
+        for (action, value) in [
+            ("cut", counters.bodies_cut.load(Relaxed)),
+            ("shadow", counters.shadow_bodies.load(Relaxed)),
+        ] {
+            bodies
+                .get_or_create(&labels("action", action))
+                .inc_by(value);
         }
     }
     registry.register(
@@ -234,20 +247,6 @@ pub fn render_http(limiter: &crate::http::Limiter) -> String {
         "Requests judged, by rule and verdict",
         packets,
     );
-    let bodies = Family::<Labels, Counter>::default();
-    for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
-        for (action, value) in [
-            ("cut", counters.bodies_cut.load(Relaxed)),
-            ("shadow", counters.shadow_bodies.load(Relaxed)),
-        ] {
-            let labels = vec![
-                ("layer".to_owned(), "http".to_owned()),
-                ("rule".to_owned(), rule.name.clone()),
-                ("action".to_owned(), action.to_owned()),
-            ];
-            bodies.get_or_create(&labels).inc_by(value);
-        }
-    }
     registry.register(
         "limiter_body_over_limit_requests",
         "Admitted requests whose streaming (chunked) body went over the rule's byte limit: cut short, or counted under a dry run",
