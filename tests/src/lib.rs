@@ -414,7 +414,8 @@ impl Daemon {
         let dir = TempDir::new(name);
         dir.write("rules.yaml", rules);
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{name}"));
-        let socket = dir.0.join("control.sock");
+        // In a directory the daemon makes (0700), as /run/limiter is.
+        let socket = dir.0.join("run").join("control.sock");
         let metrics_port = 19400 + (std::process::id() % 500) as u16;
         let interfaces: Vec<String> = ifaces
             .iter()

@@ -57,8 +57,7 @@ fn mode(path: &Path) -> u32 {
 /// else created (who could unpin the maps of the running limiter), one
 /// that others can write, or one below a directory others can write is
 /// refused before anything is read or pinned there, and nothing attaches;
-/// an existing directory of ours that no one else can write is used as it
-/// is.
+/// so is one of ours whose mode is not 0700; a missing one is made 0700.
 #[test]
 fn pin_directories_other_users_could_change_are_refused() {
     let lab = Lab::create("lt-pins").expect("lab");
@@ -98,8 +97,10 @@ fn pin_directories_other_users_could_change_are_refused() {
     let ours = Scratch::new("ours");
     fs::create_dir(&ours.0).unwrap();
     fs::set_permissions(&ours.0, fs::Permissions::from_mode(0o755)).unwrap();
-    let running = start(&ours.0, "ours.log").expect("a directory of ours is used");
-    assert_eq!(mode(&ours.0), 0o755);
+    refused(&ours.0, "ours.log", "mode 0755, not 0700");
+    let made = Scratch::new("made");
+    let running = start(&made.0, "made.log").expect("a directory it makes");
+    assert_eq!(mode(&made.0), 0o700);
     running.stop().expect("stop");
 }
 

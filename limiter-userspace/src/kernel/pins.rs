@@ -3,7 +3,7 @@
 use std::{
     fs::{self, File},
     io,
-    os::unix::fs::{DirBuilderExt, MetadataExt},
+    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::{Component, Path, PathBuf},
 };
 
@@ -33,8 +33,8 @@ pub struct UnsafeDir {
 }
 
 /// Makes sure `dir` is ours alone: created mode 0700 (with any missing
-/// parent) if it is missing; if it exists, owned by us and writable by
-/// no one else (used as it is). Then every ancestor, checked after the
+/// parent) if it is missing; if it exists, owned by us with mode 0700
+/// (refused otherwise, never repaired: it may not be ours to change). Then every ancestor, checked after the
 /// creation so none can be slipped in between, must be owned by root or us
 /// and either writable by no one else or sticky (as `/sys/fs/bpf` and
 /// `/tmp` are), so no other user can swap a directory on the way. Anything
@@ -54,6 +54,9 @@ pub fn private_dir(dir: &Path) -> Result<(), UnsafeDir> {
             .mode(0o700)
             .create(&absolute)
             .map_err(|e| refuse(format!("cannot create: {e}")))?;
+        // Whatever the umask took away: exactly 0700.
+        fs::set_permissions(&absolute, fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("cannot set its mode: {e}")))?;
     }
     for ancestor in absolute.ancestors().skip(1) {
         let meta = fs::metadata(ancestor).map_err(|e| refuse(e.to_string()))?;
@@ -86,6 +89,14 @@ pub fn private_dir(dir: &Path) -> Result<(), UnsafeDir> {
             "mode {:04o}: other users could unpin or replace what is kept there; \
              use a directory of the limiter's own, writable by its owner only",
             meta.mode() & 0o7777
+        )));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        return Err(refuse(format!(
+            "mode {:04o}, not 0700: what is kept there is for its owner alone \
+             (`chmod 700 {}` if it is the limiter's own)",
+            meta.mode() & 0o7777,
+            dir.display()
         )));
     }
     Ok(())
