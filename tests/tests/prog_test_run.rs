@@ -652,7 +652,10 @@ fn pins_of_an_incompatible_build_are_refused() {
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("pin dir");
+    // As a limiter makes its pin directory: root's, 0700.
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&dir)
+        .expect("pin dir");
     let foreign = aya_obj::Map::Legacy(LegacyMap {
         def: bpf_map_def {
             map_type: 2, // BPF_MAP_TYPE_ARRAY, as CONFIG is
