@@ -225,6 +225,14 @@ pub struct RuleConfig {
     /// Meters shared by every key of the rule (hierarchical limits).
     pub aggregate_packets: MeterConfig,
     pub aggregate_bytes: MeterConfig,
+    /// A fleet-wide aggregate (`scope: fleet`): `aggregate_packets` is this
+    /// node's leased share, in force until this monotonic time; after it,
+    /// the node's reserve (`fleet_reserve`). So a share whose leases were
+    /// not renewed in time (the daemon died, the store is gone) lapses in
+    /// the kernel itself, before another node can lease it. 0: not a fleet
+    /// rule.
+    pub fleet_until_ns: u64,
+    pub fleet_reserve: MeterConfig,
     /// The budget of key creations (`new_keys` in the rule file): a source
     /// not yet tracked gets a key only while it lasts; beyond it, its
     /// packets are dropped and counted as `unadmitted`, so a flood of
@@ -239,6 +247,17 @@ pub struct RuleConfig {
 }
 
 impl RuleConfig {
+    /// The aggregate's packet meter in force at `now` (monotonic): the
+    /// leased share of a fleet rule until it lapses, then its reserve.
+    #[inline(always)]
+    pub fn aggregate_packets_at(&self, now: u64) -> &MeterConfig {
+        if self.fleet_until_ns != 0 && now >= self.fleet_until_ns {
+            &self.fleet_reserve
+        } else {
+            &self.aggregate_packets
+        }
+    }
+
     /// The name, without its NUL padding.
     pub fn name(&self) -> &[u8] {
         let len = self
@@ -501,7 +520,10 @@ impl_rule_counters_add! {
 const _: () = {
     assert!(core::mem::size_of::<GlobalConfig>() == 48);
     assert!(core::mem::size_of::<MeterConfig>() == 48);
-    assert!(core::mem::size_of::<RuleConfig>() == 4 + 4 + 16 + 8 + 4 * 48 + 24 + 8 + RULE_NAME_LEN);
+    assert!(
+        core::mem::size_of::<RuleConfig>()
+            == 4 + 4 + 16 + 8 + 4 * 48 + 8 + 48 + 24 + 8 + RULE_NAME_LEN
+    );
     assert!(core::mem::size_of::<PrefixKey<4>>() == 5);
     assert!(core::mem::size_of::<PrefixKey<16>>() == 17);
     assert!(core::mem::size_of::<Block>() == 16);

@@ -65,6 +65,14 @@ pub enum Decision {
 }
 
 impl Gcra {
+    /// A meter that admits nothing (its burst is zero, so every cost
+    /// exceeds it): a fleet-wide rule's share while a node holds none.
+    pub const CLOSED: Self = Self {
+        emission_ns: MAX_CAPACITY_NS,
+        capacity_ns: 0,
+        burst: 0,
+    };
+
     /// A meter admitting `rate` units per `period_ns`, with `burst` units of
     /// headroom. `T` is rounded up, so the meter never admits more than asked.
     pub const fn new(rate: u64, period_ns: u64, burst: u64) -> Result<Self, LimitError> {
@@ -151,6 +159,14 @@ mod tests {
     use super::*;
 
     const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_closed_meter_admits_nothing() {
+        for (tat, now) in [(0, 0), (0, SEC), (5 * SEC, SEC), (u64::MAX, 0)] {
+            assert_eq!(Gcra::CLOSED.check(tat, now, 1), Decision::Deny);
+        }
+        assert_eq!(Gcra::CLOSED.wait_ns(0, SEC, 1), u64::MAX);
+    }
 
     #[test]
     fn rejects_unrepresentable_limits() {

@@ -67,6 +67,19 @@ impl Window {
         })
     }
 
+    /// A window of `length_ns` that admits nothing: a fleet-wide rule's
+    /// share while a node holds none.
+    pub const fn closed(length_ns: u64) -> Self {
+        Self {
+            length_ns,
+            limit: 0,
+            reciprocal: match u64::MAX.checked_div(length_ns) {
+                Some(r) => r,
+                None => 0,
+            },
+        }
+    }
+
     /// The state as of `now`: rolled over to `now`'s window. A state from
     /// the future (the clock went backwards) is kept as it is, so counts
     /// are never forgotten early. The last window of the u64 clock, which
@@ -193,6 +206,23 @@ mod tests {
     use super::*;
 
     const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_closed_window_admits_nothing() {
+        let closed = Window::closed(SEC);
+        for state in [
+            WindowState::default(),
+            WindowState {
+                start: 3 * SEC,
+                previous: 0,
+                current: 0,
+            },
+        ] {
+            for sliding in [false, true] {
+                assert_eq!(closed.check(&state, 3 * SEC + 1, 1, sliding), None);
+            }
+        }
+    }
 
     #[test]
     fn remainder_matches_the_operator() {

@@ -359,7 +359,7 @@ fn new_key(
         let has = |flag: u32| rule.flags & flag != 0;
         let deny = |gcra: &Gcra, tat: u64, cost: u64| gcra.check(tat, now, cost) == Decision::Deny;
         if has(rule_flag::AGGREGATE_PACKETS)
-            && deny(&rule.aggregate_packets.gcra, aggregate.meters[0][0], 1)
+            && deny(&rule.aggregate_packets_at(now).gcra, aggregate.meters[0][0], 1)
         {
             return refused(order::AGGREGATE_PACKETS);
         }
@@ -444,7 +444,7 @@ fn meter_gcra(
         has(rule_flag::LIMIT_BYTES).then_some((&cells[order::KEY_BYTES], &rule.bytes.gcra, len));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then_some((
         &cells[order::AGGREGATE_PACKETS],
-        &rule.aggregate_packets.gcra,
+        &rule.aggregate_packets_at(now).gcra,
         1,
     ));
     charges[order::AGGREGATE_BYTES] = has(rule_flag::AGGREGATE_BYTES).then_some((
@@ -481,6 +481,7 @@ fn meter_windows(
         unlock(key_lock);
         return contended;
     }
+    let aggregate_packets_window = &rule.aggregate_packets_at(now).window;
     let now = now.wrapping_add(config.realtime_offset_ns);
     let (key_meters, aggregate_meters) =
         unsafe { (&mut (*state).meters, &mut (*aggregate).meters) };
@@ -495,7 +496,7 @@ fn meter_windows(
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then(|| {
         (
             WindowState::in_slots(aggregate_packets),
-            &rule.aggregate_packets.window,
+            aggregate_packets_window,
             1,
         )
     });

@@ -116,6 +116,12 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
         if let Some(m) = aggregate.packets {
             config.flags |= rule_flag::AGGREGATE_PACKETS;
             config.aggregate_packets = meter(m);
+            if let Some(fleet) = rule.fleet {
+                // The reserve until leases say more (`Engine::set_fleet_share`).
+                config.fleet_reserve = meter(m.share(fleet.reserve));
+                config.aggregate_packets = config.fleet_reserve;
+                config.fleet_until_ns = 1;
+            }
         }
         if let Some(m) = aggregate.bytes {
             config.flags |= rule_flag::AGGREGATE_BYTES;

@@ -28,6 +28,7 @@ use crate::{
         protocol::{Detached, Status},
     },
     engine::{Change, Engine},
+    fleet::{Enforcer, Fleet, FleetConfig, Grant, RuleCounts, node::ShareStatus},
     kernel::{
         self, Attachment, Mode, capabilities,
         links::LINKS_DIR,
@@ -64,6 +65,10 @@ pub struct DaemonConfig {
     /// file, hence a lower cap).
     #[serde(default = "default_control_listener")]
     pub control_listener: Limits,
+    /// The store that fleet-wide rules (`scope: fleet`) lease their shares
+    /// from; without it they enforce their reserve.
+    #[serde(default)]
+    pub fleet: Option<FleetConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -98,6 +103,11 @@ impl DaemonConfig {
         let mut config: Self = crate::yaml::load(path)?;
         if config.rules.is_relative() {
             config.rules = path.parent().unwrap_or(Path::new(".")).join(&config.rules);
+        }
+        if let Some(fleet) = &config.fleet {
+            fleet
+                .validate("fleet")
+                .with_context(|| path.display().to_string())?;
         }
         if config.interfaces.is_empty() {
             anyhow::bail!(
@@ -138,6 +148,8 @@ struct Shared {
     /// The pins went missing and are not back yet.
     pins_missing: std::sync::atomic::AtomicBool,
     shutdown: Notify,
+    /// The fleet rules' loops, once the runtime runs.
+    fleet: Mutex<Option<Fleet>>,
 }
 
 impl Shared {
@@ -207,6 +219,7 @@ pub fn run(config_path: &Path) -> Result<()> {
         tracked_keys: AtomicU64::new(0),
         pins_missing: Default::default(),
         shutdown: Notify::new(),
+        fleet: Mutex::new(None),
     });
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -235,6 +248,12 @@ async fn serve(
         ));
     }
     tokio::spawn(housekeeping(Arc::clone(&shared)));
+    let fleet = Fleet::new(
+        shared.config.fleet.clone(),
+        Arc::new(KernelShares(Arc::downgrade(&shared))),
+    );
+    *shared.fleet.lock().expect("fleet lock") = Some(fleet);
+    sync_fleet(&shared, &shared.engine().fleet_rules());
     let control = shared.config.control_listener;
     let slots = Slots::new(control.max_connections);
     let mut accept_errors = AcceptErrors::new("control socket");
@@ -298,9 +317,13 @@ async fn apply(shared: &Arc<Shared>, text: String, origin: String) -> Result<Cha
     let shared = Arc::clone(shared);
     tokio::task::spawn_blocking(move || {
         let rules = RuleSet::parse(&text, Path::new(&origin))?;
-        let change = shared.engine().apply(rules)?;
+        let (change, fleet_rules) = {
+            let mut engine = shared.engine();
+            (engine.apply(rules)?, engine.fleet_rules())
+        };
         shared.generation.fetch_add(1, Ordering::Relaxed);
         log_change(&origin, &change);
+        sync_fleet(&shared, &fleet_rules);
         Ok(change)
     })
     .await?
@@ -314,6 +337,46 @@ fn log_change(origin: &str, change: &Change) {
         change.modified,
         change.unchanged
     );
+}
+
+/// Runs the fleet loops of exactly `rules` (those just applied).
+fn sync_fleet(shared: &Shared, rules: &[rules::Rule]) {
+    if let Some(fleet) = shared.fleet.lock().expect("fleet lock").as_mut() {
+        fleet.sync(rules);
+    }
+}
+
+fn fleet_status(shared: &Shared) -> Vec<ShareStatus> {
+    shared
+        .fleet
+        .lock()
+        .expect("fleet lock")
+        .as_ref()
+        .map(|f| {
+            f.status()
+                .lock()
+                .expect("fleet status")
+                .values()
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The kernel, as the fleet loops see it: they outlive no daemon, hence
+/// the weak reference (the daemon holds the loops).
+struct KernelShares(std::sync::Weak<Shared>);
+
+impl Enforcer for KernelShares {
+    fn counts(&self, rule: &str) -> Result<RuleCounts> {
+        let shared = self.0.upgrade().context("the daemon is stopping")?;
+        shared.engine().fleet_counts(rule)
+    }
+
+    fn enforce(&self, rule: &str, grant: Grant) -> Result<()> {
+        let shared = self.0.upgrade().context("the daemon is stopping")?;
+        shared.engine().set_fleet_share(rule, grant)
+    }
 }
 
 /// Expired blocks are removed, tracked keys counted, and the rule file
@@ -407,6 +470,7 @@ async fn scrape(
                 tracked_keys: shared.tracked_keys.load(Ordering::Relaxed),
                 blocks,
                 pins_missing: shared.pins_missing.load(Ordering::Relaxed),
+                fleet: fleet_status(&shared),
             },
         )))
     })
@@ -440,7 +504,11 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
         }),
         Request::Stats => Response::ok(blocking(shared, |engine| engine.snapshot()).await?),
         Request::RulesApply { text, origin } => Response::ok(apply(shared, text, origin).await?),
-        Request::RulesShow => Response::ok(blocking(shared, |engine| engine.rules_view()).await?),
+        Request::RulesShow => {
+            let mut view = blocking(shared, |engine| engine.rules_view()).await?;
+            view.fleet = fleet_status(shared);
+            Response::ok(view)
+        }
         Request::Block { prefix, for_secs } => {
             let net = rules::parse_net(&prefix).map_err(anyhow::Error::msg)?;
             let duration = for_secs

@@ -50,10 +50,14 @@ pub struct BlockView {
     pub dropped_packets: u64,
 }
 
+mod fleet;
+
 pub struct Engine {
     datapath: Datapath,
     /// The rule set in force and the id of each of its rules.
     applied: Option<(RuleSet, Vec<u32>)>,
+    /// Fleet rules' shares in force, by fingerprint.
+    fleet_shares: HashMap<u64, crate::fleet::Grant>,
 }
 
 impl Engine {
@@ -62,6 +66,7 @@ impl Engine {
         Ok(Self {
             datapath: Datapath::open(pin_dir, max_keys)?,
             applied: None,
+            fleet_shares: HashMap::new(),
         })
     }
 
@@ -71,6 +76,7 @@ impl Engine {
         Ok(Self {
             datapath: Datapath::open_object(object, pin_dir, max_keys)?,
             applied: None,
+            fleet_shares: HashMap::new(),
         })
     }
 
@@ -151,7 +157,8 @@ impl Engine {
         faults::crash_point("reset");
 
         self.datapath.clear_generation(next)?;
-        let tables = compile::build(&set, &ids, next as u8);
+        let mut tables = compile::build(&set, &ids, next as u8);
+        self.carry_fleet_shares(&set, &mut tables, &ids);
         self.datapath.write_generation(next, &tables)?;
         faults::crash_point("written");
         config.generation = next;
@@ -329,6 +336,9 @@ pub struct RulesView {
     pub shadow: bool,
     pub rules: Vec<RuleView>,
     pub blocks: Vec<BlockView>,
+    /// Each fleet rule's share (filled by the daemon, which runs them).
+    #[serde(default)]
+    pub fleet: Vec<crate::fleet::node::ShareStatus>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -375,6 +385,7 @@ impl Engine {
             shadow: snapshot.shadow,
             rules,
             blocks: self.blocks()?,
+            fleet: Vec::new(),
         })
     }
 }

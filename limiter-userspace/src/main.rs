@@ -21,6 +21,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[expect(clippy::large_enum_variant, reason = "parsed once per process")]
 enum Command {
     /// Attach to interfaces and enforce a rule file until SIGINT/SIGTERM,
     /// then detach (for a service that survives restarts, use `daemon`).
@@ -150,6 +151,11 @@ enum Command {
         /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
         #[arg(long)]
         metrics: Option<std::net::SocketAddr>,
+        /// Share the rule file's fleet-wide rules through the store this
+        /// file names (the daemon's `fleet:` section: store, lease_ttl,
+        /// fail_open).
+        #[arg(long)]
+        fleet: Option<PathBuf>,
     },
     /// Convert another limiter's configuration into a rule file.
     Import {
@@ -294,6 +300,7 @@ fn main() -> ExitCode {
             body_timeout,
             upstream_timeout,
             metrics,
+            fleet,
         } => commands::proxy(
             limiter::http::proxy::Options {
                 listen,
@@ -311,6 +318,7 @@ fn main() -> ExitCode {
                 metrics,
             },
             &config,
+            fleet.as_deref(),
         ),
         Command::Lab {
             config,

@@ -9,11 +9,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::fleet::{
-    lease::{LeaseError, Leases},
-    node::{Fallback, Node},
-    share::{Budget, Demand},
-    store::{StoreConfig, StoreError},
+use std::sync::{Arc, Mutex};
+
+use limiter::{
+    clock::monotonic_ns,
+    fleet::{
+        Enforcer, Grant, RuleCounts,
+        lease::{LeaseError, Leases},
+        node::{Fallback, Node, Spec},
+        share::Budget,
+        store::{StoreConfig, StoreError},
+    },
 };
 
 /// A redis-server on a free loopback port, killed on drop.
@@ -166,66 +172,280 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Guards the fallback: with Redis gone, a node never enforces more than it
-/// held, and its rate falls to its reserve within one TTL (fail-static) or
-/// is the stated cap (fail-open); with Redis back on the same address, it
-/// leases again by itself.
+/// A rule's traffic as a node sees it: `want` per second offered, of
+/// which the share in force is admitted and the rest refused by the
+/// aggregate; and every share the node enforced, when.
+struct Traffic {
+    reserve: u64,
+    state: Mutex<TrafficState>,
+}
+
+struct TrafficState {
+    want: u64,
+    since: Instant,
+    counts: RuleCounts,
+    grant: Grant,
+    /// (when, the share in force from then on).
+    enforced: Vec<(Instant, u64)>,
+}
+
+impl Traffic {
+    fn new(want: u64, reserve: u64) -> Arc<Self> {
+        Arc::new(Self {
+            reserve,
+            state: Mutex::new(TrafficState {
+                want,
+                since: Instant::now(),
+                counts: RuleCounts::default(),
+                grant: Grant {
+                    local: reserve,
+                    until_ns: 1,
+                },
+                enforced: vec![(Instant::now(), reserve)],
+            }),
+        })
+    }
+
+    /// The share in force now: the grant until it lapses, then the reserve.
+    fn in_force(&self, s: &TrafficState) -> u64 {
+        if monotonic_ns() < s.grant.until_ns {
+            s.grant.local
+        } else {
+            self.reserve
+        }
+    }
+
+    fn offer(&self, want: u64) {
+        let mut s = self.state.lock().unwrap();
+        self.advance(&mut s);
+        s.want = want;
+    }
+
+    fn advance(&self, s: &mut TrafficState) {
+        let dt = s.since.elapsed().as_secs_f64();
+        s.since = Instant::now();
+        let allowed = self.in_force(s);
+        s.counts.admitted += (s.want.min(allowed) as f64 * dt) as u64;
+        s.counts.refused += (s.want.saturating_sub(allowed) as f64 * dt) as u64;
+    }
+
+    fn local(&self) -> u64 {
+        let s = self.state.lock().unwrap();
+        self.in_force(&s)
+    }
+
+    fn enforced(&self) -> Vec<(Instant, u64)> {
+        self.state.lock().unwrap().enforced.clone()
+    }
+}
+
+impl Enforcer for Traffic {
+    fn counts(&self, _: &str) -> anyhow::Result<RuleCounts> {
+        let mut s = self.state.lock().unwrap();
+        self.advance(&mut s);
+        Ok(s.counts)
+    }
+
+    fn enforce(&self, _: &str, grant: Grant) -> anyhow::Result<()> {
+        let mut s = self.state.lock().unwrap();
+        self.advance(&mut s);
+        s.grant = grant;
+        s.enforced.push((Instant::now(), grant.local));
+        Ok(())
+    }
+}
+
+const BUDGET: Budget = Budget {
+    global_rate: 8_000,
+    partitions: 8,
+    reserve_rate: 100,
+};
+
+fn spec(fallback: Fallback, ttl: Duration) -> Spec {
+    Spec {
+        rule: "api".into(),
+        budget: BUDGET,
+        period: Duration::from_secs(1),
+        fallback,
+        ttl,
+    }
+}
+
+/// Ticks `node` every tick interval until `done` holds or `within` ends.
+async fn tick_until(node: &mut Node, within: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        node.tick().await;
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(node.spec().tick()).await;
+    }
+    false
+}
+
+/// The largest sum of the two nodes' shares in force at any moment, from
+/// what each enforced when.
+fn peak_total(a: &[(Instant, u64)], b: &[(Instant, u64)]) -> u64 {
+    let at = |log: &[(Instant, u64)], t: Instant| {
+        log.iter()
+            .take_while(|(when, _)| *when <= t)
+            .last()
+            .map_or(0, |(_, local)| *local)
+    };
+    a.iter()
+        .chain(b)
+        .map(|(t, _)| at(a, *t) + at(b, *t))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Guards the sharing: demand takes partitions, the fleet's total never
+/// exceeds the global rate plus the reserves (a node lowers its share
+/// before it gives partitions back, and the other raises its own only
+/// after leasing them), and capacity follows the traffic within a few
+/// ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
+    let redis = Redis::start();
+    let ttl = Duration::from_millis(1000);
+    let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let b_traffic = Traffic::new(0, BUDGET.reserve_rate);
+    let mut a = Node::new(
+        spec(Fallback::Static, ttl),
+        redis.store(),
+        a_traffic.clone(),
+    );
+    let mut b = Node::new(
+        spec(Fallback::Static, ttl),
+        redis.store(),
+        b_traffic.clone(),
+    );
+    let all = BUDGET.local_rate(BUDGET.partitions);
+    assert!(
+        tick_until(&mut a, ttl * 3, || a_traffic.local() == all).await,
+        "a did not lease every partition: {:?}",
+        a.status()
+    );
+    b.tick().await;
+    assert_eq!(
+        b_traffic.local(),
+        BUDGET.reserve_rate,
+        "b got a partition a holds"
+    );
+    // The flood moves from a to b.
+    a_traffic.offer(0);
+    b_traffic.offer(20_000);
+    let moved = Instant::now();
+    // Each node on its own, as on two hosts.
+    let run = |mut node: Node, within: Duration| {
+        tokio::spawn(async move {
+            let deadline = Instant::now() + within;
+            while Instant::now() < deadline {
+                node.tick().await;
+                tokio::time::sleep(node.spec().tick()).await;
+            }
+            node
+        })
+    };
+    let (a, b) = (run(a, ttl * 3), run(b, ttl * 3));
+    let (_a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!(
+        b_traffic.local(),
+        all,
+        "the capacity did not follow: {:?}",
+        b.status()
+    );
+    assert_eq!(a_traffic.local(), BUDGET.reserve_rate);
+    let followed = b_traffic
+        .enforced()
+        .iter()
+        .find(|(_, local)| *local == all)
+        .map(|(t, _)| t.duration_since(moved));
+    println!("capacity followed in {followed:?}");
+    let peak = peak_total(&a_traffic.enforced(), &b_traffic.enforced());
+    assert!(
+        peak <= BUDGET.global_rate + 2 * BUDGET.reserve_rate,
+        "together the nodes enforced {peak} at some moment"
+    );
+}
+
+/// Guards the fallback: with Redis gone, a node never enforces more than
+/// it held, and its share lapses to its reserve within one TTL
+/// (fail-static), or is the stated cap (fail-open); with Redis back on the
+/// same address, it leases again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_falls_back_and_leasing_resumes() {
     let redis = Redis::start();
     let port = redis.port;
-    let ttl = Duration::from_millis(400);
+    let ttl = Duration::from_millis(600);
     let store = StoreConfig {
         connect_timeout: Duration::from_millis(200),
         response_timeout: Duration::from_millis(200),
         ..redis.store()
     };
-    let budget = Budget {
-        global_rate: 8_000,
-        partitions: 8,
-        reserve_rate: 100,
-    };
-    let leases = || Leases::new(&store, "api", 8, ttl);
-    let mut fixed = Node::new(leases().await.unwrap(), budget, Fallback::Static);
-    let mut open = Node::new(
-        leases().await.unwrap(),
-        budget,
-        Fallback::Open { rate: 300 },
+    let fixed_traffic = Traffic::new(5_100, BUDGET.reserve_rate);
+    let open_traffic = Traffic::new(9_000, BUDGET.reserve_rate);
+    let mut fixed = Node::new(
+        spec(Fallback::Static, ttl),
+        store.clone(),
+        fixed_traffic.clone(),
     );
-    let hungry = Demand {
-        admitted_rate: 100,
-        refused_rate: 5_000,
-    };
-    assert_eq!(fixed.tick(hungry).await, 100 + 5 * 1_000);
-    assert_eq!(open.tick(hungry).await, 100 + 3 * 1_000, "the 3 left");
+    let mut open = Node::new(
+        spec(Fallback::Open { rate: 300 }, ttl),
+        store.clone(),
+        open_traffic.clone(),
+    );
+    assert!(
+        tick_until(&mut fixed, ttl * 3, || fixed_traffic.local() == 5_100).await,
+        "{:?}",
+        fixed.status()
+    );
+    assert!(
+        tick_until(&mut open, ttl * 3, || open_traffic.local() == 3_100).await,
+        "the 3 left: {:?}",
+        open.status()
+    );
     drop(redis);
     let stopped = Instant::now();
-    assert_eq!(open.tick(hungry).await, 300);
-    let mut rates = Vec::new();
+    let stopped_ns = monotonic_ns();
+    open.tick().await;
+    assert!(!open.store_up());
+    assert_eq!(open_traffic.local(), 300, "fail-open enforces its cap");
+    let mut shares = Vec::new();
     while stopped.elapsed() < ttl * 2 {
-        rates.push((stopped.elapsed(), fixed.tick(hungry).await));
+        let grant = fixed.tick().await;
+        shares.push((stopped.elapsed(), fixed_traffic.local(), grant));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!fixed.store_up());
     assert!(
-        rates.iter().all(|(_, r)| *r <= 5_100),
-        "more than it held: {rates:?}"
+        shares.iter().all(|(_, local, _)| *local <= 5_100),
+        "more than it held: {shares:?}"
+    );
+    // The share counts leases only while Redis cannot have freed them.
+    let ttl_ns = ttl.as_nanos() as u64;
+    assert!(
+        shares
+            .iter()
+            .all(|(_, local, grant)| *local == 100 || grant.until_ns <= stopped_ns + ttl_ns),
+        "a share that outlives its leases: {shares:?}"
     );
     assert!(
-        rates
+        shares
             .iter()
-            .filter(|(t, _)| *t >= ttl)
-            .all(|(_, r)| *r == 100),
-        "leases counted past their TTL: {rates:?}"
+            .filter(|(t, _, _)| *t >= ttl)
+            .all(|(_, local, _)| *local == 100),
+        "leases counted past their TTL: {shares:?}"
     );
     let _redis = Redis::start_on(port, &[]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rate = fixed.tick(hungry).await;
-        if fixed.store_up() && rate > 100 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "leasing did not resume");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        tick_until(&mut fixed, Duration::from_secs(10), || fixed_traffic
+            .local()
+            > 100)
+        .await,
+        "leasing did not resume: {:?}",
+        fixed.status()
+    );
+    assert!(fixed.store_up());
 }

@@ -181,22 +181,48 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn proxy(options: limiter::http::proxy::Options, config: &Path) -> Result<()> {
+pub fn proxy(
+    options: limiter::http::proxy::Options,
+    config: &Path,
+    fleet: Option<&Path>,
+) -> Result<()> {
+    use std::sync::Arc;
     let rules = RuleSet::load(config)?;
-    let limiter = std::sync::Arc::new(limiter::http::Limiter::new(
+    let fleet_config = fleet
+        .map(|path| {
+            let fleet: limiter::fleet::FleetConfig = limiter::yaml::load(path)?;
+            fleet
+                .validate("fleet")
+                .with_context(|| path.display().to_string())?;
+            anyhow::Ok(fleet)
+        })
+        .transpose()?;
+    let limiter = Arc::new(limiter::http::Limiter::new(
         rules,
-        std::sync::Arc::new(limiter::http::SystemClock),
+        Arc::new(limiter::http::SystemClock),
     ));
     let upstream = options.upstream.clone();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(limiter::http::proxy::serve(
-            options,
-            limiter,
-            std::sync::Arc::new(openmetrics::render_http),
-            |addr| println!("limiter proxy: listening on {addr}, forwarding to {upstream}"),
-        ))
+        .block_on(async move {
+            let mut fleet = limiter::fleet::Fleet::new(fleet_config, Arc::clone(&limiter) as _);
+            fleet.sync(&limiter.rules().rules);
+            let status = fleet.status();
+            let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter| {
+                let shares: Vec<_> = status
+                    .lock()
+                    .expect("fleet status")
+                    .values()
+                    .cloned()
+                    .collect();
+                openmetrics::render_http(limiter, &shares)
+            });
+            limiter::http::proxy::serve(options, limiter, render, |addr| {
+                println!("limiter proxy: listening on {addr}, forwarding to {upstream}")
+            })
+            .await
+        })
 }
 
 pub fn import_envoy(file: &Path) -> Result<()> {

@@ -117,6 +117,26 @@ impl Leases {
         self.held.values().filter(|&&until| until > now).count()
     }
 
+    /// The partitions valid until after `at`, and the earliest moment one
+    /// of them stops being valid.
+    pub fn valid_beyond(&self, at: Instant) -> (u32, Option<Instant>) {
+        let valid = self.held.values().filter(|&&until| until > at);
+        (valid.clone().count() as u32, valid.min().copied())
+    }
+
+    /// The earliest moment a held partition stops being valid.
+    pub fn earliest_lapse(&self) -> Option<Instant> {
+        self.held.values().min().copied()
+    }
+
+    /// One round trip to the store, for its latency and to know it answers
+    /// when nothing is held.
+    pub async fn ping(&mut self) -> Result<Duration, LeaseError> {
+        let sent = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut self.redis).await?;
+        Ok(sent.elapsed())
+    }
+
     /// The partitions held, in order.
     pub fn partitions(&self) -> Vec<u32> {
         self.held.keys().copied().collect()
@@ -135,8 +155,11 @@ impl Leases {
             self.rng ^= self.rng << 17;
             free.swap(i, (self.rng % (i as u64 + 1)) as usize);
         }
+        // Beyond a few misses the free partitions are likely taken: the
+        // next tick tries again, rather than one round trip per partition.
+        let attempts = (2 * n as usize + 2).min(free.len());
         let mut gained = Vec::new();
-        for partition in free {
+        for partition in free.into_iter().take(attempts) {
             if gained.len() as u32 >= n {
                 break;
             }
@@ -188,10 +211,25 @@ impl Leases {
     /// Gives back up to `n` partitions (those it still owns are deleted at
     /// once, free for others); returns those given back.
     pub async fn release(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
+        let give = self.forget(n);
+        self.free(&give).await?;
+        Ok(give)
+    }
+
+    /// Stops counting (and renewing) up to `n` partitions; returns them.
+    /// Not yet free for others: [`Leases::free`] them once nothing
+    /// enforces them any more, or they expire by themselves.
+    pub fn forget(&mut self, n: u32) -> Vec<u32> {
         let give: Vec<u32> = self.held.keys().rev().take(n as usize).copied().collect();
-        for &p in &give {
-            // No longer counted before Redis frees it.
-            self.held.remove(&p);
+        for p in &give {
+            self.held.remove(p);
+        }
+        give
+    }
+
+    /// Deletes forgotten partitions that are still this node's.
+    pub async fn free(&mut self, partitions: &[u32]) -> Result<(), LeaseError> {
+        for &p in partitions {
             let _: i64 = self
                 .release
                 .key(self.key(p))
@@ -199,7 +237,7 @@ impl Leases {
                 .invoke_async(&mut self.redis)
                 .await?;
         }
-        Ok(give)
+        Ok(())
     }
 }
 

@@ -1,14 +1,85 @@
-//! Fleet-wide limits (issue 8, in progress): one rule's budget shared by
-//! every node, split into equal partitions that nodes lease from Redis
-//! ahead of time, so a packet or a request only ever checks local state.
-//! Done so far: the store's settings ([`store`]), the leases ([`lease`]),
-//! how many to hold ([`share`]) and one node's share tick by tick, Redis
-//! down included ([`node`]).
-//! Not yet: the loop that turns them into the kernel's and layer 7's
-//! aggregate budgets, the rule-file fields, the daemon's configuration
-//! and metrics.
+//! Fleet-wide limits: one rule's aggregate budget shared by every node
+//! that has the rule, split into equal partitions that nodes lease from
+//! Redis ahead of time, so a packet or a request only ever checks local
+//! state. The store's settings ([`store`]), the leases ([`lease`]), how
+//! many to hold ([`share`]), one node's share of one rule tick by tick,
+//! the store being down included ([`node`]), and the rules a node runs
+//! ([`manager`]). Where the share is enforced (the kernel for the daemon,
+//! layer 7 for the proxy) is behind [`Enforcer`].
 
 pub mod lease;
+pub mod manager;
 pub mod node;
 pub mod share;
 pub mod store;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use manager::{Fleet, FleetStatus};
+pub use store::StoreConfig;
+
+/// A node's share of a fleet rule's aggregate: `local` per the rule's unit
+/// until `until_ns` (monotonic), after which its reserve applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub local: u64,
+    pub until_ns: u64,
+}
+
+/// What a fleet rule's aggregate admitted and refused, cumulative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub admitted: u64,
+    pub refused: u64,
+}
+
+/// Where a node enforces its shares and reads its demand.
+pub trait Enforcer: Send + Sync + 'static {
+    fn counts(&self, rule: &str) -> anyhow::Result<RuleCounts>;
+    fn enforce(&self, rule: &str, grant: Grant) -> anyhow::Result<()>;
+}
+
+/// The `fleet:` section of the daemon's configuration (and the file
+/// `limiter proxy --fleet` reads).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    pub store: StoreConfig,
+    /// How long a lease lasts without renewal: a dead node's partitions
+    /// are free again after it; shares are renewed ten times within it.
+    #[serde(default = "default_ttl", with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// While the store cannot be reached, each node allows this fraction
+    /// of each fleet rule's rate (fail-open); absent, only its reserve and
+    /// the leases it holds until they lapse (fail-static).
+    #[serde(default)]
+    pub fail_open: Option<f64>,
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(2)
+}
+
+impl FleetConfig {
+    /// Checks what serde cannot; `section` names it in errors.
+    pub fn validate(&self, section: &str) -> anyhow::Result<()> {
+        if self.lease_ttl < lease::MIN_TTL {
+            anyhow::bail!(
+                "{section}.lease_ttl: {} is shorter than {}",
+                humantime::format_duration(self.lease_ttl),
+                humantime::format_duration(lease::MIN_TTL)
+            );
+        }
+        if let Some(f) = self.fail_open
+            && !(f > 0.0 && f <= 1.0)
+        {
+            anyhow::bail!("{section}.fail_open: {f} is not a fraction in (0, 1]");
+        }
+        self.store
+            .client()
+            .map_err(|e| anyhow::anyhow!("{section}.{e}"))?;
+        Ok(())
+    }
+}

@@ -1,63 +1,149 @@
-//! One node's share of one global rule, tick by tick: renew what it holds,
-//! lease or give back toward what its traffic asks ([`share::target`]),
-//! and say what rate to enforce until the next tick. When Redis cannot be
-//! reached, the node keeps only leases still valid, so its rate falls to
-//! its reserve within one TTL (fail-static), or enforces a stated cap
-//! (fail-open); it says so once, and leases again by itself once Redis
-//! answers.
+//! One node's share of one fleet rule, tick by tick: read what the rule's
+//! aggregate admitted and refused, renew what it holds, lease or give back
+//! toward what its traffic asks ([`share::target`]), and enforce the
+//! result with the moment it lapses ([`Grant`]). Partitions are given back
+//! only after the lowered share is enforced, and a share always lapses
+//! before any lease it counts can expire in the store, so the node never
+//! enforces a partition another node may hold, whatever the timing.
+//!
+//! When the store cannot be reached, the leases still valid keep counting
+//! until they lapse, so the share falls to the reserve within one TTL
+//! (fail-static), or the node enforces a stated cap (fail-open); it says
+//! so once, and leases again by itself once the store answers.
 
-use std::time::Instant;
-
-use super::{
-    lease::{LeaseError, Leases},
-    share::{self, Budget, Demand},
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
-/// What a node enforces while Redis cannot be reached.
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Enforcer, Grant, RuleCounts,
+    lease::{LeaseError, Leases},
+    share::{self, Budget, Demand},
+    store::StoreConfig,
+};
+use crate::clock::monotonic_ns;
+
+/// What a node enforces while the store cannot be reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fallback {
-    /// Its reserve, and the leases it holds until they run out.
+    /// Its reserve, and the leases it holds until they lapse.
     Static,
     /// This rate, whatever it holds (the fleet may then exceed the global
     /// limit by the nodes' caps).
     Open { rate: u64 },
 }
 
+/// One fleet rule as a node shares it.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub rule: String,
+    pub budget: Budget,
+    /// The unit the budget's rates are per.
+    pub period: Duration,
+    pub fallback: Fallback,
+    pub ttl: Duration,
+}
+
+impl Spec {
+    /// Ten renewals per TTL.
+    pub fn tick(&self) -> Duration {
+        self.ttl / 10
+    }
+}
+
+/// A node's share of a rule as metrics and `rules show` report it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShareStatus {
+    pub rule: String,
+    /// The unit the rates are per, in seconds.
+    pub unit_seconds: f64,
+    pub fleet_rate: u64,
+    pub partitions: u32,
+    pub partition_rate: u64,
+    pub reserve: u64,
+    /// Partitions held and counted in the share.
+    pub held: u32,
+    /// The share enforced now (reserve included).
+    pub local_rate: u64,
+    pub store_up: bool,
+    pub leases_acquired: u64,
+    pub leases_renewed: u64,
+    pub leases_lost: u64,
+    pub leases_released: u64,
+    /// The last round trip to the store (a renewal or a ping).
+    pub store_rtt_seconds: f64,
+}
+
 pub struct Node {
-    leases: Leases,
-    budget: Budget,
-    fallback: Fallback,
-    /// Since when Redis has not answered.
+    spec: Spec,
+    store: StoreConfig,
+    /// Connected on first use, so a node starts while the store is down.
+    leases: Option<Leases>,
+    enforcer: Arc<dyn Enforcer>,
+    /// Since when the store has not answered.
     down_since: Option<Instant>,
+    last_counts: Option<(Instant, RuleCounts)>,
+    status: ShareStatus,
 }
 
 impl Node {
-    pub fn new(leases: Leases, budget: Budget, fallback: Fallback) -> Self {
+    pub fn new(spec: Spec, store: StoreConfig, enforcer: Arc<dyn Enforcer>) -> Self {
+        let budget = spec.budget;
+        let status = ShareStatus {
+            rule: spec.rule.clone(),
+            unit_seconds: spec.period.as_secs_f64(),
+            fleet_rate: budget.global_rate,
+            partitions: budget.partitions,
+            partition_rate: budget.partition_rate(),
+            reserve: budget.reserve_rate,
+            local_rate: budget.reserve_rate,
+            ..ShareStatus::default()
+        };
         Self {
-            leases,
-            budget,
-            fallback,
+            spec,
+            store,
+            leases: None,
+            enforcer,
             down_since: None,
+            last_counts: None,
+            status,
         }
     }
 
-    /// Whether Redis answered the last tick.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    pub fn status(&self) -> &ShareStatus {
+        &self.status
+    }
+
+    /// Whether the store answered the last tick.
     pub fn store_up(&self) -> bool {
         self.down_since.is_none()
     }
 
-    /// Partitions held and valid now.
-    pub fn held(&self) -> u32 {
-        self.leases.held(Instant::now()) as u32
-    }
-
-    /// One tick, with the demand since the last one: returns the rate to
-    /// enforce until the next tick.
-    pub async fn tick(&mut self, demand: Demand) -> u64 {
-        match self.exchange(demand).await {
+    /// One tick: the share to enforce until the next, enforced.
+    pub async fn tick(&mut self) -> Grant {
+        let demand = self.demand().await;
+        // Safety does not depend on this limit (shares lapse by
+        // themselves); it keeps a store that hangs from stalling the loop.
+        let limit = self.spec.tick() * 2;
+        let outcome = match tokio::time::timeout(limit, self.exchange(demand)).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {}",
+                humantime::format_duration(limit)
+            )),
+        };
+        match outcome {
             Ok(()) => {
                 if let Some(since) = self.down_since.take() {
                     tracing::info!(
+                        rule = %self.spec.rule,
                         "fleet store reachable again after {:.1} s: leasing",
                         since.elapsed().as_secs_f64()
                     );
@@ -66,32 +152,144 @@ impl Node {
             Err(e) => {
                 if self.down_since.is_none() {
                     tracing::warn!(
+                        rule = %self.spec.rule,
                         "fleet store unreachable ({e}); enforcing {}",
-                        match self.fallback {
+                        match self.spec.fallback {
                             Fallback::Static =>
-                                "the reserve and the leases held until they run out".to_owned(),
-                            Fallback::Open { rate } => format!("{rate}/s (fail-open)"),
+                                "the reserve and the leases held until they lapse".to_owned(),
+                            Fallback::Open { rate } => format!("{rate}/unit (fail-open)"),
                         }
                     );
                     self.down_since = Some(Instant::now());
+                } else {
+                    tracing::debug!(rule = %self.spec.rule, "fleet store unreachable: {e}");
                 }
             }
         }
-        match (self.down_since, self.fallback) {
-            (Some(_), Fallback::Open { rate }) => rate,
-            _ => self.budget.local_rate(self.held()),
+        let grant = self.grant();
+        self.enforce(grant).await;
+        self.status.store_up = self.store_up();
+        grant
+    }
+
+    /// The share the leases valid now allow, until the first of them
+    /// lapses. Leases that lapse before the next tick are not counted.
+    fn grant(&self) -> Grant {
+        let now = Instant::now();
+        let horizon = self.spec.tick() * 2;
+        if let (Some(_), Fallback::Open { rate }) = (self.down_since, self.spec.fallback) {
+            return Grant {
+                local: rate,
+                until_ns: at_ns(now, now + horizon + self.spec.tick()),
+            };
+        }
+        let (held, lapse) = self
+            .leases
+            .as_ref()
+            .map_or((0, None), |l| l.valid_beyond(now + horizon));
+        Grant {
+            local: self.spec.budget.local_rate(held),
+            until_ns: lapse.map_or(1, |at| at_ns(now, at)),
+        }
+    }
+
+    async fn enforce(&mut self, grant: Grant) -> bool {
+        let enforcer = Arc::clone(&self.enforcer);
+        let rule = self.spec.rule.clone();
+        match tokio::task::spawn_blocking(move || enforcer.enforce(&rule, grant)).await {
+            Ok(Ok(())) => {
+                self.status.local_rate = grant.local;
+                self.status.held = self
+                    .leases
+                    .as_ref()
+                    .map_or(0, |l| l.valid_beyond(Instant::now()).0);
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(rule = %self.spec.rule, "enforcing the fleet share: {e:#}");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(rule = %self.spec.rule, "enforcing the fleet share: {e}");
+                false
+            }
+        }
+    }
+
+    /// What the rule admitted and refused since the last tick, per unit.
+    async fn demand(&mut self) -> Demand {
+        let enforcer = Arc::clone(&self.enforcer);
+        let rule = self.spec.rule.clone();
+        let counts = match tokio::task::spawn_blocking(move || enforcer.counts(&rule)).await {
+            Ok(Ok(counts)) => counts,
+            _ => return Demand::default(),
+        };
+        let now = Instant::now();
+        let Some((then, last)) = self.last_counts.replace((now, counts)) else {
+            return Demand::default();
+        };
+        let elapsed = now.duration_since(then).as_secs_f64().max(1e-3);
+        let per_unit = |n: u64| (n as f64 * self.spec.period.as_secs_f64() / elapsed) as u64;
+        Demand {
+            // A rule whose counters restarted (a new id) starts over.
+            admitted_rate: per_unit(counts.admitted.saturating_sub(last.admitted)),
+            refused_rate: per_unit(counts.refused.saturating_sub(last.refused)),
         }
     }
 
     async fn exchange(&mut self, demand: Demand) -> Result<(), LeaseError> {
-        self.leases.renew().await?;
-        let held = self.held();
-        let target = share::target(&self.budget, held, demand);
+        if self.leases.is_none() {
+            let leases = Leases::new(
+                &self.store,
+                &self.spec.rule,
+                self.spec.budget.partitions,
+                self.spec.ttl,
+            )
+            .await?;
+            self.leases = Some(leases);
+        }
+        let leases = self.leases.as_mut().expect("connected");
+        let sent = Instant::now();
+        if leases.partitions().is_empty() {
+            leases.ping().await?;
+        } else {
+            let renewing = leases.partitions().len() as u64;
+            let lost = leases.renew().await?.len() as u64;
+            self.status.leases_lost += lost;
+            self.status.leases_renewed += renewing - lost;
+        }
+        self.status.store_rtt_seconds = sent.elapsed().as_secs_f64();
+        let held = leases.held(Instant::now()) as u32;
+        let target = share::target(&self.spec.budget, held, demand);
         if target > held {
-            self.leases.acquire(target - held).await?;
+            let gained = leases.acquire(target - held).await?;
+            self.status.leases_acquired += gained.len() as u64;
         } else if target < held {
-            self.leases.release(held - target).await?;
+            // Lowered first, given back after: never two nodes on one
+            // partition. If the lower share cannot be enforced, the
+            // partitions are not renewed and lapse by themselves.
+            let given = leases.forget(held - target);
+            if self.enforce(self.grant()).await {
+                let leases = self.leases.as_mut().expect("connected");
+                leases.free(&given).await?;
+            }
+            self.status.leases_released += given.len() as u64;
         }
         Ok(())
     }
+
+    /// Gives back every partition, once nothing enforces them (the rule is
+    /// gone from the kernel or the limiter).
+    pub async fn release_all(&mut self) {
+        if let Some(leases) = self.leases.as_mut() {
+            let all = leases.forget(u32::MAX);
+            let _ = tokio::time::timeout(self.spec.tick(), leases.free(&all)).await;
+        }
+    }
+}
+
+/// `at` on the monotonic clock the kernel and layer 7 keep time in.
+fn at_ns(now: Instant, at: Instant) -> u64 {
+    let ahead = u64::try_from(at.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX);
+    monotonic_ns().saturating_add(ahead)
 }

@@ -1,8 +1,10 @@
 //! How many partitions a node should hold, from what its traffic asks:
 //! more at once when its aggregate refuses traffic (it holds less than its
-//! traffic needs), one back at a time when it uses well under what it
-//! holds (so capacity follows traffic across nodes within a few ticks,
-//! without flapping), and its local budget from the leases valid now.
+//! traffic needs), and when it uses less than half of what it would have
+//! with one fewer, all but enough for twice its use back at once (so
+//! capacity follows traffic across nodes within a tick or two, and a node
+//! at steady use neither takes nor gives back); its local budget from the
+//! leases valid now.
 
 /// One rule's global budget, split into partitions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +40,13 @@ pub struct Demand {
     pub refused_rate: u64,
 }
 
-/// Use below this share of what is held (beyond one partition) gives one
-/// partition back.
+/// Use below this share of what one partition fewer would give returns
+/// partitions.
 const LOW_WATER: f64 = 0.5;
 
 /// The partitions to hold next, holding `held`: enough for the refused
-/// traffic at once, or one fewer when well under use.
+/// traffic at once, or, well under use, the fewest that leave twice the
+/// use (which the next tick keeps: no flapping).
 pub fn target(budget: &Budget, held: u32, demand: Demand) -> u32 {
     let per = budget.partition_rate().max(1);
     if demand.refused_rate > 0 {
@@ -56,11 +59,13 @@ pub fn target(budget: &Budget, held: u32, demand: Demand) -> u32 {
         return 0;
     }
     let without_one = budget.local_rate(held - 1) as f64;
-    if (demand.admitted_rate as f64) < without_one * LOW_WATER {
-        held - 1
-    } else {
-        held
+    if (demand.admitted_rate as f64) >= without_one * LOW_WATER {
+        return held;
     }
+    let wanted = (demand.admitted_rate.saturating_mul(2))
+        .saturating_sub(budget.reserve_rate)
+        .div_ceil(per);
+    u32::try_from(wanted).unwrap_or(u32::MAX).min(held - 1)
 }
 
 #[cfg(test)]
@@ -102,22 +107,31 @@ mod tests {
     }
 
     #[test]
-    fn little_use_gives_back_one_at_a_time_and_steady_use_keeps() {
+    fn little_use_gives_back_the_surplus_and_steady_use_keeps() {
         let idle = Demand::default();
-        assert_eq!(target(&BUDGET, 10, idle), 9);
+        assert_eq!(target(&BUDGET, 10, idle), 0);
         assert_eq!(target(&BUDGET, 0, idle), 0);
+        // 2,000 used: keeps 4 (500 + 4,000 ≥ twice 2,000), and keeps them.
+        let some = Demand {
+            admitted_rate: 2_000,
+            refused_rate: 0,
+        };
+        assert_eq!(target(&BUDGET, 30, some), 4);
+        assert_eq!(target(&BUDGET, 4, some), 4);
         // Using 9,000 of 10,500: keeps its 10.
         let busy = Demand {
             admitted_rate: 9_000,
             refused_rate: 0,
         };
         assert_eq!(target(&BUDGET, 10, busy), 10);
-        // Just below half of what 9 would give (9,500 / 2): one back.
+        // Just below half of what 9 would give (9,500 / 2): keeps what
+        // leaves twice the use (9,400 - 500 = 8.9 partitions: 9).
         let light = Demand {
             admitted_rate: 4_700,
             refused_rate: 0,
         };
         assert_eq!(target(&BUDGET, 10, light), 9);
+        assert_eq!(target(&BUDGET, 9, light), 9, "and keeps it");
     }
 
     /// A demand that moves from one node to another: the first gives its
@@ -126,7 +140,8 @@ mod tests {
     #[test]
     fn capacity_follows_the_traffic() {
         let (mut a, mut b) = (40u32, 0u32);
-        for _ in 0..40 {
+        // Within two ticks.
+        for _ in 0..2 {
             a = target(&BUDGET, a, Demand::default());
             // What a does not hold (b's own included) is all b can lease.
             let free = BUDGET.partitions - a;

@@ -5,6 +5,7 @@
 //! it with the same GCRA or window code: one request costs 1 against
 //! packet (`rate`) limits, and its size against byte (`bytes`) limits.
 
+mod fleet;
 pub mod headers;
 pub mod layer;
 pub mod proxy;
@@ -22,7 +23,8 @@ use limiter_common::{
     abi::FlowKey,
     log::Log,
     meter::{
-        AtomicCell, Charge, Outcome, WindowCharge, acquire_all, acquire_delayed, order, windows_all,
+        AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire_all, acquire_delayed, order,
+        windows_all,
     },
     window::WindowState,
 };
@@ -31,7 +33,7 @@ use serde::Serialize;
 pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
 
 use crate::rules::{
-    Algorithm, Fallback, Limit, Rate, Rates, Rule, RuleSet,
+    Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
     matching::{first_match, key_masks, match_order},
 };
 
@@ -105,6 +107,9 @@ pub struct HttpCounters {
     pub bodies_cut: AtomicU64,
     /// The same under a dry run: counted, not cut.
     pub shadow_bodies: AtomicU64,
+    /// Of `dropped` and `shadow`: those the rule's aggregate refused (a
+    /// fleet rule's demand for more of the fleet's budget).
+    pub aggregate_excess: AtomicU64,
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
@@ -246,6 +251,8 @@ pub struct Limiter {
     digest: KeyDigest,
     aggregates: Vec<State>,
     pub counters: Vec<HttpCounters>,
+    /// By rule index: the share of a fleet rule's aggregate.
+    fleet: Vec<Option<fleet::FleetMeter>>,
 }
 
 impl Limiter {
@@ -254,6 +261,7 @@ impl Limiter {
         let rest = rules.rules.iter().map(rest_ns).collect();
         Self {
             aggregates: (0..n).map(|_| State::default()).collect(),
+            fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
             counters: (0..n).map(|_| HttpCounters::default()).collect(),
             order: match_order(&rules),
             names: rules
@@ -341,6 +349,8 @@ impl Limiter {
             .fetch_max(monotonic, Ordering::Relaxed);
         let aggregate = &self.aggregates[meter.index];
         self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic)
+            .outcome
+            == Outcome::Allowed
     }
 
     /// Counts a streaming body refused by [`Limiter::charge_body`] (once a
@@ -402,17 +412,12 @@ impl Limiter {
             };
         };
         let aggregate = &self.aggregates[index];
-        let none = Rates {
-            packets: None,
-            bytes: None,
-        };
-        let agg = rule.aggregate.unwrap_or(none);
         // In `order`: the key's packets and bytes, the aggregate's.
         let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
         rates[order::KEY_PACKETS] = packets;
         rates[order::KEY_BYTES] = bytes;
-        rates[order::AGGREGATE_PACKETS] = agg.packets;
-        rates[order::AGGREGATE_BYTES] = agg.bytes;
+        rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index, monotonic);
+        rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         let cost = |i: usize| {
             if order::charges_bytes(i) {
                 request.bytes
@@ -421,6 +426,7 @@ impl Limiter {
             }
         };
         let mut delay_ns = 0;
+        let mut by_aggregate = false;
         let allowed = match (rule.algorithm, rule.delay) {
             (Algorithm::Gcra, Some(delay)) => {
                 // Validation allows pacing only on a lone packet meter.
@@ -435,9 +441,17 @@ impl Limiter {
                     None => false,
                 }
             }
-            _ => self.meter(rule, &state, aggregate, &rates, &cost, monotonic),
+            _ => {
+                let verdict = self.meter(rule, &state, aggregate, &rates, &cost, monotonic);
+                by_aggregate =
+                    verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
+                verdict.outcome == Outcome::Allowed
+            }
         };
         let counters = &self.counters[index];
+        if by_aggregate {
+            counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
+        }
         let shadow = !allowed && rule.shadow;
         match (allowed, shadow) {
             (true, _) => counters.passed.fetch_add(1, Ordering::Relaxed),
@@ -454,7 +468,8 @@ impl Limiter {
     }
 
     /// Charges `cost(i)` to each meter `i` that `rates` names (in
-    /// [`order`]) with the rule's algorithm, all or none; whether allowed.
+    /// [`order`]) with the rule's algorithm, all or none; whether allowed,
+    /// and which meter refused.
     fn meter(
         &self,
         rule: &Rule,
@@ -463,7 +478,7 @@ impl Limiter {
         rates: &[Option<Rate>; order::METERS],
         cost: &dyn Fn(usize) -> u64,
         monotonic: u64,
-    ) -> bool {
+    ) -> Verdict {
         // Each state keeps its packet meter, then its byte meter.
         let state_of = |i: usize| {
             if order::is_aggregate(i) {
@@ -486,12 +501,12 @@ impl Limiter {
                         key_logs[pair(i)].clone()
                     }
                 });
-                let ok = (0..order::METERS).all(|i| {
-                    rates[i]
+                let refused = (0..order::METERS).find(|&i| {
+                    !rates[i]
                         .as_ref()
                         .is_none_or(|m| trial[i].admit(&m.window, now, cost(i)))
                 });
-                if ok {
+                if refused.is_none() {
                     for (i, log) in trial.into_iter().enumerate() {
                         if order::is_aggregate(i) {
                             agg_logs[pair(i)] = log;
@@ -500,7 +515,14 @@ impl Limiter {
                         }
                     }
                 }
-                ok
+                Verdict {
+                    outcome: if refused.is_none() {
+                        Outcome::Allowed
+                    } else {
+                        Outcome::Denied
+                    },
+                    refused_by: refused.unwrap_or(order::METERS),
+                }
             }
             Algorithm::Gcra => {
                 let charges: [Charge<'_, AtomicU64>; order::METERS] = std::array::from_fn(|i| {
@@ -508,7 +530,7 @@ impl Limiter {
                         .as_ref()
                         .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, cost(i)))
                 });
-                acquire_all(charges, monotonic).outcome == Outcome::Allowed
+                acquire_all(charges, monotonic)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let now = self.clock.epoch_ns();
@@ -528,7 +550,7 @@ impl Limiter {
                     let state = states[i].take().expect("each state once");
                     windows[i].as_ref().map(|w| (state, w, cost(i)))
                 });
-                windows_all(charges, now, sliding).outcome == Outcome::Allowed
+                windows_all(charges, now, sliding)
             }
         }
     }

@@ -142,6 +142,25 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
     Ok(snapshot)
 }
 
+/// Rule `id`'s counters over every interface (what [`read`] sums, for one
+/// rule: the fleet loop reads it several times a second).
+pub fn rule_totals(maps: &Maps, id: u32) -> Result<RuleCounters, KernelError> {
+    let mut slots = maps.iface_slots()?;
+    slots.push((0, 0));
+    let mut total = RuleCounters::default();
+    for (_, slot) in slots {
+        for cpu in maps
+            .rule_stats
+            .get(&counter_slot(slot, id), 0)
+            .map_err(map_error(map_name::RULE_STATS))?
+            .iter()
+        {
+            total.add(cpu);
+        }
+    }
+    Ok(total)
+}
+
 /// The interface's name in our network namespace, or `if<N>`; `other` for slot 0.
 fn iface_name(ifindex: u32) -> String {
     if ifindex == 0 {

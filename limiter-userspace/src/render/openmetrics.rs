@@ -12,10 +12,12 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::kernel::counters::Snapshot;
+use std::sync::atomic::AtomicU64;
+
+use crate::{fleet::node::ShareStatus, kernel::counters::Snapshot};
 
 /// What the daemon knows beyond the kernel's counters.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct DaemonGauges {
     /// Rule sets applied since the daemon started (the first is 1).
     pub ruleset_generation: u64,
@@ -24,6 +26,8 @@ pub struct DaemonGauges {
     pub blocks: u64,
     /// The pins are gone (bpffs unmounted) and not yet written again.
     pub pins_missing: bool,
+    /// Each fleet rule's share.
+    pub fleet: Vec<ShareStatus>,
 }
 
 type Labels = Vec<(String, String)>;
@@ -202,6 +206,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
             None => registry.register(name, help, gauge),
         }
     }
+    register_fleet(&mut registry, &facts.fleet, "xdp");
     register_build_info(&mut registry);
 
     let mut out = String::new();
@@ -209,9 +214,78 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     out
 }
 
+/// Each fleet rule's share and leases, by layer and rule.
+fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) {
+    if shares.is_empty() {
+        return;
+    }
+    let labels = |rule: &str| {
+        vec![
+            ("layer".to_owned(), layer.to_owned()),
+            ("rule".to_owned(), rule.to_owned()),
+        ]
+    };
+    let held = Family::<Labels, Gauge>::default();
+    let up = Family::<Labels, Gauge>::default();
+    let local = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let fleet = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let rtt = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let leases = Family::<Labels, Counter>::default();
+    for share in shares {
+        let at = labels(&share.rule);
+        let per_second = |rate: u64| rate as f64 / share.unit_seconds.max(f64::MIN_POSITIVE);
+        held.get_or_create(&at).set(i64::from(share.held));
+        up.get_or_create(&at).set(i64::from(share.store_up));
+        local.get_or_create(&at).set(per_second(share.local_rate));
+        fleet.get_or_create(&at).set(per_second(share.fleet_rate));
+        rtt.get_or_create(&at).set(share.store_rtt_seconds);
+        for (event, n) in [
+            ("acquired", share.leases_acquired),
+            ("renewed", share.leases_renewed),
+            ("lost", share.leases_lost),
+            ("released", share.leases_released),
+        ] {
+            let mut with_event = at.clone();
+            with_event.push(("event".to_owned(), event.to_owned()));
+            leases.get_or_create(&with_event).inc_by(n);
+        }
+    }
+    registry.register(
+        "limiter_fleet_partitions_held",
+        "Partitions of a fleet rule's budget this node holds and enforces",
+        held,
+    );
+    registry.register(
+        "limiter_fleet_store_up",
+        "1 while the fleet store answers; 0: this node enforces its fallback (reserve, or the fail-open cap)",
+        up,
+    );
+    registry.register(
+        "limiter_fleet_local_rate",
+        "This node's share of a fleet rule, its reserve included, per second",
+        local,
+    );
+    registry.register(
+        "limiter_fleet_rate",
+        "A fleet rule's whole budget (every node together), per second",
+        fleet,
+    );
+    registry.register_with_unit(
+        "limiter_fleet_store_rtt",
+        "The last round trip to the fleet store",
+        Unit::Seconds,
+        rtt,
+    );
+    registry.register(
+        "limiter_fleet_leases",
+        "Leases on a fleet rule's partitions: acquired, renewed, lost (expired or taken before renewal), released",
+        leases,
+    );
+}
+
 /// The exposition of a layer-7 limiter (`limiter proxy --metrics`): the
 /// kernel's names, with `layer="http"`.
-pub fn render_http(limiter: &crate::http::Limiter) -> String {
+pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let mut registry = Registry::default();
     let packets = Family::<Labels, Counter>::default();
@@ -268,6 +342,7 @@ pub fn render_http(limiter: &crate::http::Limiter) -> String {
         "Keys with state in the layer-7 limiter",
         keys,
     );
+    register_fleet(&mut registry, fleet, "http");
     register_build_info(&mut registry);
     let mut out = String::new();
     encode(&mut out, &registry).expect("writing to a String cannot fail");

@@ -4,9 +4,10 @@ use std::{fmt::Write, time::Duration};
 
 use crate::{
     engine::RulesView,
+    fleet::node::ShareStatus,
     kernel::counters::Snapshot,
     rules::{Rule, RuleSet, describe::describe},
-    units::{bytes, count},
+    units::{bytes, count, per},
 };
 
 /// Renders rows as columns: the first left-aligned, the rest right-aligned.
@@ -174,6 +175,10 @@ pub fn rules_view_text(view: &RulesView) -> String {
         ],
         &rows,
     );
+    if !view.fleet.is_empty() {
+        out.push('\n');
+        out.push_str(&fleet_table(&view.fleet));
+    }
     let _ = writeln!(
         out,
         "\ngeneration {}   global dry run: {}",
@@ -205,6 +210,37 @@ pub fn rules_view_text(view: &RulesView) -> String {
         ));
     }
     out
+}
+
+/// Each fleet rule's share: this node's and the fleet's.
+pub fn fleet_table(shares: &[ShareStatus]) -> String {
+    let rows: Vec<Vec<String>> = shares
+        .iter()
+        .map(|s| {
+            let unit = per(Duration::from_secs_f64(s.unit_seconds));
+            vec![
+                s.rule.clone(),
+                format!("{} /{unit}", count(s.local_rate)),
+                format!("{} /{unit}", count(s.fleet_rate)),
+                format!("{} of {}", s.held, s.partitions),
+                format!("{} /{unit}", count(s.reserve)),
+                if s.store_up { "up" } else { "down: fallback" }.into(),
+                format!("{:.1}", s.store_rtt_seconds * 1e3),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "FLEET RULE",
+            "THIS NODE",
+            "FLEET",
+            "PARTITIONS",
+            "RESERVE",
+            "STORE",
+            "RTT ms",
+        ],
+        &rows,
+    )
 }
 
 #[cfg(test)]

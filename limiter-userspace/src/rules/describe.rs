@@ -70,9 +70,16 @@ pub fn describe(rule: &Rule) -> Description {
             Limit::Unlimited => "unlimited".to_owned(),
             Limit::Metered { packets, bytes } => rates(packets, bytes),
         },
-        aggregate: rule
-            .aggregate
-            .map_or("-".into(), |a| rates(a.packets, a.bytes)),
+        aggregate: match (rule.aggregate, rule.fleet) {
+            (None, _) => "-".into(),
+            (Some(a), None) => rates(a.packets, a.bytes),
+            (Some(a), Some(fleet)) => format!(
+                "fleet {} in {} partitions, reserve {}",
+                rates(a.packets, a.bytes),
+                fleet.partitions,
+                count(fleet.reserve)
+            ),
+        },
         action: match (rule.limit, rule.shadow) {
             (Limit::Unlimited, _) => "-".into(),
             (_, true) => "shadow".into(),

@@ -24,8 +24,13 @@ impl Rule {
             Limit::Metered { packets, bytes } => rates(&Some(Rates { packets, bytes })),
         };
         let m = &self.matches;
+        // A local rule's text is what it was before fleets existed, so an
+        // upgrade keeps every bucket.
+        let fleet = self.fleet.map_or(String::new(), |f| {
+            format!("|fleet/{}/{}", f.partitions, f.reserve)
+        });
         let text = format!(
-            "{:?}|{}|{}|{}|{}/{}|{limit}|{}",
+            "{:?}|{}|{}|{}|{}/{}|{limit}|{}{fleet}",
             self.algorithm,
             m.source.map_or("*".to_owned(), |s| s.to_string()),
             m.protocol.map_or("*".to_owned(), |p| p.to_string()),

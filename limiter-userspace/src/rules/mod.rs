@@ -17,7 +17,7 @@ use crate::yaml;
 pub use crate::yaml::InvalidFile;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
-pub use raw::{Algorithm, Fallback};
+pub use raw::{Algorithm, Fallback, Scope};
 pub use validate::{parse_net, parse_unit};
 
 /// The default rule file, used by the lab and shown in the README.
@@ -55,6 +55,58 @@ pub struct Rule {
     pub delay: Option<Duration>,
     /// Excess is counted and passed instead of dropped.
     pub shadow: bool,
+    /// The aggregate's packet budget is fleet-wide (`scope: fleet`).
+    pub fleet: Option<FleetShare>,
+}
+
+/// How a fleet-wide aggregate is shared (see [`crate::fleet`]): its rate
+/// is the fleet's, leased in `partitions` equal parts; each node enforces
+/// its reserve plus the parts it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FleetShare {
+    pub partitions: u32,
+    /// Per the aggregate's unit, kept by each node whatever the store says.
+    pub reserve: u64,
+}
+
+impl Rate {
+    /// This limit scaled to `local` per period: the burst in proportion
+    /// (at least 1), so the nodes' bursts add up to about the fleet's; a
+    /// meter that admits nothing when `local` is 0.
+    pub fn share(&self, local: u64) -> Rate {
+        let period_ns = u64::try_from(self.period.as_nanos()).unwrap_or(u64::MAX);
+        let windowed = self.window.length_ns != 0;
+        if local == 0 {
+            return Rate {
+                rate: 0,
+                burst: 0,
+                gcra: Gcra::CLOSED,
+                window: if windowed {
+                    Window::closed(period_ns)
+                } else {
+                    Window::default()
+                },
+                ..*self
+            };
+        }
+        let burst = (u128::from(self.burst) * u128::from(local) / u128::from(self.rate.max(1)))
+            .clamp(1, u128::from(self.burst.max(1))) as u64;
+        // Validation proved the whole rate representable, so every smaller
+        // share is (the burst shrinks with it).
+        let gcra = Gcra::new(local, period_ns, burst).unwrap_or(Gcra::CLOSED);
+        let window = if windowed {
+            Window::new(local, period_ns).unwrap_or(Window::closed(period_ns))
+        } else {
+            Window::default()
+        };
+        Rate {
+            rate: local,
+            burst,
+            gcra,
+            window,
+            ..*self
+        }
+    }
 }
 
 /// A packet rate, a byte rate, or both.

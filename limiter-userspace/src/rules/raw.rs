@@ -136,6 +136,25 @@ pub struct RateFields {
     /// Pacing (layer 7 only): hold a request up to this long until it
     /// conforms, instead of refusing it.
     pub delay: Option<String>,
+    /// `aggregate` only: `fleet` shares the budget among every node that
+    /// has the rule, through leases (see `crate::fleet`).
+    pub scope: Option<Scope>,
+    /// `scope: fleet`: how many equal parts the budget is leased in.
+    pub partitions: Option<u32>,
+    /// `scope: fleet`: what each node keeps whatever the store says, in
+    /// packets (requests) per `unit`.
+    pub reserve: Option<u64>,
+}
+
+/// Whose budget an aggregate is.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// This node's alone.
+    #[default]
+    Local,
+    /// The whole fleet's: each node enforces its leased share.
+    Fleet,
 }
 
 impl<'de> Deserialize<'de> for LimitField {

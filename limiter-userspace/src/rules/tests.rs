@@ -280,3 +280,91 @@ fn new_keys_budget() {
     let e = error("new_keys: { rate: 0, unit: second }\nrules: []\n");
     assert!(e.contains("new_keys.rate"), "{e}");
 }
+
+#[test]
+fn fleet_aggregates() {
+    let set = parse(
+        "rules:
+  - name: edge
+    match: { source: 198.51.100.0/24 }
+    limit: { rate: 1000, unit: second }
+    aggregate: { rate: 50000, unit: second, burst: 500, scope: fleet, partitions: 50, reserve: 1000 }
+  - name: local
+    match: { source: 10.0.0.0/8 }
+    limit: { rate: 10, unit: second }
+    aggregate: { rate: 30, unit: second }
+",
+    )
+    .unwrap();
+    assert_eq!(
+        set.rules[0].fleet,
+        Some(FleetShare {
+            partitions: 50,
+            reserve: 1000
+        })
+    );
+    assert_eq!(set.rules[1].fleet, None);
+    let whole = set.rules[0].aggregate.unwrap().packets.unwrap();
+    // A fifth of the rate: a fifth of the burst, the same period.
+    let fifth = whole.share(10_000);
+    assert_eq!(
+        (fifth.rate, fifth.burst, fifth.period),
+        (10_000, 100, whole.period)
+    );
+    assert_eq!(fifth.gcra.emission_ns, 100_000);
+    assert_eq!(whole.share(1).burst, 1, "never a burst of zero while open");
+    assert_eq!(whole.share(0).gcra, limiter_common::gcra::Gcra::CLOSED);
+    // Partitions and reserve are part of what the buckets mean.
+    let other = parse(
+        "rules:
+  - name: edge
+    match: { source: 198.51.100.0/24 }
+    limit: { rate: 1000, unit: second }
+    aggregate: { rate: 50000, unit: second, burst: 500, scope: fleet, partitions: 25, reserve: 1000 }
+",
+    )
+    .unwrap();
+    assert_ne!(other.rules[0].fingerprint(), set.rules[0].fingerprint());
+}
+
+#[test]
+fn fleet_fields_are_checked() {
+    let rule = |aggregate: &str| {
+        error(&format!(
+            "rules:\n  - name: a\n    limit: {{ rate: 10, unit: second }}\n    aggregate: {aggregate}\n"
+        ))
+    };
+    let e = rule("{ rate: 100, unit: second, partitions: 5 }");
+    assert!(
+        e.contains("rules.yaml:4:")
+            && e.contains("rules[0].aggregate.partitions")
+            && e.contains("scope: fleet"),
+        "{e}"
+    );
+    let e = rule("{ rate: 100, unit: second, scope: fleet, partitions: 101 }");
+    assert!(
+        e.contains("aggregate.partitions") && e.contains("must be 1 to 100"),
+        "{e}"
+    );
+    let e = rule("{ rate: 100, unit: second, scope: fleet, reserve: 101 }");
+    assert!(
+        e.contains("aggregate.reserve") && e.contains("more than the fleet"),
+        "{e}"
+    );
+    let e = rule("{ bytes: 100, unit: second, scope: fleet }");
+    assert!(
+        e.contains("aggregate.scope") && e.contains("give `rate`"),
+        "{e}"
+    );
+    let e = rule("{ rate: 100, bytes: 100, unit: second, scope: fleet }");
+    assert!(e.contains("aggregate.bytes"), "{e}");
+    let e = rule("{ rate: 100, unit: second, scope: galaxy }");
+    assert!(e.contains("galaxy"), "{e}");
+    let e = error("rules:\n  - name: a\n    limit: { rate: 10, unit: second, scope: fleet }\n");
+    assert!(
+        e.contains("rules[0].limit.scope") && e.contains("aggregate"),
+        "{e}"
+    );
+    let e = error("new_keys: { rate: 10, unit: second, reserve: 3 }\n");
+    assert!(e.contains("new_keys.reserve"), "{e}");
+}

@@ -12,7 +12,9 @@ use limiter_common::{
     window::Window,
 };
 
-use super::{Algorithm, KeyPrefix, Limit, Match, Rate, Rates, Rule, RuleSet, matching, raw};
+use super::{
+    Algorithm, FleetShare, KeyPrefix, Limit, Match, Rate, Rates, Rule, RuleSet, matching, raw,
+};
 use crate::yaml::quoted;
 
 type Invalid = (String, String);
@@ -152,12 +154,21 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         }
         _ => None,
     };
+    if let raw::LimitField::Rates(fields) = &raw.limit {
+        local_only(fields).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+    }
     let aggregate = raw
         .aggregate
         .as_ref()
         .map(|rates| validate_rates(rates, algorithm))
         .transpose()
         .map_err(|(f, m)| (format!("aggregate.{f}"), m))?;
+    let fleet = match (&raw.aggregate, aggregate) {
+        (Some(fields), Some(rates)) => {
+            fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
+        }
+        _ => None,
+    };
     Ok(Rule {
         name: raw.name.clone(),
         matches,
@@ -167,7 +178,85 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         algorithm,
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
+        fleet,
     })
+}
+
+/// `scope`, `partitions` and `reserve` belong to an aggregate.
+fn local_only(fields: &raw::RateFields) -> Result<(), Invalid> {
+    let given = [
+        ("scope", fields.scope.is_some()),
+        ("partitions", fields.partitions.is_some()),
+        ("reserve", fields.reserve.is_some()),
+    ];
+    match given.iter().find(|(_, set)| *set) {
+        Some((field, _)) => Err(invalid(
+            *field,
+            "applies to `aggregate` only: a fleet shares the rule's one budget, not each key's",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The most partitions a fleet budget may have: one key each in the store,
+/// renewed together.
+pub const MAX_PARTITIONS: u32 = 1000;
+
+/// An aggregate's `scope: fleet` and how it is shared.
+fn fleet_share(fields: &raw::RateFields, rates: &Rates) -> Result<Option<FleetShare>, Invalid> {
+    if fields.scope != Some(raw::Scope::Fleet) {
+        let stray = [
+            ("partitions", fields.partitions.is_some()),
+            ("reserve", fields.reserve.is_some()),
+        ];
+        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(invalid(*field, "needs `scope: fleet`"));
+        }
+        return Ok(None);
+    }
+    let Some(packets) = rates.packets else {
+        return Err(invalid(
+            "scope",
+            "a fleet budget is in packets (requests): give `rate`",
+        ));
+    };
+    if rates.bytes.is_some() {
+        return Err(invalid(
+            "bytes",
+            "a fleet budget is in packets (requests) only; limit bytes in a rule of its own",
+        ));
+    }
+    let partitions = fields.partitions.unwrap_or(packets.rate.min(50) as u32);
+    if partitions == 0 || partitions > MAX_PARTITIONS || u64::from(partitions) > packets.rate {
+        return Err(invalid(
+            "partitions",
+            format!(
+                "{partitions}: must be 1 to {} (at most {MAX_PARTITIONS}, and each worth at least 1 per unit)",
+                packets.rate.min(u64::from(MAX_PARTITIONS))
+            ),
+        ));
+    }
+    let reserve = fields.reserve.unwrap_or(0);
+    if reserve > packets.rate {
+        return Err(invalid(
+            "reserve",
+            format!(
+                "{reserve} per unit is more than the fleet's whole rate ({})",
+                packets.rate
+            ),
+        ));
+    }
+    // A node's share goes up to reserve + rate: it must be a valid meter.
+    let most = packets.rate + reserve;
+    let period_ns = u64::try_from(packets.period.as_nanos()).unwrap_or(u64::MAX);
+    Gcra::new(most, period_ns, packets.burst).map_err(|e| invalid("reserve", e.to_string()))?;
+    if packets.window.length_ns != 0 {
+        Window::new(most, period_ns).map_err(|e| invalid("reserve", e.to_string()))?;
+    }
+    Ok(Some(FleetShare {
+        partitions,
+        reserve,
+    }))
 }
 
 /// A key-creation budget: keys per unit, with a burst.
@@ -181,6 +270,7 @@ fn new_keys(fields: &raw::RateFields) -> Result<Rate, Invalid> {
     if fields.delay.is_some() {
         return Err(invalid("delay", "applies to limits only"));
     }
+    local_only(fields)?;
     validate_rates(fields, Algorithm::Gcra)?
         .packets
         .ok_or_else(|| invalid("rate", "keys per unit are required"))

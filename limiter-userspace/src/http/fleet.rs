@@ -1,0 +1,82 @@
+//! Fleet-wide rules at layer 7: the proxy's share of a rule's aggregate,
+//! written by the fleet loop (`crate::fleet`) with the moment it lapses,
+//! after which the reserve applies, as in the kernel.
+
+use std::sync::{Mutex, atomic::Ordering};
+
+use anyhow::Context;
+
+use super::Limiter;
+use crate::{
+    fleet::{Enforcer, Grant, RuleCounts},
+    rules::{Rate, Rule},
+};
+
+pub(super) struct FleetMeter {
+    /// The share and until when (monotonic ns).
+    share: Mutex<(Rate, u64)>,
+    reserve: Rate,
+}
+
+impl FleetMeter {
+    /// The meter of `rule` if it is fleet-wide: its reserve until a share
+    /// is granted.
+    pub(super) fn of(rule: &Rule) -> Option<Self> {
+        let fleet = rule.fleet?;
+        let whole = rule.aggregate.and_then(|a| a.packets)?;
+        let reserve = whole.share(fleet.reserve);
+        Some(Self {
+            share: Mutex::new((reserve, 0)),
+            reserve,
+        })
+    }
+}
+
+impl Limiter {
+    /// The aggregate request meter of rule `index` at `now`.
+    pub(super) fn aggregate_packets(&self, index: usize, now: u64) -> Option<Rate> {
+        let rule = &self.rules.rules[index];
+        match &self.fleet[index] {
+            None => rule.aggregate.and_then(|a| a.packets),
+            Some(fleet) => {
+                let (share, until) = *fleet.share.lock().expect("fleet share lock");
+                Some(if now < until { share } else { fleet.reserve })
+            }
+        }
+    }
+
+    fn fleet_index(&self, name: &str) -> anyhow::Result<usize> {
+        let index = self
+            .rules
+            .rules
+            .iter()
+            .position(|r| r.name == name)
+            .with_context(|| format!("no rule named {name:?}"))?;
+        anyhow::ensure!(
+            self.fleet[index].is_some(),
+            "rule {name:?} is not fleet-wide"
+        );
+        Ok(index)
+    }
+}
+
+impl Enforcer for Limiter {
+    fn counts(&self, rule: &str) -> anyhow::Result<RuleCounts> {
+        let counters = &self.counters[self.fleet_index(rule)?];
+        Ok(RuleCounts {
+            admitted: counters.passed.load(Ordering::Relaxed),
+            refused: counters.aggregate_excess.load(Ordering::Relaxed),
+        })
+    }
+
+    fn enforce(&self, rule: &str, grant: Grant) -> anyhow::Result<()> {
+        let index = self.fleet_index(rule)?;
+        let whole = self.rules.rules[index]
+            .aggregate
+            .and_then(|a| a.packets)
+            .context("a fleet rule has an aggregate rate")?;
+        let fleet = self.fleet[index].as_ref().context("fleet-wide")?;
+        *fleet.share.lock().expect("fleet share lock") = (whole.share(grant.local), grant.until_ns);
+        Ok(())
+    }
+}
