@@ -224,6 +224,9 @@ pub struct RuleConfig {
     pub bytes: MeterConfig,
     /// Meters shared by every key of the rule (hierarchical limits).
     pub aggregate_packets: MeterConfig,
+    /// A fleet rule's reserve: in force once `fleet_until_ns` has passed.
+    /// Right after `aggregate_packets`, so choosing one is an offset.
+    pub fleet_reserve: MeterConfig,
     pub aggregate_bytes: MeterConfig,
     /// A fleet-wide aggregate (`scope: fleet`): `aggregate_packets` is this
     /// node's leased share, in force until this monotonic time; after it,
@@ -232,7 +235,6 @@ pub struct RuleConfig {
     /// the kernel itself, before another node can lease it. 0: not a fleet
     /// rule.
     pub fleet_until_ns: u64,
-    pub fleet_reserve: MeterConfig,
     /// The budget of key creations (`new_keys` in the rule file): a source
     /// not yet tracked gets a key only while it lasts; beyond it, its
     /// packets are dropped and counted as `unadmitted`, so a flood of
@@ -249,13 +251,19 @@ pub struct RuleConfig {
 impl RuleConfig {
     /// The aggregate's packet meter in force at `now` (monotonic): the
     /// leased share of a fleet rule until it lapses, then its reserve.
+    ///
+    /// Without a branch: the verifier would explore everything after it
+    /// twice (the program then no longer loads). Both times are below
+    /// 2^63 ns, so a sign bit says which is larger.
     #[inline(always)]
     pub fn aggregate_packets_at(&self, now: u64) -> &MeterConfig {
-        if self.fleet_until_ns != 0 && now >= self.fleet_until_ns {
-            &self.fleet_reserve
-        } else {
-            &self.aggregate_packets
-        }
+        let until = self.fleet_until_ns;
+        let fleet = (until | until.wrapping_neg()) >> 63;
+        let lapsed = (until.wrapping_sub(now).wrapping_sub(1) >> 63) & fleet;
+        let meters: *const MeterConfig = &raw const self.aggregate_packets;
+        // SAFETY: `fleet_reserve` follows `aggregate_packets` (asserted
+        // below), and `lapsed` is 0 or 1: both are fields of `self`.
+        unsafe { &*meters.add(lapsed as usize) }
     }
 
     /// The name, without its NUL padding.
@@ -521,6 +529,10 @@ const _: () = {
     assert!(core::mem::size_of::<GlobalConfig>() == 48);
     assert!(core::mem::size_of::<MeterConfig>() == 48);
     assert!(
+        core::mem::offset_of!(RuleConfig, fleet_reserve)
+            == core::mem::offset_of!(RuleConfig, aggregate_packets) + 48
+    );
+    assert!(
         core::mem::size_of::<RuleConfig>()
             == 4 + 4 + 16 + 8 + 4 * 48 + 8 + 48 + 24 + 8 + RULE_NAME_LEN
     );
@@ -555,6 +567,27 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards the branch-free choice: a fleet share until it lapses, then
+    /// the reserve; a local rule's meter always.
+    #[test]
+    fn a_fleet_share_lapses_to_the_reserve() {
+        let mut rule = RuleConfig::default();
+        rule.aggregate_packets.gcra.burst = 7;
+        rule.fleet_reserve.gcra.burst = 1;
+        let burst = |rule: &RuleConfig, now| rule.aggregate_packets_at(now).gcra.burst;
+        for now in [0, 1, 5_000, 1 << 62] {
+            assert_eq!(burst(&rule, now), 7, "a local rule at {now}");
+        }
+        rule.fleet_until_ns = 5_000;
+        assert_eq!(burst(&rule, 0), 7);
+        assert_eq!(burst(&rule, 4_999), 7);
+        assert_eq!(burst(&rule, 5_000), 1);
+        assert_eq!(burst(&rule, 1 << 62), 1);
+        rule.fleet_until_ns = 1;
+        assert_eq!(burst(&rule, 0), 7);
+        assert_eq!(burst(&rule, 1), 1);
+    }
 
     /// Guards the slot arithmetic: every (generation, id) and every
     /// (interface, id) has its own slot, generations alternate by the low bit.

@@ -7,6 +7,7 @@
 //! receiver, from the benchmarking (198.18.0.0/15) and documentation
 //! (2001:db8::/32) ranges, and the receiver drops them after counting.
 
+pub mod fleet;
 pub mod netns;
 pub mod traffic;
 

@@ -1,0 +1,166 @@
+//! A fleet on one machine: `hosts` two-namespace labs ([`Lab`]), whose
+//! receiving namespaces (the hosts) each reach a store namespace running
+//! its own `redis-server` over a veth link of their own, as edge hosts
+//! reach a shared Redis. Used by `limiter lab --fleet` and the tests.
+//! Redis listens only on those links, with a password in a file.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Lab, Netns, netns};
+
+/// The port Redis listens on in the store namespace.
+pub const STORE_PORT: u16 = 6379;
+
+pub struct FleetLab {
+    pub hosts: Vec<Lab>,
+    pub store: Netns,
+    /// Behind a lock so a test can stop it while its floods borrow the hosts.
+    redis: std::sync::Mutex<Option<Child>>,
+    password_file: PathBuf,
+}
+
+/// The store's address on host `n`'s link, and the host's.
+fn link_addrs(n: usize) -> (String, String) {
+    (format!("10.250.{n}.1"), format!("10.250.{n}.2"))
+}
+
+impl FleetLab {
+    /// Builds `hosts` labs named `<name><n>` and the store namespace
+    /// `<name>-store`, and starts Redis; the password goes in `dir`.
+    pub fn create(name: &str, hosts: usize, dir: &Path) -> Result<Self> {
+        let store = Netns::create(&format!("{name}-store"))?;
+        let password_file = dir.join("redis-password");
+        let password = {
+            use std::hash::{BuildHasher, RandomState};
+            format!(
+                "{:016x}{:016x}",
+                RandomState::new().hash_one(std::process::id()),
+                RandomState::new().hash_one(Instant::now())
+            )
+        };
+        std::fs::write(&password_file, format!("{password}\n"))
+            .with_context(|| format!("writing {}", password_file.display()))?;
+        let mut labs = Vec::with_capacity(hosts);
+        for n in 0..hosts {
+            let lab = Lab::create(&format!("{name}{n}"))?;
+            let (store_if, host_if) = (format!("store{n}"), "store".to_owned());
+            netns::run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &store_if,
+                    "netns",
+                    store.name(),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &host_if,
+                    "netns",
+                    lab.rx.name(),
+                ],
+            )?;
+            let (store_addr, host_addr) = link_addrs(n);
+            for (ns, iface, addr) in [
+                (&store, &store_if, &store_addr),
+                (&lab.rx, &host_if, &host_addr),
+            ] {
+                ns.exec("ip", &["addr", "add", &format!("{addr}/30"), "dev", iface])?;
+                ns.exec("ip", &["link", "set", iface, "up"])?;
+            }
+            labs.push(lab);
+        }
+        let fleet = Self {
+            hosts: labs,
+            store,
+            redis: Default::default(),
+            password_file,
+        };
+        fleet.start_store()?;
+        Ok(fleet)
+    }
+
+    /// The daemon configuration's `fleet:` section for host `n`.
+    pub fn fleet_section(&self, n: usize, lease_ttl: Duration) -> String {
+        format!(
+            "fleet:\n  store:\n    url: {}\n    password_file: {}\n  lease_ttl: {}\n",
+            self.store_url(n),
+            self.password_file.display(),
+            humantime::format_duration(lease_ttl)
+        )
+    }
+
+    /// Where host `n` reaches the store.
+    pub fn store_url(&self, n: usize) -> String {
+        format!("redis://{}:{STORE_PORT}/", link_addrs(n).0)
+    }
+
+    /// Starts Redis in the store namespace (again), and waits until it
+    /// answers.
+    pub fn start_store(&self) -> Result<()> {
+        let mut redis = self.redis.lock().expect("redis lock");
+        if redis.is_some() {
+            return Ok(());
+        }
+        let password = std::fs::read_to_string(&self.password_file)?;
+        let binds: Vec<String> = (0..self.hosts.len()).map(|n| link_addrs(n).0).collect();
+        let config = format!(
+            "port {STORE_PORT}\nbind {}\nrequirepass {}\nsave \"\"\nappendonly no\n",
+            binds.join(" "),
+            password.trim()
+        );
+        // Given on standard input, so the password is in no command line.
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", self.store.name(), "redis-server", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting redis-server (is it installed?)")?;
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().context("redis-server's stdin")?;
+            stdin.write_all(config.as_bytes())?;
+        }
+        *redis = Some(child);
+        drop(redis);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let addr = std::net::SocketAddr::from((
+                link_addrs(0).0.parse::<std::net::Ipv4Addr>()?,
+                STORE_PORT,
+            ));
+            let answered = self
+                .store
+                .enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))?
+                .is_ok();
+            if answered {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server did not answer within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops Redis at once (SIGKILL: no goodbye to the clients).
+    pub fn stop_store(&self) {
+        if let Some(mut child) = self.redis.lock().expect("redis lock").take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for FleetLab {
+    fn drop(&mut self) {
+        self.stop_store();
+    }
+}

@@ -1,0 +1,251 @@
+//! Fleet-wide limits on real traffic: three daemons, each in its own
+//! network namespace (a host), each flooded from its own sender, share
+//! one global budget through a real `redis-server` in a fourth namespace
+//! that the hosts reach over links of their own. Admitted traffic is
+//! counted at each host's receiver by nftables, independently of the
+//! limiter's counters.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::Mutex,
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::lab::{RX_IFACE, fleet::FleetLab};
+use limiter_tests::{Daemon, TempDir, ok, sources};
+
+/// 3,000 pkts/s for the fleet in 30 partitions of 100, and 100 pkts/s
+/// that each host keeps whatever the store says.
+const GLOBAL: f64 = 3000.0;
+const RESERVE: f64 = 100.0;
+const PARTITIONS: u64 = 30;
+const RULES: &str = "rules:
+  - name: fleet-udp
+    match: { source: 198.18.0.0/15 }
+    limit: { rate: 1000000, unit: second }
+    aggregate: { rate: 3000, unit: second, burst: 30, scope: fleet, partitions: 30, reserve: 100 }
+";
+/// Each host's flood: more than the whole budget.
+const FLOOD_PPS: u64 = 4000;
+const TTL: Duration = Duration::from_secs(2);
+
+struct Fleet {
+    daemons: Vec<Mutex<Daemon>>,
+    // Dropped after the daemons: they stop before their store and hosts.
+    lab: FleetLab,
+    _dir: TempDir,
+}
+
+impl Fleet {
+    fn start(name: &str) -> Self {
+        let dir = TempDir::new(name);
+        let lab = FleetLab::create(name, 3, &dir.0).expect("fleet lab");
+        let daemons = (0..3)
+            .map(|n| {
+                Daemon::start_with(
+                    &lab.hosts[n],
+                    &format!("{name}{n}"),
+                    &[RX_IFACE],
+                    RULES,
+                    &lab.fleet_section(n, TTL),
+                    &[],
+                )
+                .map(Mutex::new)
+                .expect("daemon")
+            })
+            .collect();
+        Self {
+            daemons,
+            lab,
+            _dir: dir,
+        }
+    }
+
+    /// Packets that arrived at each host so far.
+    fn admitted(&self) -> Vec<u64> {
+        self.lab
+            .hosts
+            .iter()
+            .map(|lab| lab.received().expect("receiver counters").values().sum())
+            .collect()
+    }
+
+    /// Host `n`'s share of the rule, as `limiter rules show --json` says.
+    fn share(&self, n: usize) -> serde_json::Value {
+        let out = ok(self.daemons[n]
+            .lock()
+            .unwrap()
+            .cli(&["rules", "show", "--json"]));
+        let view: serde_json::Value = serde_json::from_str(&out).expect("rules show --json");
+        view["fleet"][0].clone()
+    }
+
+    fn held(&self, n: usize) -> u64 {
+        self.share(n)["held"].as_u64().unwrap_or(0)
+    }
+
+    /// Floods `hosts` for `duration` (each from its own source) while
+    /// `during` runs on this thread.
+    fn flood<T>(&self, hosts: &[usize], duration: Duration, during: impl FnOnce() -> T) -> T {
+        thread::scope(|scope| {
+            for &n in hosts {
+                let lab = &self.lab.hosts[n];
+                let addr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+                let sources = sources(lab, 0, &[addr], FLOOD_PPS, 64);
+                scope.spawn(move || {
+                    let socket = lab.sender(0).expect("sender");
+                    limiter::lab::flood(&socket, &sources, duration, |_| {}).expect("flooding")
+                });
+            }
+            during()
+        })
+    }
+}
+
+/// Admitted per second between two readings, per host.
+fn rates(before: &[u64], after: &[u64], over: Duration) -> Vec<f64> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| (a - b) as f64 / over.as_secs_f64())
+        .collect()
+}
+
+/// Measures each host's admitted rate over `window`.
+fn measure(fleet: &Fleet, window: Duration) -> Vec<f64> {
+    let (before, start) = (fleet.admitted(), Instant::now());
+    thread::sleep(window);
+    let after = fleet.admitted();
+    rates(&before, &after, start.elapsed())
+}
+
+#[track_caller]
+fn assert_rate(got: f64, expected: f64, percent: f64, what: &str) {
+    let off = (got - expected) / expected * 100.0;
+    assert!(
+        off.abs() <= percent,
+        "{what}: {got:.0} pkts/s, expected {expected:.0} ± {percent}% (off by {off:+.1}%)"
+    );
+}
+
+/// Waits up to `within` for `done`; how long it took.
+fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if done() {
+            return Some(start.elapsed());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Three hosts flooded at once admit the global rate plus their reserves
+/// together, counted at their receivers; when the flood moves to one
+/// host, the capacity follows it within a few seconds.
+#[test]
+fn three_hosts_share_one_budget_and_capacity_follows_the_flood() {
+    let fleet = Fleet::start("fs");
+    let bound = GLOBAL + 3.0 * RESERVE;
+    let all = fleet.flood(&[0, 1, 2], Duration::from_secs(8), || {
+        thread::sleep(Duration::from_millis(2500));
+        measure(&fleet, Duration::from_secs(5))
+    });
+    let total: f64 = all.iter().sum();
+    println!("three hosts flooded: {all:.0?} pkts/s, {total:.0} together (bound {bound})");
+    assert_rate(total, bound, 5.0, "the fleet's admitted total");
+    assert!(
+        all.iter().all(|&r| r >= RESERVE * 0.9),
+        "a host got less than its reserve: {all:.0?}"
+    );
+    let held: u64 = (0..3).map(|n| fleet.held(n)).sum();
+    assert_eq!(held, PARTITIONS, "every partition held, none twice");
+
+    // The flood moves to host 1 alone.
+    let (followed, alone) = fleet.flood(&[1], Duration::from_secs(8), || {
+        let followed = wait_for(Duration::from_secs(5), || fleet.held(1) == PARTITIONS);
+        thread::sleep(Duration::from_millis(500));
+        (followed, measure(&fleet, Duration::from_secs(3)))
+    });
+    let followed = followed.expect("host 1 did not get every partition within 5 s");
+    println!("capacity followed the flood to host 1 in {followed:?}: {alone:.0?} pkts/s");
+    assert!(followed < Duration::from_secs(3), "followed in {followed:?}");
+    assert_rate(alone[1], GLOBAL + RESERVE, 5.0, "host 1 holding the whole budget");
+    assert_eq!(alone[0] + alone[2], 0.0, "hosts 0 and 2 were not flooded");
+}
+
+/// A host killed with -9 keeps enforcing in its kernel, but its share
+/// lapses there by itself before its leases expire in the store, and the
+/// others take them within a TTL; with the store gone every host falls
+/// back to its reserve within a TTL, the fleet never above its budget;
+/// with the store back, leasing resumes.
+#[test]
+fn a_dead_host_and_a_dead_store_never_let_the_fleet_over_its_budget() {
+    let fleet = Fleet::start("fd");
+    let bound = GLOBAL + 3.0 * RESERVE;
+    let (taken, after_kill) = fleet.flood(&[0, 1, 2], Duration::from_secs(10), || {
+        thread::sleep(Duration::from_secs(2));
+        assert!(fleet.held(1) > 0, "host 1 held nothing before the kill");
+        fleet.daemons[1].lock().unwrap().kill9();
+        let taken = wait_for(TTL * 3, || fleet.held(0) + fleet.held(2) == PARTITIONS);
+        thread::sleep(TTL.saturating_sub(taken.unwrap_or_default()));
+        (taken, measure(&fleet, Duration::from_secs(3)))
+    });
+    let taken = taken.expect("the dead host's partitions were not taken");
+    println!(
+        "host 1 killed: its partitions taken in {taken:?}; then {after_kill:.0?} pkts/s"
+    );
+    // Expired by the store's clock one TTL after the last renewal at most,
+    // then leased at the next tick.
+    assert!(taken <= TTL + Duration::from_millis(800), "taken in {taken:?}");
+    assert_rate(
+        after_kill.iter().sum(),
+        bound,
+        5.0,
+        "the fleet with a dead host",
+    );
+    assert_rate(
+        after_kill[1],
+        RESERVE,
+        10.0,
+        "the dead host's kernel, its share lapsed to its reserve",
+    );
+
+    fleet.daemons[1]
+        .lock()
+        .unwrap()
+        .spawn()
+        .expect("restarting host 1");
+    let (during_ttl, fallen, shares) = fleet.flood(&[0, 1, 2], Duration::from_secs(9), || {
+        thread::sleep(Duration::from_secs(2));
+        fleet.lab.stop_store();
+        let during_ttl = measure(&fleet, TTL);
+        let fallen = measure(&fleet, Duration::from_secs(3));
+        let shares: Vec<serde_json::Value> = (0..3).map(|n| fleet.share(n)).collect();
+        (during_ttl, fallen, shares)
+    });
+    println!(
+        "store stopped: {during_ttl:.0?} pkts/s within the TTL, then {fallen:.0?} pkts/s"
+    );
+    assert!(
+        during_ttl.iter().sum::<f64>() <= bound * 1.05,
+        "over the budget while the store went away: {during_ttl:.0?}"
+    );
+    for (n, rate) in fallen.iter().enumerate() {
+        assert_rate(*rate, RESERVE, 10.0, &format!("host {n} without the store"));
+        assert_eq!(shares[n]["store_up"], false, "host {n}: {}", shares[n]);
+    }
+
+    fleet.lab.start_store().expect("restarting redis");
+    let resumed = fleet.flood(&[0, 1, 2], Duration::from_secs(8), || {
+        let held = wait_for(Duration::from_secs(6), || {
+            (0..3).map(|n| fleet.held(n)).sum::<u64>() == PARTITIONS
+        });
+        (held, measure(&fleet, Duration::from_secs(1)))
+    });
+    let (held, rates) = resumed;
+    println!("store back: every partition leased again in {held:?}; {rates:.0?} pkts/s");
+    assert!(held.is_some(), "leasing did not resume");
+    assert_rate(rates.iter().sum(), bound, 5.0, "the fleet with the store back");
+}
