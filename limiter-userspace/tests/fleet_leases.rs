@@ -4,8 +4,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::TcpStream,
-    process::{Child, Command, Stdio},
+    net::Ipv4Addr,
     time::{Duration, Instant},
 };
 
@@ -13,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use limiter::{
     clock::monotonic_ns,
+    lab::store::RedisServer,
     fleet::{
         Enforcer, Grant, RuleCounts,
         lease::{LeaseError, Leases},
@@ -22,52 +22,14 @@ use limiter::{
     },
 };
 
-/// A redis-server on a free loopback port, killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
+/// A redis-server of the test's own on a free loopback port.
+fn redis(password: Option<&str>) -> RedisServer {
+    RedisServer::start(None, &[Ipv4Addr::LOCALHOST.into()], 0, password)
+        .expect("redis-server (cargo xtask setup installs it)")
 }
 
-impl Redis {
-    fn start() -> Self {
-        Self::start_with(&[])
-    }
-
-    fn start_with(extra: &[&str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Self::start_on(port, extra)
-    }
-
-    fn start_on(port: u16, extra: &[&str]) -> Self {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (cargo xtask setup installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, port }
-    }
-
-    fn store(&self) -> StoreConfig {
-        StoreConfig::at(format!("redis://127.0.0.1:{}/", self.port))
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn store(redis: &RedisServer) -> StoreConfig {
+    StoreConfig::at(redis.url())
 }
 
 fn set(partitions: &[u32]) -> BTreeSet<u32> {
@@ -76,10 +38,10 @@ fn set(partitions: &[u32]) -> BTreeSet<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_exclusive_renewed_returned_and_expire() {
-    let redis = Redis::start();
+    let redis = redis(None);
     let ttl = Duration::from_millis(400);
-    let mut a = Leases::new(&redis.store(), "api", 8, ttl).await.unwrap();
-    let mut b = Leases::new(&redis.store(), "api", 8, ttl).await.unwrap();
+    let mut a = Leases::new(&store(&redis), "api", 8, ttl).await.unwrap();
+    let mut b = Leases::new(&store(&redis), "api", 8, ttl).await.unwrap();
     // Exclusive: 5 and then the 3 left, never the same one twice.
     let got_a = a.acquire(5).await.unwrap();
     let got_b = b.acquire(5).await.unwrap();
@@ -134,7 +96,7 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     // The environment's PATH is the password: a variable that is there,
     // without setting one in a test process that runs threads.
     let secret = std::env::var("PATH").expect("PATH");
-    let redis = Redis::start_with(&["--requirepass", &secret]);
+    let redis = redis(Some(&secret));
     let dir = std::env::temp_dir().join(format!("limiter-store-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("password");
@@ -142,13 +104,13 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     let ttl = Duration::from_millis(400);
     let from_file = StoreConfig {
         password_file: Some(file.clone()),
-        ..redis.store()
+        ..store(&redis)
     };
     let mut leases = Leases::new(&from_file, "api", 4, ttl).await.unwrap();
     assert_eq!(leases.acquire(2).await.unwrap().len(), 2);
     let from_env = StoreConfig {
         password_env: Some("PATH".into()),
-        ..redis.store()
+        ..store(&redis)
     };
     let mut leases = Leases::new(&from_env, "api", 4, ttl).await.unwrap();
     assert_eq!(
@@ -160,13 +122,13 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     let wrong = Leases::new(&from_file, "api", 4, ttl).await;
     let message = wrong.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(message.to_lowercase().contains("pass"), "{message}");
-    let mut in_url = redis.store();
+    let mut in_url = store(&redis);
     in_url.url = in_url.url.replace("redis://", "redis://:pw@");
     assert!(matches!(in_url.client(), Err(StoreError::PasswordInUrl)));
     let both = StoreConfig {
         password_file: Some(file),
         password_env: Some("PATH".into()),
-        ..redis.store()
+        ..store(&redis)
     };
     assert!(matches!(both.client(), Err(StoreError::TwoPasswords)));
     let _ = std::fs::remove_dir_all(&dir);
@@ -307,18 +269,18 @@ fn peak_total(a: &[(Instant, u64)], b: &[(Instant, u64)]) -> u64 {
 /// ticks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
-    let redis = Redis::start();
+    let redis = redis(None);
     let ttl = Duration::from_millis(1000);
     let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
     let b_traffic = Traffic::new(0, BUDGET.reserve_rate);
     let mut a = Node::new(
         spec(Fallback::Static, ttl),
-        redis.store(),
+        store(&redis),
         a_traffic.clone(),
     );
     let mut b = Node::new(
         spec(Fallback::Static, ttl),
-        redis.store(),
+        store(&redis),
         b_traffic.clone(),
     );
     let all = BUDGET.local_rate(BUDGET.partitions);
@@ -376,13 +338,12 @@ async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
 /// same address, it leases again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_falls_back_and_leasing_resumes() {
-    let redis = Redis::start();
-    let port = redis.port;
+    let mut redis = redis(None);
     let ttl = Duration::from_millis(600);
     let store = StoreConfig {
         connect_timeout: Duration::from_millis(200),
         response_timeout: Duration::from_millis(200),
-        ..redis.store()
+        ..store(&redis)
     };
     let fixed_traffic = Traffic::new(5_100, BUDGET.reserve_rate);
     let open_traffic = Traffic::new(9_000, BUDGET.reserve_rate);
@@ -406,7 +367,7 @@ async fn redis_down_falls_back_and_leasing_resumes() {
         "the 3 left: {:?}",
         open.status()
     );
-    drop(redis);
+    redis.stop();
     let stopped = Instant::now();
     let stopped_ns = monotonic_ns();
     open.tick().await;
@@ -438,7 +399,7 @@ async fn redis_down_falls_back_and_leasing_resumes() {
             .all(|(_, local, _)| *local == 100),
         "leases counted past their TTL: {shares:?}"
     );
-    let _redis = Redis::start_on(port, &[]);
+    redis.resume().expect("redis-server again");
     assert!(
         tick_until(&mut fixed, Duration::from_secs(10), || fixed_traffic
             .local()

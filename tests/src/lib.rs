@@ -645,3 +645,48 @@ pub fn exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
 pub fn status(answer: &str) -> &str {
     answer.split_whitespace().nth(1).unwrap_or("none")
 }
+
+/// A `limiter proxy` child process, killed on drop.
+pub struct Proxy {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "proxy",
+        "--listen",
+        &listen,
+        "--upstream",
+        upstream,
+        "--config",
+    ];
+    let config = config.to_string_lossy().into_owned();
+    args.push(&config);
+    args.extend_from_slice(extra);
+    let child = limiter_command(None, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("proxy");
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "the proxy did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Proxy { child, addr }
+}

@@ -5,7 +5,6 @@
 
 use std::{
     net::{SocketAddr, TcpStream},
-    process::{Child, Stdio},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -18,7 +17,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use limiter::http::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
-use limiter_tests::{TempDir, exchange, limiter_command, reference, rules, status, traces::corpus};
+use limiter_tests::{TempDir, exchange, proxy, reference, rules, status, traces::corpus};
 
 /// A clock the test sets before each request.
 #[derive(Default)]
@@ -137,51 +136,6 @@ async fn limited_requests_get_429_with_the_rate_limit_fields() {
         client.request(get()).await.unwrap().status(),
         StatusCode::OK
     );
-}
-
-/// A `limiter proxy` child process, killed on drop.
-struct Proxy {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "proxy",
-        "--listen",
-        &listen,
-        "--upstream",
-        upstream,
-        "--config",
-    ];
-    let config = config.to_string_lossy().into_owned();
-    args.push(&config);
-    args.extend_from_slice(extra);
-    let child = limiter_command(None, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("proxy");
-    let addr: SocketAddr = listen.parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "the proxy did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Proxy { child, addr }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,14 +5,14 @@
 //! Redis listens only on those links, with a password in a file.
 
 use std::{
+    net::IpAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use super::{Lab, Netns, netns};
+use super::{Lab, Netns, netns, store::RedisServer};
 
 /// The port Redis listens on in the store namespace.
 pub const STORE_PORT: u16 = 6379;
@@ -21,7 +21,7 @@ pub struct FleetLab {
     pub hosts: Vec<Lab>,
     pub store: Netns,
     /// Behind a lock so a test can stop it while its floods borrow the hosts.
-    redis: std::sync::Mutex<Option<Child>>,
+    redis: std::sync::Mutex<RedisServer>,
     password_file: PathBuf,
 }
 
@@ -77,13 +77,16 @@ impl FleetLab {
             }
             labs.push(lab);
         }
+        let binds: Vec<IpAddr> = (0..hosts)
+            .map(|n| link_addrs(n).0.parse().expect("an address"))
+            .collect();
+        let redis = RedisServer::start(Some(store.name()), &binds, STORE_PORT, Some(&password))?;
         let fleet = Self {
             hosts: labs,
             store,
-            redis: Default::default(),
+            redis: std::sync::Mutex::new(redis),
             password_file,
         };
-        fleet.start_store()?;
         Ok(fleet)
     }
 
@@ -102,65 +105,13 @@ impl FleetLab {
         format!("redis://{}:{STORE_PORT}/", link_addrs(n).0)
     }
 
-    /// Starts Redis in the store namespace (again), and waits until it
-    /// answers.
+    /// Starts Redis in the store namespace again.
     pub fn start_store(&self) -> Result<()> {
-        let mut redis = self.redis.lock().expect("redis lock");
-        if redis.is_some() {
-            return Ok(());
-        }
-        let password = std::fs::read_to_string(&self.password_file)?;
-        let binds: Vec<String> = (0..self.hosts.len()).map(|n| link_addrs(n).0).collect();
-        let config = format!(
-            "port {STORE_PORT}\nbind {}\nrequirepass {}\nsave \"\"\nappendonly no\n",
-            binds.join(" "),
-            password.trim()
-        );
-        // Given on standard input, so the password is in no command line.
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", self.store.name(), "redis-server", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting redis-server (is it installed?)")?;
-        {
-            use std::io::Write;
-            let mut stdin = child.stdin.take().context("redis-server's stdin")?;
-            stdin.write_all(config.as_bytes())?;
-        }
-        *redis = Some(child);
-        drop(redis);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let addr = std::net::SocketAddr::from((
-                link_addrs(0).0.parse::<std::net::Ipv4Addr>()?,
-                STORE_PORT,
-            ));
-            let answered = self
-                .store
-                .enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))?
-                .is_ok();
-            if answered {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("redis-server did not answer within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.redis.lock().expect("redis lock").resume()
     }
 
     /// Stops Redis at once (SIGKILL: no goodbye to the clients).
     pub fn stop_store(&self) {
-        if let Some(mut child) = self.redis.lock().expect("redis lock").take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for FleetLab {
-    fn drop(&mut self) {
-        self.stop_store();
+        self.redis.lock().expect("redis lock").stop();
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod fleet;
 pub mod netns;
+pub mod store;
 pub mod traffic;
 
 use std::{

@@ -59,20 +59,25 @@ impl Netns {
     /// thread changes namespace, so the caller is unaffected. Sockets and
     /// XDP attachments made inside stay with the namespace.
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
-        let path = format!("/run/netns/{}", self.name);
-        let file = File::open(&path).with_context(|| format!("opening {path}"))?;
-        thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    // Affects this thread only.
-                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .with_context(|| format!("entering network namespace {}", self.name))?;
-                    Ok(f())
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("thread in namespace {} panicked", self.name))?
-        })
+        enter(&self.name, f)
     }
+}
+
+/// [`Netns::enter`] by name.
+pub fn enter<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let path = format!("/run/netns/{name}");
+    let file = File::open(&path).with_context(|| format!("opening {path}"))?;
+    thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // Affects this thread only.
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering network namespace {name}"))?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread in namespace {name} panicked"))?
+    })
 }
 
 impl Drop for Netns {

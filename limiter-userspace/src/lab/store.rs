@@ -1,0 +1,129 @@
+//! A `redis-server` of our own for the fleet lab and the tests: listening
+//! only where we say (in a namespace of ours, or on loopback), never
+//! persisting anything, its password (if any) given on standard input so
+//! no command line shows it. It can be stopped and started again on the
+//! same address, as an operator's Redis restarts.
+
+use std::{
+    io::Write,
+    net::{IpAddr, SocketAddr, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::netns;
+
+pub struct RedisServer {
+    child: Option<Child>,
+    /// The namespace it runs in (`None`: ours).
+    netns: Option<String>,
+    binds: Vec<IpAddr>,
+    pub port: u16,
+    password: Option<String>,
+}
+
+impl RedisServer {
+    /// Starts Redis on `binds`:`port` (port 0: a free loopback port) in
+    /// `netns`, and waits until it accepts connections.
+    pub fn start(
+        netns: Option<&str>,
+        binds: &[IpAddr],
+        port: u16,
+        password: Option<&str>,
+    ) -> Result<Self> {
+        let port = match port {
+            0 => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+            p => p,
+        };
+        let mut server = Self {
+            child: None,
+            netns: netns.map(str::to_owned),
+            binds: binds.to_vec(),
+            port,
+            password: password.map(str::to_owned),
+        };
+        server.resume()?;
+        Ok(server)
+    }
+
+    /// `redis://first-bind:port/`.
+    pub fn url(&self) -> String {
+        let addr = SocketAddr::new(self.binds[0], self.port);
+        format!("redis://{addr}/")
+    }
+
+    /// Starts it again (on the same address) if stopped.
+    pub fn resume(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let binds: Vec<String> = self.binds.iter().map(ToString::to_string).collect();
+        let mut config = format!(
+            "port {}\nbind {}\nsave \"\"\nappendonly no\n",
+            self.port,
+            binds.join(" ")
+        );
+        if let Some(password) = &self.password {
+            config += &format!("requirepass {password}\n");
+        }
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "redis-server", "-"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("redis-server");
+                c.arg("-");
+                c
+            }
+        };
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting redis-server (is it installed?)")?;
+        child
+            .stdin
+            .take()
+            .context("redis-server's stdin")?
+            .write_all(config.as_bytes())?;
+        self.child = Some(child);
+        let addr = SocketAddr::new(self.binds[0], self.port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let connect = || TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+            let answered = match &self.netns {
+                Some(ns) => netns::enter(ns, connect)?,
+                None => connect(),
+            };
+            if answered {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                bail!("redis-server exited ({status}) before listening on {addr}");
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server did not listen on {addr} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops it at once (SIGKILL: no goodbye to the clients).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
