@@ -180,6 +180,10 @@ enum Command {
         duration: Duration,
         #[arg(long, value_enum, default_value_t = Mode::Native)]
         mode: Mode,
+        /// Three hosts sharing one fleet-wide budget through a Redis of
+        /// the lab's own (default rules: examples/fleet.yaml).
+        #[arg(long)]
+        fleet: bool,
     },
 }
 
@@ -323,7 +327,14 @@ fn main() -> ExitCode {
         Command::Lab {
             config,
             duration,
+            mode: _,
+            fleet: true,
+        } => commands::lab_fleet::run(config.as_deref(), duration),
+        Command::Lab {
+            config,
+            duration,
             mode,
+            fleet: false,
         } => commands::lab::run(config.as_deref(), duration, mode),
     };
     match result {

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 
 use limiter::{
     clock::monotonic_ns,
-    lab::store::RedisServer,
     fleet::{
         Enforcer, Grant, RuleCounts,
         lease::{LeaseError, Leases},
@@ -20,6 +19,7 @@ use limiter::{
         share::Budget,
         store::{StoreConfig, StoreError},
     },
+    lab::store::RedisServer,
 };
 
 /// A redis-server of the test's own on a free loopback port.

@@ -2,6 +2,7 @@
 //! did), call the library, and print through [`limiter::render`] (or JSON).
 
 pub mod lab;
+pub mod lab_fleet;
 pub mod run;
 pub mod top;
 

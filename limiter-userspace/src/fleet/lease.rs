@@ -59,6 +59,40 @@ end
 return 0
 ";
 
+/// Each node's report on the rule (`KEYS[1]`, a hash of owner to
+/// `expiry:held:hungry`, the expiry `ARGV[2]` ms after the report by
+/// Redis's clock): records this one's, forgets the expired, and returns how many
+/// nodes want more than they hold, and how many partitions the others hold.
+const REPORT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], (now + ttl) .. ':' .. ARGV[3] .. ':' .. ARGV[4])
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+local entries = redis.call('HGETALL', KEYS[1])
+local hungry, satisfied = 0, 0
+for i = 1, #entries, 2 do
+  local expiry, held, wants = string.match(entries[i + 1], '(%d+):(%d+):(%d)')
+  if tonumber(expiry) <= now then
+    redis.call('HDEL', KEYS[1], entries[i])
+  elseif wants == '1' then
+    hungry = hungry + 1
+  else
+    satisfied = satisfied + tonumber(held)
+  end
+end
+return {hungry, satisfied}
+";
+
+/// The fleet's nodes on a rule, as the last report counted them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peers {
+    /// Nodes that want more than they hold, this one included if it does.
+    pub hungry: u32,
+    /// Partitions held by the nodes that do not.
+    pub satisfied_held: u32,
+}
+
 /// One node's leases on one rule's partitions.
 pub struct Leases {
     redis: ConnectionManager,
@@ -70,6 +104,7 @@ pub struct Leases {
     held: BTreeMap<u32, Instant>,
     renew: Script,
     release: Script,
+    report: Script,
     rng: u64,
 }
 
@@ -100,6 +135,7 @@ impl Leases {
             held: BTreeMap::new(),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
+            report: Script::new(REPORT),
             rng: seed | 1,
         })
     }
@@ -129,6 +165,26 @@ impl Leases {
         self.held.values().min().copied()
     }
 
+    /// Says how many partitions this node holds and whether it wants
+    /// more, and learns the same of the others (one round trip).
+    pub async fn report(&mut self, hungry: bool) -> Result<Peers, LeaseError> {
+        let counts: Vec<u32> = self
+            .report
+            .key(format!("{}nodes", self.prefix))
+            .arg(&self.owner)
+            // Three ticks: a dead node stops counting well before its
+            // leases expire, so the others may take them at once.
+            .arg((self.ttl / 3).as_millis() as u64)
+            .arg(self.held.len())
+            .arg(u8::from(hungry))
+            .invoke_async(&mut self.redis)
+            .await?;
+        Ok(Peers {
+            hungry: counts.first().copied().unwrap_or(0),
+            satisfied_held: counts.get(1).copied().unwrap_or(0),
+        })
+    }
+
     /// One round trip to the store, for its latency and to know it answers
     /// when nothing is held.
     pub async fn ping(&mut self) -> Result<Duration, LeaseError> {
@@ -142,24 +198,34 @@ impl Leases {
         self.held.keys().copied().collect()
     }
 
-    /// Leases up to `n` more partitions, trying the free ones in a random
-    /// order; returns those gained.
+    /// Leases up to `n` more partitions, trying those free (one round trip
+    /// says which) in a random order; returns those gained.
     pub async fn acquire(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
-        let mut free: Vec<u32> = (0..self.partitions)
+        let candidates: Vec<u32> = (0..self.partitions)
             .filter(|p| !self.held.contains_key(p))
             .collect();
-        // Fisher-Yates with xorshift: attempts spread over partitions.
+        if n == 0 || candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = candidates.iter().map(|&p| self.key(p)).collect();
+        let owners: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut self.redis)
+            .await?;
+        let mut free: Vec<u32> = candidates
+            .into_iter()
+            .zip(owners)
+            .filter_map(|(p, owner)| owner.is_none().then_some(p))
+            .collect();
+        // Fisher-Yates with xorshift: nodes asking at once spread out.
         for i in (1..free.len()).rev() {
             self.rng ^= self.rng << 13;
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             free.swap(i, (self.rng % (i as u64 + 1)) as usize);
         }
-        // Beyond a few misses the free partitions are likely taken: the
-        // next tick tries again, rather than one round trip per partition.
-        let attempts = (2 * n as usize + 2).min(free.len());
         let mut gained = Vec::new();
-        for partition in free.into_iter().take(attempts) {
+        for partition in free {
             if gained.len() as u32 >= n {
                 break;
             }

@@ -260,7 +260,12 @@ impl Node {
         }
         self.status.store_rtt_seconds = sent.elapsed().as_secs_f64();
         let held = leases.held(Instant::now()) as u32;
-        let target = share::target(&self.spec.budget, held, demand);
+        let hungry = demand.refused_rate > 0;
+        let peers = leases.report(hungry).await?;
+        let mut target = share::target(&self.spec.budget, held, demand);
+        if let Some(cap) = share::fair_cap(&self.spec.budget, hungry, peers) {
+            target = target.min(cap);
+        }
         if target > held {
             let gained = leases.acquire(target - held).await?;
             self.status.leases_acquired += gained.len() as u64;

@@ -6,6 +6,8 @@
 //! at steady use neither takes nor gives back); its local budget from the
 //! leases valid now.
 
+use super::lease::Peers;
+
 /// One rule's global budget, split into partitions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
@@ -66,6 +68,19 @@ pub fn target(budget: &Budget, held: u32, demand: Demand) -> u32 {
         .saturating_sub(budget.reserve_rate)
         .div_ceil(per);
     u32::try_from(wanted).unwrap_or(u32::MAX).min(held - 1)
+}
+
+/// While other nodes want more than they hold too, a node that wants
+/// more keeps at most an equal share of what the satisfied nodes leave
+/// (rounded up), and gives the surplus back, for them. A node whose
+/// traffic fits in what it holds keeps it.
+pub fn fair_cap(budget: &Budget, hungry: bool, peers: Peers) -> Option<u32> {
+    (hungry && peers.hungry > 1).then(|| {
+        budget
+            .partitions
+            .saturating_sub(peers.satisfied_held)
+            .div_ceil(peers.hungry)
+    })
 }
 
 #[cfg(test)]
@@ -158,5 +173,71 @@ mod tests {
         }
         assert_eq!(a, 0);
         assert!(BUDGET.local_rate(b) >= 40_000, "b holds {b}");
+    }
+
+    /// Three nodes flooded beyond the budget, one of which took everything
+    /// first: within a tick each holds an equal share; a satisfied node
+    /// keeps what it uses and the hungry share the rest.
+    #[test]
+    fn contended_nodes_converge_to_equal_shares() {
+        let hungry = Demand {
+            admitted_rate: 1_000,
+            refused_rate: 60_000,
+        };
+        let run = |mut held: [u32; 3], wants: [bool; 3]| {
+            for _ in 0..3 {
+                for me in 0..3 {
+                    let peers = Peers {
+                        hungry: wants.iter().filter(|w| **w).count() as u32,
+                        satisfied_held: (0..3).filter(|&o| !wants[o]).map(|o| held[o]).sum(),
+                    };
+                    let demand = if wants[me] {
+                        hungry
+                    } else {
+                        Demand {
+                            admitted_rate: BUDGET.local_rate(held[me]),
+                            refused_rate: 0,
+                        }
+                    };
+                    let mut t = target(&BUDGET, held[me], demand);
+                    if let Some(cap) = fair_cap(&BUDGET, wants[me], peers) {
+                        t = t.min(cap);
+                    }
+                    let free = BUDGET.partitions - held.iter().sum::<u32>();
+                    held[me] = if t > held[me] {
+                        held[me] + (t - held[me]).min(free)
+                    } else {
+                        t
+                    };
+                    assert!(held.iter().sum::<u32>() <= BUDGET.partitions);
+                }
+            }
+            held
+        };
+        assert_eq!(run([50, 0, 0], [true; 3]), [17, 17, 16]);
+        assert_eq!(run([30, 0, 0], [false, true, true]), [30, 10, 10]);
+        assert_eq!(
+            fair_cap(
+                &BUDGET,
+                true,
+                Peers {
+                    hungry: 1,
+                    satisfied_held: 0
+                }
+            ),
+            None,
+            "nobody else wants more"
+        );
+        assert_eq!(
+            fair_cap(
+                &BUDGET,
+                false,
+                Peers {
+                    hungry: 3,
+                    satisfied_held: 0
+                }
+            ),
+            None
+        );
     }
 }

@@ -34,7 +34,9 @@ impl RedisServer {
         password: Option<&str>,
     ) -> Result<Self> {
         let port = match port {
-            0 => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+            0 => std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port(),
             p => p,
         };
         let mut server = Self {
@@ -102,7 +104,11 @@ impl RedisServer {
             if answered {
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
                 bail!("redis-server exited ({status}) before listening on {addr}");
             }
