@@ -19,7 +19,7 @@ use limiter::{
         share::Budget,
         store::{StoreConfig, StoreError},
     },
-    lab::store::RedisServer,
+    lab::store::{RedisServer, Tls},
 };
 
 /// A redis-server of the test's own on a free loopback port.
@@ -409,4 +409,154 @@ async fn redis_down_falls_back_and_leasing_resumes() {
         fixed.status()
     );
     assert!(fixed.store_up());
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate,
+/// made with openssl in `dir`.
+fn certificates(dir: &std::path::Path) -> (Tls, std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (cargo xtask setup installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &key,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=limiter test CA",
+        ],
+    ]
+    .concat());
+    // With extensions, so the certificates are X.509 v3 (webpki takes no other).
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for name in ["server", "client"] {
+        let (keyfile, csr, crt, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        run(&[
+            &["req"][..],
+            &key,
+            &[
+                "-keyout",
+                &keyfile,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+    }
+    let tls = Tls {
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        ca: dir.join("ca.crt"),
+        auth_clients: true,
+    };
+    (tls, dir.join("client.crt"), dir.join("client.key"))
+}
+
+/// Guards TLS: rediss:// verifies the server against the given CA (the
+/// system's roots do not know it) and shows the client certificate Redis
+/// asks for; leases work over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_over_tls_verify_the_server_and_show_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("limiter-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tls, client_cert, client_key) = certificates(&dir);
+    let ca = tls.ca.clone();
+    let redis = RedisServer::start_tls(None, &[Ipv4Addr::LOCALHOST.into()], 0, None, Some(tls))
+        .expect("redis-server with TLS");
+    assert!(redis.url().starts_with("rediss://"));
+    let ttl = Duration::from_millis(400);
+    let config = StoreConfig {
+        ca_file: Some(ca.clone()),
+        cert_file: Some(client_cert.clone()),
+        key_file: Some(client_key.clone()),
+        ..store(&redis)
+    };
+    let mut leases = Leases::new(&config, "api", 4, ttl)
+        .await
+        .expect("leasing over TLS");
+    assert_eq!(leases.acquire(3).await.unwrap().len(), 3);
+    let unknown_ca = StoreConfig {
+        ca_file: None,
+        ..config.clone()
+    };
+    assert!(
+        Leases::new(&unknown_ca, "api", 4, ttl).await.is_err(),
+        "a server no root vouches for was trusted"
+    );
+    let no_client_cert = StoreConfig {
+        cert_file: None,
+        key_file: None,
+        ..config.clone()
+    };
+    assert!(
+        Leases::new(&no_client_cert, "api", 4, ttl).await.is_err(),
+        "Redis wanted a client certificate"
+    );
+    let half = StoreConfig {
+        key_file: None,
+        ..config.clone()
+    };
+    assert!(matches!(
+        half.client(),
+        Err(StoreError::HalfAClientCertificate)
+    ));
+    let plain = StoreConfig {
+        url: config.url.replace("rediss://", "redis://"),
+        ..config
+    };
+    assert!(matches!(
+        plain.client(),
+        Err(StoreError::TlsOnly("ca_file"))
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
 }

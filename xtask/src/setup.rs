@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 6] = [
+const PACKAGES: [(&str, &str); 7] = [
     ("ip", "iproute2"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
@@ -23,6 +23,8 @@ const PACKAGES: [(&str, &str); 6] = [
     // The fleet tests start their own on loopback; the package's service
     // is kept from starting (see `packages`).
     ("redis-server", "redis-server"),
+    // The TLS test makes its certificates with it.
+    ("openssl", "openssl"),
 ];
 
 /// bpf-linker releases that build with the toolchains here.

@@ -1,6 +1,8 @@
 //! Where the leases live: the daemon's Redis settings. The password comes
 //! from a file or an environment variable, never from the command line or
-//! the URL, which process lists and logs show.
+//! the URL, which process lists and logs show. `rediss://` speaks TLS
+//! (rustls), verifying the server against the system's roots or a given
+//! CA, with a client certificate when Redis asks for one.
 
 use std::{io, path::PathBuf, time::Duration};
 
@@ -11,7 +13,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db`, or `rediss://` for TLS.
     pub url: String,
     /// An ACL user (Redis 6 and later); the default user without one.
     #[serde(default)]
@@ -22,6 +24,16 @@ pub struct StoreConfig {
     /// An environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// TLS: the CA that signed the server's certificate (PEM); without
+    /// it, the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// TLS: a client certificate and its key (PEM), for a Redis that
+    /// authenticates clients (`tls-auth-clients yes`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// How long one command may take (a lease renewal included).
@@ -53,6 +65,19 @@ pub enum StoreError {
     },
     #[error("store.password_env: {0} is not set")]
     PasswordEnv(String),
+    #[error("store.{field} {}: {source}", path.display())]
+    File {
+        field: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("store.{0}: applies to rediss:// (TLS) only")]
+    TlsOnly(&'static str),
+    #[error("store: cert_file and key_file go together")]
+    HalfAClientCertificate,
+    #[error("store.url: {0}")]
+    Insecure(String),
 }
 
 impl StoreConfig {
@@ -63,6 +88,9 @@ impl StoreConfig {
             user: None,
             password_file: None,
             password_env: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             connect_timeout: default_timeout(),
             response_timeout: default_timeout(),
         }
@@ -84,11 +112,13 @@ impl StoreConfig {
         }
     }
 
-    /// A client for the store, credentials set.
+    /// A client for the store, credentials (and TLS settings) set.
     pub fn client(&self) -> Result<redis::Client, StoreError> {
-        if self.url.starts_with("rediss://") {
-            return Err(StoreError::Url(
-                "rediss:// (TLS) is not supported yet; use redis:// on a trusted network".into(),
+        let tls = self.url.starts_with("rediss://");
+        if self.url.contains("#insecure") {
+            return Err(StoreError::Insecure(
+                "#insecure turns off certificate checks; give the CA in store.ca_file instead"
+                    .into(),
             ));
         }
         let info = self
@@ -106,13 +136,54 @@ impl StoreConfig {
         if let Some(password) = self.password()? {
             settings = settings.set_password(password);
         }
-        redis::Client::open(info.set_redis_settings(settings))
+        let info = info.set_redis_settings(settings);
+        let given = [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ];
+        if !tls {
+            if let Some((field, _)) = given.iter().find(|(_, f)| f.is_some()) {
+                return Err(StoreError::TlsOnly(field));
+            }
+            return redis::Client::open(info).map_err(|e| StoreError::Url(e.to_string()));
+        }
+        let read = |field: &'static str, path: &Option<PathBuf>| {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read(p).map_err(|source| StoreError::File {
+                        field,
+                        path: p.clone(),
+                        source,
+                    })
+                })
+                .transpose()
+        };
+        let client_tls = match (
+            read("cert_file", &self.cert_file)?,
+            read("key_file", &self.key_file)?,
+        ) {
+            (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+            (None, None) => None,
+            _ => return Err(StoreError::HalfAClientCertificate),
+        };
+        let certificates = redis::TlsCertificates {
+            client_tls,
+            root_cert: read("ca_file", &self.ca_file)?,
+        };
+        redis::Client::build_with_tls(info, certificates)
             .map_err(|e| StoreError::Url(e.to_string()))
     }
 
     /// Timeouts for the connection that reconnects by itself.
     pub fn manager_config(&self) -> ConnectionManagerConfig {
+        // One retry: the fleet loop tries again every tick anyway, and a
+        // store that refuses must not hold a tick for seconds of back-off.
         ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
     }

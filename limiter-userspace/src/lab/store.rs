@@ -22,6 +22,17 @@ pub struct RedisServer {
     binds: Vec<IpAddr>,
     pub port: u16,
     password: Option<String>,
+    tls: Option<Tls>,
+}
+
+/// Redis speaking TLS only: its certificate and key, the CA clients'
+/// certificates must come from, and whether they must show one.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub auth_clients: bool,
 }
 
 impl RedisServer {
@@ -32,6 +43,17 @@ impl RedisServer {
         binds: &[IpAddr],
         port: u16,
         password: Option<&str>,
+    ) -> Result<Self> {
+        Self::start_tls(netns, binds, port, password, None)
+    }
+
+    /// [`RedisServer::start`], speaking TLS only if `tls` says so.
+    pub fn start_tls(
+        netns: Option<&str>,
+        binds: &[IpAddr],
+        port: u16,
+        password: Option<&str>,
+        tls: Option<Tls>,
     ) -> Result<Self> {
         let port = match port {
             0 => std::net::TcpListener::bind("127.0.0.1:0")?
@@ -45,15 +67,21 @@ impl RedisServer {
             binds: binds.to_vec(),
             port,
             password: password.map(str::to_owned),
+            tls,
         };
         server.resume()?;
         Ok(server)
     }
 
-    /// `redis://first-bind:port/`.
+    /// `redis://first-bind:port/` (`rediss://` with TLS).
     pub fn url(&self) -> String {
         let addr = SocketAddr::new(self.binds[0], self.port);
-        format!("redis://{addr}/")
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{addr}/")
     }
 
     /// Starts it again (on the same address) if stopped.
@@ -62,11 +90,20 @@ impl RedisServer {
             return Ok(());
         }
         let binds: Vec<String> = self.binds.iter().map(ToString::to_string).collect();
-        let mut config = format!(
-            "port {}\nbind {}\nsave \"\"\nappendonly no\n",
-            self.port,
-            binds.join(" ")
-        );
+        let mut config = format!("bind {}\nsave \"\"\nappendonly no\n", binds.join(" "));
+        match &self.tls {
+            None => config += &format!("port {}\n", self.port),
+            Some(tls) => {
+                config += &format!(
+                    "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients {}\n",
+                    self.port,
+                    tls.cert.display(),
+                    tls.key.display(),
+                    tls.ca.display(),
+                    if tls.auth_clients { "yes" } else { "no" }
+                )
+            }
+        }
         if let Some(password) = &self.password {
             config += &format!("requirepass {password}\n");
         }
