@@ -560,3 +560,64 @@ async fn leases_over_tls_verify_the_server_and_show_a_client_certificate() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Guards the store's memory: a Redis that restarts empty (no
+/// persistence, a failover) has forgotten leases that nodes still
+/// enforce; it hands out nothing until they have lapsed, so two nodes
+/// never enforce one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_hands_out_nothing_until_old_leases_lapse() {
+    let mut redis = redis(None);
+    let ttl = Duration::from_millis(1000);
+    let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let b_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let mut a = Node::new(
+        spec(Fallback::Static, ttl),
+        store(&redis),
+        a_traffic.clone(),
+    );
+    let all = BUDGET.local_rate(BUDGET.partitions);
+    assert!(
+        tick_until(&mut a, ttl * 3, || a_traffic.local() == all).await,
+        "{:?}",
+        a.status()
+    );
+    redis.stop();
+    redis.resume().expect("redis-server again, empty");
+    let restarted = Instant::now();
+    let b = Node::new(
+        spec(Fallback::Static, ttl),
+        store(&redis),
+        b_traffic.clone(),
+    );
+    let run = |mut node: Node| {
+        tokio::spawn(async move {
+            while restarted.elapsed() < ttl * 4 {
+                node.tick().await;
+                tokio::time::sleep(node.spec().tick()).await;
+            }
+            node
+        })
+    };
+    let (a, b) = (run(a), run(b));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let peak = peak_total(&a_traffic.enforced(), &b_traffic.enforced());
+    assert!(
+        peak <= BUDGET.global_rate + 2 * BUDGET.reserve_rate,
+        "together the nodes enforced {peak} at some moment"
+    );
+    let first_b = b_traffic
+        .enforced()
+        .iter()
+        .find(|(_, local)| *local > BUDGET.reserve_rate)
+        .map(|(t, _)| t.duration_since(restarted));
+    println!("b's first partition {first_b:?} after the restart");
+    assert!(first_b.is_some_and(|t| t >= ttl), "b leased at {first_b:?}");
+    assert_eq!(
+        a.status().held + b.status().held,
+        BUDGET.partitions,
+        "leasing resumed: {:?} {:?}",
+        a.status(),
+        b.status()
+    );
+}

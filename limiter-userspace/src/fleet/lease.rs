@@ -1,5 +1,5 @@
 //! Leases on a global budget's partitions, in Redis: one key per
-//! partition (`limiter:<rule>:<partition>`) holding the owner's token,
+//! partition (`limiter:{<rule>}:<partition>`) holding the owner's token,
 //! taken with `SET NX PX` (exclusive, expiring by Redis's clock, not the
 //! hosts'), renewed and given back by small Lua scripts that act only if
 //! the key still holds the owner's token (so a node never renews or frees
@@ -61,8 +61,10 @@ return 0
 
 /// Each node's report on the rule (`KEYS[1]`, a hash of owner to
 /// `expiry:held:hungry`, the expiry `ARGV[2]` ms after the report by
-/// Redis's clock): records this one's, forgets the expired, and returns how many
-/// nodes want more than they hold, and how many partitions the others hold.
+/// Redis's clock): records this one's, forgets the expired, and returns how
+/// many nodes want more than they hold, how many partitions the others
+/// hold, and how long ago (ms) this store's memory of the rule began
+/// (`KEYS[2]`, set by the first report after the store started empty).
 const REPORT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -81,7 +83,12 @@ for i = 1, #entries, 2 do
     satisfied = satisfied + tonumber(held)
   end
 end
-return {hungry, satisfied}
+local born = redis.call('GET', KEYS[2])
+if not born then
+  born = tostring(now)
+  redis.call('SET', KEYS[2], born)
+end
+return {hungry, satisfied, now - tonumber(born)}
 ";
 
 /// The fleet's nodes on a rule, as the last report counted them.
@@ -91,6 +98,10 @@ pub struct Peers {
     pub hungry: u32,
     /// Partitions held by the nodes that do not.
     pub satisfied_held: u32,
+    /// How long the store has remembered the rule: less than a TTL after
+    /// it started empty (restarted, failed over), nodes may still enforce
+    /// leases it forgot, so none are handed out yet.
+    pub memory: Duration,
 }
 
 /// One node's leases on one rule's partitions.
@@ -128,7 +139,9 @@ impl Leases {
         };
         Ok(Self {
             redis,
-            prefix: format!("limiter:{rule}:"),
+            // The rule in braces: a Redis Cluster keeps all its keys in
+            // one slot, so one script may touch them together.
+            prefix: format!("limiter:{{{rule}}}:"),
             partitions,
             ttl,
             owner: format!("{}-{}-{seed:016x}", hostname(), std::process::id()),
@@ -168,9 +181,10 @@ impl Leases {
     /// Says how many partitions this node holds and whether it wants
     /// more, and learns the same of the others (one round trip).
     pub async fn report(&mut self, hungry: bool) -> Result<Peers, LeaseError> {
-        let counts: Vec<u32> = self
+        let counts: Vec<u64> = self
             .report
             .key(format!("{}nodes", self.prefix))
+            .key(format!("{}memory", self.prefix))
             .arg(&self.owner)
             // Three ticks: a dead node stops counting well before its
             // leases expire, so the others may take them at once.
@@ -179,9 +193,11 @@ impl Leases {
             .arg(u8::from(hungry))
             .invoke_async(&mut self.redis)
             .await?;
+        let count = |i: usize| counts.get(i).copied().unwrap_or(0);
         Ok(Peers {
-            hungry: counts.first().copied().unwrap_or(0),
-            satisfied_held: counts.get(1).copied().unwrap_or(0),
+            hungry: count(0) as u32,
+            satisfied_held: count(1) as u32,
+            memory: Duration::from_millis(count(2)),
         })
     }
 

@@ -266,6 +266,11 @@ impl Node {
         if let Some(cap) = share::fair_cap(&self.spec.budget, hungry, peers) {
             target = target.min(cap);
         }
+        if peers.memory < self.spec.ttl {
+            // A store that lost its memory: wait until every lease it may
+            // have forgotten has lapsed wherever it is enforced.
+            target = target.min(held);
+        }
         if target > held {
             let gained = leases.acquire(target - held).await?;
             self.status.leases_acquired += gained.len() as u64;

@@ -190,6 +190,7 @@ mod tests {
                     let peers = Peers {
                         hungry: wants.iter().filter(|w| **w).count() as u32,
                         satisfied_held: (0..3).filter(|&o| !wants[o]).map(|o| held[o]).sum(),
+                        memory: std::time::Duration::MAX,
                     };
                     let demand = if wants[me] {
                         hungry
@@ -222,7 +223,8 @@ mod tests {
                 true,
                 Peers {
                     hungry: 1,
-                    satisfied_held: 0
+                    satisfied_held: 0,
+                    memory: std::time::Duration::MAX,
                 }
             ),
             None,
@@ -234,7 +236,8 @@ mod tests {
                 false,
                 Peers {
                     hungry: 3,
-                    satisfied_held: 0
+                    satisfied_held: 0,
+                    memory: std::time::Duration::MAX,
                 }
             ),
             None
