@@ -15,6 +15,13 @@ pub fn run(
 ) -> Result<()> {
     // Validate before touching anything.
     let rules = RuleSet::load(config)?;
+    for rule in rules.rules.iter().filter(|r| r.fleet.is_some()) {
+        tracing::warn!(
+            "rule {:?} is fleet-wide: `limiter run` leases nothing and enforces its reserve \
+             (`limiter daemon` with a `fleet:` store shares the budget)",
+            rule.name
+        );
+    }
     let session = Session::start(&rules, ifaces, mode, pin_dir)?;
     let attached: Vec<String> = session
         .attachments
