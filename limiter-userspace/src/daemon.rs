@@ -28,7 +28,7 @@ use crate::{
         protocol::{Detached, Status},
     },
     engine::{Change, Engine},
-    fleet::{Enforcer, Fleet, FleetConfig, Grant, RuleCounts, node::ShareStatus},
+    fleet::{Enforcer, Fleet, FleetConfig, Grant, RuleCounts, RuleRef, node::ShareStatus},
     kernel::{
         self, Attachment, Mode, capabilities,
         links::LINKS_DIR,
@@ -368,12 +368,12 @@ fn fleet_status(shared: &Shared) -> Vec<ShareStatus> {
 struct KernelShares(std::sync::Weak<Shared>);
 
 impl Enforcer for KernelShares {
-    fn counts(&self, rule: &str) -> Result<RuleCounts> {
+    fn counts(&self, rule: &RuleRef) -> Result<RuleCounts> {
         let shared = self.0.upgrade().context("the daemon is stopping")?;
         shared.engine().fleet_counts(rule)
     }
 
-    fn enforce(&self, rule: &str, grant: Grant) -> Result<()> {
+    fn enforce(&self, rule: &RuleRef, grant: Grant) -> Result<()> {
         let shared = self.0.upgrade().context("the daemon is stopping")?;
         shared.engine().set_fleet_share(rule, grant)
     }

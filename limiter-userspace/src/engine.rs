@@ -56,8 +56,8 @@ pub struct Engine {
     datapath: Datapath,
     /// The rule set in force and the id of each of its rules.
     applied: Option<(RuleSet, Vec<u32>)>,
-    /// Fleet rules' shares in force, by fingerprint.
-    fleet_shares: HashMap<u64, crate::fleet::Grant>,
+    /// Fleet rules' shares in force.
+    fleet_shares: HashMap<crate::fleet::RuleRef, crate::fleet::Grant>,
 }
 
 impl Engine {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use limiter::{
     clock::monotonic_ns,
     fleet::{
-        Enforcer, Grant, RuleCounts,
+        Enforcer, Grant, RuleCounts, RuleRef,
         lease::{LeaseError, Leases},
         node::{Fallback, Node, Spec},
         share::Budget,
@@ -202,13 +202,13 @@ impl Traffic {
 }
 
 impl Enforcer for Traffic {
-    fn counts(&self, _: &str) -> anyhow::Result<RuleCounts> {
+    fn counts(&self, _: &RuleRef) -> anyhow::Result<RuleCounts> {
         let mut s = self.state.lock().unwrap();
         self.advance(&mut s);
         Ok(s.counts)
     }
 
-    fn enforce(&self, _: &str, grant: Grant) -> anyhow::Result<()> {
+    fn enforce(&self, _: &RuleRef, grant: Grant) -> anyhow::Result<()> {
         let mut s = self.state.lock().unwrap();
         self.advance(&mut s);
         s.grant = grant;
@@ -225,7 +225,10 @@ const BUDGET: Budget = Budget {
 
 fn spec(fallback: Fallback, ttl: Duration) -> Spec {
     Spec {
-        rule: "api".into(),
+        rule: RuleRef {
+            name: "api".into(),
+            fingerprint: 1,
+        },
         budget: BUDGET,
         period: Duration::from_secs(1),
         fallback,

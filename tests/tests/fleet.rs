@@ -391,3 +391,106 @@ async fn two_proxies_share_one_http_budget() {
         .sum();
     assert_eq!(held, 20, "every partition held once: {scrapes:?}");
 }
+
+/// Guards the kernel's side of a share: it lapses to the reserve by itself
+/// at its deadline (a daemon that died cannot keep a partition), and a
+/// share never lands on a rule that a reload renamed or changed: the
+/// renamed rule starts at its reserve, and the old loop's grants are
+/// refused. The program's clock is set by the test (BPF_PROG_TEST_RUN).
+#[test]
+fn a_kernel_share_lapses_by_itself_and_never_outlives_its_rule() {
+    use limiter::fleet::{Grant, RuleRef};
+    use limiter_tests::{
+        XDP_DROP, XDP_PASS, frames, loaded_object, rules, run_at, test_clock_object,
+    };
+
+    let file = |name: &str, rate: u32| {
+        format!(
+            "rules:
+  - name: {name}
+    match: {{ source: 198.18.0.0/15 }}
+    limit: {{ rate: 1000000, unit: second }}
+    aggregate: {{ rate: {rate}, unit: second, burst: 10, scope: fleet, partitions: 10, reserve: 1 }}
+"
+        )
+    };
+    let mut dp = loaded_object(&test_clock_object(), &file("edge", 1000));
+    let edge = RuleRef::of(&rules(&file("edge", 1000)).rules[0]);
+    let frame = frames::udp4(Ipv4Addr::new(198, 18, 0, 1), 9, 18);
+    let sec = 1_000_000_000u64;
+    let t0 = 1000 * sec;
+    // Leases say 1,000/s (burst 10) until t0 + 1 s.
+    dp.engine
+        .set_fleet_share(
+            &edge,
+            Grant {
+                local: 1000,
+                until_ns: t0 + sec,
+            },
+        )
+        .expect("a share for the rule in force");
+    let passed = |dp: &mut _, at: u64, n: usize| {
+        (0..n)
+            .filter(|_| run_at(dp, &frame, at) == XDP_PASS)
+            .count()
+    };
+    assert_eq!(passed(&mut dp, t0, 12), 10, "the share's burst");
+    // Past the deadline, nobody renewed: the reserve (1/s, burst 1).
+    assert_eq!(
+        passed(&mut dp, t0 + 2 * sec, 3),
+        1,
+        "the share outlived its deadline"
+    );
+    // A rename keeps the fingerprint, not the share: the renamed rule is
+    // another rule in the store, at its reserve, and the old loop's grant
+    // is refused.
+    dp.engine
+        .set_fleet_share(
+            &edge,
+            Grant {
+                local: 1000,
+                until_ns: t0 + 10 * sec,
+            },
+        )
+        .unwrap();
+    dp.engine
+        .apply(rules(&file("edge2", 1000)))
+        .expect("rename");
+    assert_eq!(
+        passed(&mut dp, t0 + 4 * sec, 3),
+        1,
+        "a share carried across a rename"
+    );
+    assert!(
+        dp.engine
+            .set_fleet_share(
+                &edge,
+                Grant {
+                    local: 1000,
+                    until_ns: t0 + 10 * sec
+                }
+            )
+            .is_err()
+    );
+    // A changed rule: the old loop's grant is refused too.
+    let edge2 = RuleRef::of(&rules(&file("edge2", 1000)).rules[0]);
+    dp.engine
+        .apply(rules(&file("edge2", 2000)))
+        .expect("change");
+    assert!(
+        dp.engine
+            .set_fleet_share(
+                &edge2,
+                Grant {
+                    local: 1000,
+                    until_ns: t0 + 10 * sec
+                }
+            )
+            .is_err()
+    );
+    assert_ne!(
+        run_at(&mut dp, &frame, t0 + 6 * sec),
+        XDP_DROP,
+        "the reserve admits one"
+    );
+}

@@ -9,17 +9,17 @@ use limiter_common::abi::{MeterConfig, RuleConfig};
 
 use super::Engine;
 use crate::{
-    fleet::{Grant, RuleCounts},
+    fleet::{Grant, RuleCounts, RuleRef},
     kernel::counters,
     rules::{Rate, Rule},
 };
 
 impl Engine {
-    /// Enforces `grant` as fleet rule `name`'s share of its aggregate.
-    pub fn set_fleet_share(&mut self, name: &str, grant: Grant) -> Result<()> {
-        let (rule, id) = self.fleet_rule(name)?;
-        let fingerprint = rule.fingerprint();
+    /// Enforces `grant` as fleet rule `which`'s share of its aggregate.
+    pub fn set_fleet_share(&mut self, which: &RuleRef, grant: Grant) -> Result<()> {
+        let (rule, id) = self.fleet_rule(which)?;
         let meter = share_meter(&rule, grant.local);
+        let name = &which.name;
         let generation = self.datapath.config()?.generation & 1;
         let (_, mut config) = self
             .datapath
@@ -27,19 +27,18 @@ impl Engine {
             .into_iter()
             .find(|(i, _)| *i == id)
             .with_context(|| format!("rule {name:?} is not in the kernel's active generation"))?;
-        // Lowering: the deadline first, so no moment has the old share
-        // with the new deadline's length (the program reads a rule whole,
-        // but a map update is not atomic for a reader).
+        // One map update (a reader racing it may see old and new fields
+        // mixed for that instant, each a valid meter).
         write_share(&mut config, meter, grant.until_ns);
         self.datapath.set_rule(generation, id, &config)?;
-        self.fleet_shares.insert(fingerprint, grant);
+        self.fleet_shares.insert(which.clone(), grant);
         Ok(())
     }
 
     /// What fleet rule `name` admitted and what its aggregate refused, over
     /// every interface, since its id was given.
-    pub fn fleet_counts(&self, name: &str) -> Result<RuleCounts> {
-        let (_, id) = self.fleet_rule(name)?;
+    pub fn fleet_counts(&self, which: &RuleRef) -> Result<RuleCounts> {
+        let (_, id) = self.fleet_rule(which)?;
         let c = counters::rule_totals(self.datapath.maps(), id)?;
         Ok(RuleCounts {
             admitted: c.passed_packets,
@@ -60,22 +59,29 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    fn fleet_rule(&self, name: &str) -> Result<(Rule, u32)> {
+    /// The applied rule `which` names, if its fingerprint is still the one
+    /// in force (a loop that outlived a reload must not touch its successor).
+    fn fleet_rule(&self, which: &RuleRef) -> Result<(Rule, u32)> {
+        let name = &which.name;
         let (set, ids) = self.applied().context("no rules applied yet")?;
         let index = set
             .rules
             .iter()
-            .position(|r| r.name == name)
+            .position(|r| &r.name == name)
             .with_context(|| format!("no rule named {name:?}"))?;
         let rule = &set.rules[index];
         if rule.fleet.is_none() {
             bail!("rule {name:?} is not fleet-wide");
         }
+        if rule.fingerprint() != which.fingerprint {
+            bail!("rule {name:?} changed since its fleet loop started");
+        }
         Ok((rule.clone(), ids[index]))
     }
 
-    /// Writes the shares in force into `tables`' fleet rules (by
-    /// fingerprint), and forgets those of rules no longer applied.
+    /// Writes the shares in force into `tables`' fleet rules (by name and
+    /// fingerprint: a renamed rule is another rule in the store), and
+    /// forgets those of rules no longer applied.
     pub(super) fn carry_fleet_shares(
         &mut self,
         set: &crate::rules::RuleSet,
@@ -84,13 +90,13 @@ impl Engine {
     ) {
         let mut kept = std::collections::HashMap::new();
         for (rule, id) in set.rules.iter().zip(ids) {
-            let fingerprint = rule.fingerprint();
-            let Some(grant) = self.fleet_shares.get(&fingerprint).copied() else {
+            let which = RuleRef::of(rule);
+            let Some(grant) = self.fleet_shares.get(&which).copied() else {
                 continue;
             };
             if let Some((_, config)) = tables.rules.iter_mut().find(|(i, _)| i == id) {
                 write_share(config, share_meter(rule, grant.local), grant.until_ns);
-                kept.insert(fingerprint, grant);
+                kept.insert(which, grant);
             }
         }
         self.fleet_shares = kept;

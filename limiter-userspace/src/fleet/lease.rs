@@ -83,12 +83,13 @@ for i = 1, #entries, 2 do
     satisfied = satisfied + tonumber(held)
   end
 end
-local born = redis.call('GET', KEYS[2])
-if not born then
-  born = tostring(now)
-  redis.call('SET', KEYS[2], born)
+-- Started empty, or its clock stepped back: its memory starts now.
+local born = tonumber(redis.call('GET', KEYS[2]) or '')
+if not born or born > now then
+  born = now
+  redis.call('SET', KEYS[2], tostring(now))
 end
-return {hungry, satisfied, now - tonumber(born)}
+return {hungry, satisfied, now - born}
 ";
 
 /// The fleet's nodes on a rule, as the last report counted them.

@@ -108,7 +108,7 @@ fn spec(rule: &Rule, config: &FleetConfig) -> Spec {
         .and_then(|a| a.packets)
         .expect("validation: a fleet rule has an aggregate rate");
     Spec {
-        rule: rule.name.clone(),
+        rule: super::RuleRef::of(rule),
         budget: Budget {
             global_rate: rate.rate,
             partitions: fleet.partitions,
@@ -142,6 +142,6 @@ async fn run(mut node: Node, mut stopped: watch::Receiver<bool>, status: FleetSt
     status
         .lock()
         .expect("fleet status")
-        .remove(&node.spec().rule);
+        .remove(&node.spec().rule.name);
     node.release_all().await;
 }

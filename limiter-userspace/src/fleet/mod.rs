@@ -35,10 +35,29 @@ pub struct RuleCounts {
     pub refused: u64,
 }
 
-/// Where a node enforces its shares and reads its demand.
+/// A fleet rule as its loop knows it: the name (its key in the store) and
+/// the fingerprint of what its buckets mean, so a share never lands on a
+/// rule that a reload changed or renamed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RuleRef {
+    pub name: String,
+    pub fingerprint: u64,
+}
+
+impl RuleRef {
+    pub fn of(rule: &crate::rules::Rule) -> Self {
+        Self {
+            name: rule.name.clone(),
+            fingerprint: rule.fingerprint(),
+        }
+    }
+}
+
+/// Where a node enforces its shares and reads its demand. Both refuse a
+/// rule whose fingerprint is no longer the one in force.
 pub trait Enforcer: Send + Sync + 'static {
-    fn counts(&self, rule: &str) -> anyhow::Result<RuleCounts>;
-    fn enforce(&self, rule: &str, grant: Grant) -> anyhow::Result<()>;
+    fn counts(&self, rule: &RuleRef) -> anyhow::Result<RuleCounts>;
+    fn enforce(&self, rule: &RuleRef, grant: Grant) -> anyhow::Result<()>;
 }
 
 /// The `fleet:` section of the daemon's configuration (and the file

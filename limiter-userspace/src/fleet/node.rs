@@ -19,7 +19,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Enforcer, Grant, RuleCounts,
+    Enforcer, Grant, RuleCounts, RuleRef,
     lease::{LeaseError, Leases},
     share::{self, Budget, Demand},
     store::StoreConfig,
@@ -39,7 +39,7 @@ pub enum Fallback {
 /// One fleet rule as a node shares it.
 #[derive(Clone, Debug)]
 pub struct Spec {
-    pub rule: String,
+    pub rule: RuleRef,
     pub budget: Budget,
     /// The unit the budget's rates are per.
     pub period: Duration,
@@ -93,7 +93,7 @@ impl Node {
     pub fn new(spec: Spec, store: StoreConfig, enforcer: Arc<dyn Enforcer>) -> Self {
         let budget = spec.budget;
         let status = ShareStatus {
-            rule: spec.rule.clone(),
+            rule: spec.rule.name.clone(),
             unit_seconds: spec.period.as_secs_f64(),
             fleet_rate: budget.global_rate,
             partitions: budget.partitions,
@@ -143,7 +143,7 @@ impl Node {
             Ok(()) => {
                 if let Some(since) = self.down_since.take() {
                     tracing::info!(
-                        rule = %self.spec.rule,
+                        rule = %self.spec.rule.name,
                         "fleet store reachable again after {:.1} s: leasing",
                         since.elapsed().as_secs_f64()
                     );
@@ -152,7 +152,7 @@ impl Node {
             Err(e) => {
                 if self.down_since.is_none() {
                     tracing::warn!(
-                        rule = %self.spec.rule,
+                        rule = %self.spec.rule.name,
                         "fleet store unreachable ({e}); enforcing {}",
                         match self.spec.fallback {
                             Fallback::Static =>
@@ -162,7 +162,7 @@ impl Node {
                     );
                     self.down_since = Some(Instant::now());
                 } else {
-                    tracing::debug!(rule = %self.spec.rule, "fleet store unreachable: {e}");
+                    tracing::debug!(rule = %self.spec.rule.name, "fleet store unreachable: {e}");
                 }
             }
         }
@@ -172,24 +172,32 @@ impl Node {
         grant
     }
 
+    /// The share to enforce until the next tick: the fail-open cap while
+    /// the store is down (if so configured), else what the leases allow.
+    fn grant(&self) -> Grant {
+        match (self.down_since, self.spec.fallback) {
+            (Some(_), Fallback::Open { rate }) => {
+                let now = Instant::now();
+                Grant {
+                    local: rate,
+                    until_ns: at_ns(now + self.spec.tick() * 3),
+                }
+            }
+            _ => self.lease_grant(),
+        }
+    }
+
     /// The share the leases valid now allow, until the first of them
     /// lapses. Leases that lapse before the next tick are not counted.
-    fn grant(&self) -> Grant {
-        let now = Instant::now();
-        let horizon = self.spec.tick() * 2;
-        if let (Some(_), Fallback::Open { rate }) = (self.down_since, self.spec.fallback) {
-            return Grant {
-                local: rate,
-                until_ns: at_ns(now, now + horizon + self.spec.tick()),
-            };
-        }
+    fn lease_grant(&self) -> Grant {
+        let horizon = Instant::now() + self.spec.tick() * 2;
         let (held, lapse) = self
             .leases
             .as_ref()
-            .map_or((0, None), |l| l.valid_beyond(now + horizon));
+            .map_or((0, None), |l| l.valid_beyond(horizon));
         Grant {
             local: self.spec.budget.local_rate(held),
-            until_ns: lapse.map_or(1, |at| at_ns(now, at)),
+            until_ns: lapse.map_or(1, at_ns),
         }
     }
 
@@ -206,42 +214,48 @@ impl Node {
                 true
             }
             Ok(Err(e)) => {
-                tracing::warn!(rule = %self.spec.rule, "enforcing the fleet share: {e:#}");
+                tracing::warn!(rule = %self.spec.rule.name, "enforcing the fleet share: {e:#}");
                 false
             }
             Err(e) => {
-                tracing::warn!(rule = %self.spec.rule, "enforcing the fleet share: {e}");
+                tracing::warn!(rule = %self.spec.rule.name, "enforcing the fleet share: {e}");
                 false
             }
         }
     }
 
-    /// What the rule admitted and refused since the last tick, per unit.
-    async fn demand(&mut self) -> Demand {
+    /// What the rule admitted and refused since the last tick, per unit;
+    /// `None` when it cannot be told (keep what is held then).
+    async fn demand(&mut self) -> Option<Demand> {
         let enforcer = Arc::clone(&self.enforcer);
         let rule = self.spec.rule.clone();
         let counts = match tokio::task::spawn_blocking(move || enforcer.counts(&rule)).await {
             Ok(Ok(counts)) => counts,
-            _ => return Demand::default(),
+            Ok(Err(e)) => {
+                tracing::warn!(rule = %self.spec.rule.name, "reading the rule's counters: {e:#}");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(rule = %self.spec.rule.name, "reading the rule's counters: {e}");
+                return None;
+            }
         };
         let now = Instant::now();
-        let Some((then, last)) = self.last_counts.replace((now, counts)) else {
-            return Demand::default();
-        };
+        let (then, last) = self.last_counts.replace((now, counts))?;
         let elapsed = now.duration_since(then).as_secs_f64().max(1e-3);
         let per_unit = |n: u64| (n as f64 * self.spec.period.as_secs_f64() / elapsed) as u64;
-        Demand {
+        Some(Demand {
             // A rule whose counters restarted (a new id) starts over.
             admitted_rate: per_unit(counts.admitted.saturating_sub(last.admitted)),
             refused_rate: per_unit(counts.refused.saturating_sub(last.refused)),
-        }
+        })
     }
 
-    async fn exchange(&mut self, demand: Demand) -> Result<(), LeaseError> {
+    async fn exchange(&mut self, demand: Option<Demand>) -> Result<(), LeaseError> {
         if self.leases.is_none() {
             let leases = Leases::new(
                 &self.store,
-                &self.spec.rule,
+                &self.spec.rule.name,
                 self.spec.budget.partitions,
                 self.spec.ttl,
             )
@@ -260,9 +274,9 @@ impl Node {
         }
         self.status.store_rtt_seconds = sent.elapsed().as_secs_f64();
         let held = leases.held(Instant::now()) as u32;
-        let hungry = demand.refused_rate > 0;
+        let hungry = demand.is_some_and(|d| d.refused_rate > 0);
         let peers = leases.report(hungry).await?;
-        let mut target = share::target(&self.spec.budget, held, demand);
+        let mut target = demand.map_or(held, |d| share::target(&self.spec.budget, held, d));
         if let Some(cap) = share::fair_cap(&self.spec.budget, hungry, peers) {
             target = target.min(cap);
         }
@@ -279,7 +293,9 @@ impl Node {
             // partition. If the lower share cannot be enforced, the
             // partitions are not renewed and lapse by themselves.
             let given = leases.forget(held - target);
-            if self.enforce(self.grant()).await {
+            // What the leases allow, even if the store was down a moment
+            // ago under fail-open: the cap is no share of these partitions.
+            if self.enforce(self.lease_grant()).await {
                 let leases = self.leases.as_mut().expect("connected");
                 leases.free(&given).await?;
             }
@@ -298,8 +314,12 @@ impl Node {
     }
 }
 
-/// `at` on the monotonic clock the kernel and layer 7 keep time in.
-fn at_ns(now: Instant, at: Instant) -> u64 {
-    let ahead = u64::try_from(at.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX);
-    monotonic_ns().saturating_add(ahead)
+/// `at` on the monotonic clock the kernel and layer 7 keep time in. The
+/// clock is read before the instant is, so the result errs early, never
+/// late.
+fn at_ns(at: Instant) -> u64 {
+    let monotonic = monotonic_ns();
+    let ahead =
+        u64::try_from(at.saturating_duration_since(Instant::now()).as_nanos()).unwrap_or(u64::MAX);
+    monotonic.saturating_add(ahead)
 }

@@ -11,10 +11,10 @@ use super::lease::Peers;
 /// One rule's global budget, split into partitions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
-    /// Packets (or requests) per second for the whole fleet.
+    /// Packets (or requests) per unit of the rule, for the whole fleet.
     pub global_rate: u64,
     pub partitions: u32,
-    /// Per second, held by every node whatever Redis says.
+    /// Per unit, held by every node whatever Redis says.
     pub reserve_rate: u64,
 }
 
@@ -32,7 +32,7 @@ impl Budget {
     }
 }
 
-/// What the node's traffic did over the last tick, per second.
+/// What the node's traffic did over the last tick, per unit of the rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     /// Admitted by the rule's aggregate.

@@ -8,12 +8,12 @@ use anyhow::Context;
 
 use super::Limiter;
 use crate::{
-    fleet::{Enforcer, Grant, RuleCounts},
+    fleet::{Enforcer, Grant, RuleCounts, RuleRef},
     rules::{Rate, Rule},
 };
 
 pub(super) struct FleetMeter {
-    /// The share and until when (monotonic ns).
+    /// The share and until when (the limiter's monotonic ns).
     share: Mutex<(Rate, u64)>,
     reserve: Rate,
 }
@@ -45,23 +45,28 @@ impl Limiter {
         }
     }
 
-    fn fleet_index(&self, name: &str) -> anyhow::Result<usize> {
+    fn fleet_index(&self, which: &RuleRef) -> anyhow::Result<usize> {
+        let name = &which.name;
         let index = self
             .rules
             .rules
             .iter()
-            .position(|r| r.name == name)
+            .position(|r| &r.name == name)
             .with_context(|| format!("no rule named {name:?}"))?;
         anyhow::ensure!(
             self.fleet[index].is_some(),
             "rule {name:?} is not fleet-wide"
+        );
+        anyhow::ensure!(
+            self.rules.rules[index].fingerprint() == which.fingerprint,
+            "rule {name:?} is not the one its fleet loop shares"
         );
         Ok(index)
     }
 }
 
 impl Enforcer for Limiter {
-    fn counts(&self, rule: &str) -> anyhow::Result<RuleCounts> {
+    fn counts(&self, rule: &RuleRef) -> anyhow::Result<RuleCounts> {
         let counters = &self.counters[self.fleet_index(rule)?];
         Ok(RuleCounts {
             admitted: counters.passed.load(Ordering::Relaxed),
@@ -69,14 +74,18 @@ impl Enforcer for Limiter {
         })
     }
 
-    fn enforce(&self, rule: &str, grant: Grant) -> anyhow::Result<()> {
+    fn enforce(&self, rule: &RuleRef, grant: Grant) -> anyhow::Result<()> {
         let index = self.fleet_index(rule)?;
         let whole = self.rules.rules[index]
             .aggregate
             .and_then(|a| a.packets)
             .context("a fleet rule has an aggregate rate")?;
         let fleet = self.fleet[index].as_ref().context("fleet-wide")?;
-        *fleet.share.lock().expect("fleet share lock") = (whole.share(grant.local), grant.until_ns);
+        // The grant's deadline is on the system's monotonic clock; the
+        // limiter may keep another (tests drive their own).
+        let left = grant.until_ns.saturating_sub(crate::clock::monotonic_ns());
+        let until = self.clock.monotonic_ns().saturating_add(left);
+        *fleet.share.lock().expect("fleet share lock") = (whole.share(grant.local), until);
         Ok(())
     }
 }

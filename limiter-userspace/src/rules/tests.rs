@@ -358,6 +358,10 @@ fn fleet_fields_are_checked() {
     );
     let e = rule("{ rate: 100, bytes: 100, unit: second, scope: fleet }");
     assert!(e.contains("aggregate.bytes"), "{e}");
+    let e = error(
+        "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: { rate: 10, unit: second }\n    aggregate: { rate: 100, unit: second, scope: fleet }\n",
+    );
+    assert!(e.contains("aggregate.scope") && e.contains("gcra"), "{e}");
     let e = rule("{ rate: 100, unit: second, scope: galaxy }");
     assert!(e.contains("galaxy"), "{e}");
     let e = error("rules:\n  - name: a\n    limit: { rate: 10, unit: second, scope: fleet }\n");

@@ -220,6 +220,13 @@ fn fleet_share(fields: &raw::RateFields, rates: &Rates) -> Result<Option<FleetSh
             "a fleet budget is in packets (requests): give `rate`",
         ));
     };
+    if packets.window.length_ns != 0 {
+        return Err(invalid(
+            "scope",
+            "a fleet budget needs algorithm gcra: a window's count cannot move between hosts \
+             with the partitions, so a partition moved within a window would count twice",
+        ));
+    }
     if rates.bytes.is_some() {
         return Err(invalid(
             "bytes",
