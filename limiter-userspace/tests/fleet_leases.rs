@@ -19,7 +19,7 @@ use limiter::{
         share::Budget,
         store::{StoreConfig, StoreError},
     },
-    lab::store::{RedisServer, Tls},
+    lab::store::{RedisCluster, RedisServer, Tls},
 };
 
 /// A redis-server of the test's own on a free loopback port.
@@ -623,4 +623,61 @@ async fn a_store_that_forgets_hands_out_nothing_until_old_leases_lapse() {
         a.status(),
         b.status()
     );
+}
+
+/// Guards the cluster: with `cluster: true`, leases, renewals, releases and
+/// the hosts' reports work on a real three-master Redis Cluster, for rules
+/// whose keys live in different slots (each rule's keys in one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_work_on_a_redis_cluster() {
+    let dir = std::env::temp_dir().join(format!("limiter-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = RedisCluster::start(3, &dir).expect("a redis cluster (redis-server, redis-cli)");
+    let config = StoreConfig {
+        cluster: true,
+        ..StoreConfig::at(cluster.url())
+    };
+    let ttl = Duration::from_millis(600);
+    for rule in ["api", "edge", "web-fleet", "z"] {
+        let mut a = Leases::new(&config, rule, 8, ttl)
+            .await
+            .expect("cluster leases");
+        let mut b = Leases::new(&config, rule, 8, ttl).await.unwrap();
+        let got_a = a.acquire(5).await.unwrap();
+        let got_b = b.acquire(5).await.unwrap();
+        assert_eq!((got_a.len(), got_b.len()), (5, 3), "rule {rule}");
+        assert!(set(&got_a).is_disjoint(&set(&got_b)));
+        tokio::time::sleep(ttl / 2).await;
+        assert!(a.renew().await.unwrap().is_empty(), "rule {rule}: renewal");
+        assert_eq!(b.release(3).await.unwrap().len(), 3);
+        assert_eq!(
+            a.acquire(8).await.unwrap().len(),
+            3,
+            "rule {rule}: released, free"
+        );
+        let peers = a.report(true).await.unwrap();
+        assert_eq!(peers.hungry, 1, "rule {rule}: {peers:?}");
+    }
+    // The rules' keys are spread over more than one master.
+    let masters: BTreeSet<u32> = ["api", "edge", "web-fleet", "z"]
+        .iter()
+        .map(|rule| {
+            let out = std::process::Command::new("redis-cli")
+                .args([
+                    "-p",
+                    &cluster.nodes[0].port.to_string(),
+                    "cluster",
+                    "keyslot",
+                ])
+                .arg(format!("limiter:{{{rule}}}:0"))
+                .output()
+                .expect("redis-cli");
+            let slot: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+            // `redis-cli --cluster create` splits the 16,384 slots evenly.
+            slot * 3 / 16_384
+        })
+        .collect();
+    assert!(masters.len() > 1, "every rule on one master: {masters:?}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,9 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use redis::{Script, aio::ConnectionManager};
+use redis::Script;
 
-use super::store::{StoreConfig, StoreError};
+use super::store::{ConnectError, Connection, StoreConfig, StoreError};
 
 /// What leasing can fail on.
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +107,7 @@ pub struct Peers {
 
 /// One node's leases on one rule's partitions.
 pub struct Leases {
-    redis: ConnectionManager,
+    redis: Connection,
     prefix: String,
     partitions: u32,
     ttl: Duration,
@@ -132,8 +132,10 @@ impl Leases {
         if ttl < MIN_TTL {
             return Err(LeaseError::TtlTooShort);
         }
-        let redis =
-            ConnectionManager::new_with_config(store.client()?, store.manager_config()).await?;
+        let redis = store.connect().await.map_err(|e| match e {
+            ConnectError::Store(e) => LeaseError::Store(e),
+            ConnectError::Redis(e) => LeaseError::Redis(e),
+        })?;
         let seed = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now()))

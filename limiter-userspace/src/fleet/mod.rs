@@ -97,7 +97,7 @@ impl FleetConfig {
             anyhow::bail!("{section}.fail_open: {f} is not a fraction in (0, 1]");
         }
         self.store
-            .client()
+            .check()
             .map_err(|e| anyhow::anyhow!("{section}.{e}"))?;
         Ok(())
     }

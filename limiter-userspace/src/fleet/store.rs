@@ -24,6 +24,11 @@ pub struct StoreConfig {
     /// An environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// A Redis Cluster, `url` one of its nodes: the others are found from
+    /// it. (The keys of one rule share a hash slot, so its scripts run
+    /// there whole.)
+    #[serde(default)]
+    pub cluster: bool,
     /// TLS: the CA that signed the server's certificate (PEM); without
     /// it, the system's roots.
     #[serde(default)]
@@ -88,6 +93,7 @@ impl StoreConfig {
             user: None,
             password_file: None,
             password_env: None,
+            cluster: false,
             ca_file: None,
             cert_file: None,
             key_file: None,
@@ -112,9 +118,8 @@ impl StoreConfig {
         }
     }
 
-    /// A client for the store, credentials (and TLS settings) set.
-    pub fn client(&self) -> Result<redis::Client, StoreError> {
-        let tls = self.url.starts_with("rediss://");
+    /// Where the store is, credentials set.
+    fn connection_info(&self) -> Result<redis::ConnectionInfo, StoreError> {
         if self.url.contains("#insecure") {
             return Err(StoreError::Insecure(
                 "#insecure turns off certificate checks; give the CA in store.ca_file instead"
@@ -136,17 +141,21 @@ impl StoreConfig {
         if let Some(password) = self.password()? {
             settings = settings.set_password(password);
         }
-        let info = info.set_redis_settings(settings);
-        let given = [
-            ("ca_file", &self.ca_file),
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-        ];
-        if !tls {
-            if let Some((field, _)) = given.iter().find(|(_, f)| f.is_some()) {
-                return Err(StoreError::TlsOnly(field));
-            }
-            return redis::Client::open(info).map_err(|e| StoreError::Url(e.to_string()));
+        Ok(info.set_redis_settings(settings))
+    }
+
+    /// The certificates of `rediss://`; `None` for `redis://`.
+    fn certificates(&self) -> Result<Option<redis::TlsCertificates>, StoreError> {
+        if !self.url.starts_with("rediss://") {
+            let given = [
+                ("ca_file", &self.ca_file),
+                ("cert_file", &self.cert_file),
+                ("key_file", &self.key_file),
+            ];
+            return match given.iter().find(|(_, f)| f.is_some()) {
+                Some((field, _)) => Err(StoreError::TlsOnly(field)),
+                None => Ok(None),
+            };
         }
         let read = |field: &'static str, path: &Option<PathBuf>| {
             path.as_ref()
@@ -170,12 +179,56 @@ impl StoreConfig {
             (None, None) => None,
             _ => return Err(StoreError::HalfAClientCertificate),
         };
-        let certificates = redis::TlsCertificates {
+        Ok(Some(redis::TlsCertificates {
             client_tls,
             root_cert: read("ca_file", &self.ca_file)?,
-        };
-        redis::Client::build_with_tls(info, certificates)
-            .map_err(|e| StoreError::Url(e.to_string()))
+        }))
+    }
+
+    /// A client for one Redis, credentials (and TLS settings) set.
+    pub fn client(&self) -> Result<redis::Client, StoreError> {
+        let info = self.connection_info()?;
+        match self.certificates()? {
+            None => redis::Client::open(info),
+            Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        }
+        .map_err(|e| StoreError::Url(e.to_string()))
+    }
+
+    /// A client for a Redis Cluster, found from `url`.
+    fn cluster_client(&self) -> Result<redis::cluster::ClusterClient, StoreError> {
+        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![self.connection_info()?])
+            .retries(1)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout);
+        if let Some(certificates) = self.certificates()? {
+            builder = builder.certs(certificates);
+        }
+        builder.build().map_err(|e| StoreError::Url(e.to_string()))
+    }
+
+    /// Checks the settings without connecting.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if self.cluster {
+            self.cluster_client().map(drop)
+        } else {
+            self.client().map(drop)
+        }
+    }
+
+    /// Connects: to one Redis (reconnecting by itself), or to a cluster.
+    pub async fn connect(&self) -> Result<Connection, ConnectError> {
+        Ok(if self.cluster {
+            Connection::Cluster(self.cluster_client()?.get_async_connection().await?)
+        } else {
+            Connection::Single(
+                redis::aio::ConnectionManager::new_with_config(
+                    self.client()?,
+                    self.manager_config(),
+                )
+                .await?,
+            )
+        })
     }
 
     /// Timeouts for the connection that reconnects by itself.
@@ -186,5 +239,52 @@ impl StoreConfig {
             .set_number_of_retries(1)
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
+    }
+}
+
+/// Why connecting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// A connection to the store: one Redis or a cluster.
+#[derive(Clone)]
+pub enum Connection {
+    Single(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
     }
 }

@@ -23,6 +23,8 @@ pub struct RedisServer {
     pub port: u16,
     password: Option<String>,
     tls: Option<Tls>,
+    /// More configuration lines.
+    extra: String,
 }
 
 /// Redis speaking TLS only: its certificate and key, the CA clients'
@@ -68,6 +70,7 @@ impl RedisServer {
             port,
             password: password.map(str::to_owned),
             tls,
+            extra: String::new(),
         };
         server.resume()?;
         Ok(server)
@@ -107,6 +110,7 @@ impl RedisServer {
         if let Some(password) = &self.password {
             config += &format!("requirepass {password}\n");
         }
+        config += &self.extra;
         let mut command = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -162,6 +166,71 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A Redis Cluster of our own on loopback: `nodes` masters (no replicas),
+/// their node files in a directory of the caller's.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(nodes: usize, dir: &std::path::Path) -> Result<Self> {
+        let mut servers = Vec::with_capacity(nodes);
+        for _ in 0..nodes {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let mut server = Self::node(port, dir);
+            server.resume()?;
+            servers.push(server);
+        }
+        let addrs: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        netns::run("redis-cli", &args).context("creating the cluster with redis-cli")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for server in &servers {
+            loop {
+                let info = netns::run(
+                    "redis-cli",
+                    &["-p", &server.port.to_string(), "cluster", "info"],
+                )?;
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the cluster was not ready within 20 s:\n{info}");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(Self { nodes: servers })
+    }
+
+    fn node(port: u16, dir: &std::path::Path) -> RedisServer {
+        RedisServer {
+            child: None,
+            netns: None,
+            binds: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+            port,
+            password: None,
+            tls: None,
+            extra: format!(
+                "cluster-enabled yes\ncluster-config-file nodes-{port}.conf\ncluster-node-timeout 5000\ndir {}\n",
+                dir.display()
+            ),
+        }
+    }
+
+    /// `redis://` of its first node.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
     }
 }
 
