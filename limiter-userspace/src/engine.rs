@@ -192,20 +192,14 @@ impl Engine {
             }
             return Ok(self.datapath.set_config(config)?);
         };
-        let (set, ids) = self.applied.as_mut().context("no rules applied yet")?;
+        let (set, ids) = self.applied.as_ref().context("no rules applied yet")?;
         let index = set
             .rules
             .iter()
             .position(|r| r.name == name)
             .with_context(|| format!("no rule named {name:?}"))?;
         let id = ids[index];
-        let generation = config.generation & 1;
-        let (_, mut rule) = self
-            .datapath
-            .rules(generation)?
-            .into_iter()
-            .find(|(i, _)| *i == id)
-            .with_context(|| format!("rule {name:?} is not in the kernel's active generation"))?;
+        let (generation, mut rule) = self.active_rule_config(id, name)?;
         if rule.flags & rule_flag::UNLIMITED != 0 {
             bail!("rule {name:?} is unlimited: it never drops, so it has no dry run");
         }
@@ -215,8 +209,22 @@ impl Engine {
             rule.flags &= !rule_flag::SHADOW;
         }
         self.datapath.set_rule(generation, id, &rule)?;
-        set.rules[index].shadow = on;
+        if let Some((set, _)) = self.applied.as_mut() {
+            set.rules[index].shadow = on;
+        }
         Ok(())
+    }
+
+    /// The active generation, and rule `id`'s (named `name`) config in it.
+    fn active_rule_config(&self, id: u32, name: &str) -> Result<(u32, RuleConfig)> {
+        let generation = self.datapath.config()?.generation & 1;
+        let (_, rule) = self
+            .datapath
+            .rules(generation)?
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .with_context(|| format!("rule {name:?} is not in the kernel's active generation"))?;
+        Ok((generation, rule))
     }
 
     /// Blocks `net` (for `duration`, or until unblocked).

@@ -249,6 +249,30 @@ async fn tick_until(node: &mut Node, within: Duration, done: impl Fn() -> bool) 
     false
 }
 
+/// A fail-static node of `traffic` that has leased every partition.
+async fn holding_everything(store: StoreConfig, ttl: Duration, traffic: &Arc<Traffic>) -> Node {
+    let mut node = Node::new(spec(Fallback::Static, ttl), store, traffic.clone());
+    let all = BUDGET.local_rate(BUDGET.partitions);
+    assert!(
+        tick_until(&mut node, ttl * 3, || traffic.local() == all).await,
+        "did not lease every partition: {:?}",
+        node.status()
+    );
+    node
+}
+
+/// Ticks `node` on a task of its own (as on a host of its own) until
+/// `until`; gives it back.
+fn run_until(mut node: Node, until: Instant) -> tokio::task::JoinHandle<Node> {
+    tokio::spawn(async move {
+        while Instant::now() < until {
+            node.tick().await;
+            tokio::time::sleep(node.spec().tick()).await;
+        }
+        node
+    })
+}
+
 /// The largest sum of the two nodes' shares in force at any moment, from
 /// what each enforced when.
 fn peak_total(a: &[(Instant, u64)], b: &[(Instant, u64)]) -> u64 {
@@ -276,22 +300,13 @@ async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
     let ttl = Duration::from_millis(1000);
     let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
     let b_traffic = Traffic::new(0, BUDGET.reserve_rate);
-    let mut a = Node::new(
-        spec(Fallback::Static, ttl),
-        store(&redis),
-        a_traffic.clone(),
-    );
+    let a = holding_everything(store(&redis), ttl, &a_traffic).await;
     let mut b = Node::new(
         spec(Fallback::Static, ttl),
         store(&redis),
         b_traffic.clone(),
     );
     let all = BUDGET.local_rate(BUDGET.partitions);
-    assert!(
-        tick_until(&mut a, ttl * 3, || a_traffic.local() == all).await,
-        "a did not lease every partition: {:?}",
-        a.status()
-    );
     b.tick().await;
     assert_eq!(
         b_traffic.local(),
@@ -303,17 +318,8 @@ async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
     b_traffic.offer(20_000);
     let moved = Instant::now();
     // Each node on its own, as on two hosts.
-    let run = |mut node: Node, within: Duration| {
-        tokio::spawn(async move {
-            let deadline = Instant::now() + within;
-            while Instant::now() < deadline {
-                node.tick().await;
-                tokio::time::sleep(node.spec().tick()).await;
-            }
-            node
-        })
-    };
-    let (a, b) = (run(a, ttl * 3), run(b, ttl * 3));
+    let until = Instant::now() + ttl * 3;
+    let (a, b) = (run_until(a, until), run_until(b, until));
     let (_a, b) = (a.await.unwrap(), b.await.unwrap());
     assert_eq!(
         b_traffic.local(),
@@ -574,17 +580,7 @@ async fn a_store_that_forgets_hands_out_nothing_until_old_leases_lapse() {
     let ttl = Duration::from_millis(1000);
     let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
     let b_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
-    let mut a = Node::new(
-        spec(Fallback::Static, ttl),
-        store(&redis),
-        a_traffic.clone(),
-    );
-    let all = BUDGET.local_rate(BUDGET.partitions);
-    assert!(
-        tick_until(&mut a, ttl * 3, || a_traffic.local() == all).await,
-        "{:?}",
-        a.status()
-    );
+    let a = holding_everything(store(&redis), ttl, &a_traffic).await;
     redis.stop();
     redis.resume().expect("redis-server again, empty");
     let restarted = Instant::now();
@@ -593,16 +589,8 @@ async fn a_store_that_forgets_hands_out_nothing_until_old_leases_lapse() {
         store(&redis),
         b_traffic.clone(),
     );
-    let run = |mut node: Node| {
-        tokio::spawn(async move {
-            while restarted.elapsed() < ttl * 4 {
-                node.tick().await;
-                tokio::time::sleep(node.spec().tick()).await;
-            }
-            node
-        })
-    };
-    let (a, b) = (run(a), run(b));
+    let until = restarted + ttl * 4;
+    let (a, b) = (run_until(a, until), run_until(b, until));
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     let peak = peak_total(&a_traffic.enforced(), &b_traffic.enforced());
     assert!(

@@ -660,12 +660,7 @@ impl Drop for Proxy {
 }
 
 pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = free_loopback_addr();
     let mut args = vec![
         "proxy",
         "--listen",
@@ -689,4 +684,23 @@ pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy 
         std::thread::sleep(Duration::from_millis(20));
     }
     Proxy { child, addr }
+}
+
+/// `127.0.0.1:PORT` with a port free a moment ago.
+pub fn free_loopback_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// An upstream that answers "from upstream" to everything, on loopback.
+pub async fn upstream() -> std::net::SocketAddr {
+    use axum::{Router, routing::any};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/{*path}", any(|| async { "from upstream" }));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
 }

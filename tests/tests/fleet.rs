@@ -270,13 +270,9 @@ fn a_dead_host_and_a_dead_store_never_let_the_fleet_over_its_budget() {
 /// flooded beyond it, counted by the clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_share_one_http_budget() {
-    use axum::{Router, routing::any};
     use limiter::lab::store::RedisServer;
 
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let app = Router::new().route("/{*path}", any(|| async { "from upstream" }));
-    tokio::spawn(async move { axum::serve(upstream, app).await.unwrap() });
+    let upstream_addr = limiter_tests::upstream().await;
     let dir = TempDir::new("fleet-proxies");
     let password = format!(
         "{:x}",
@@ -305,14 +301,7 @@ async fn two_proxies_share_one_http_budget() {
     );
     let upstream = format!("http://{upstream_addr}");
     let metrics: Vec<String> = (0..2)
-        .map(|_| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            format!("127.0.0.1:{port}")
-        })
+        .map(|_| limiter_tests::free_loopback_addr())
         .collect();
     let proxies: Vec<_> = metrics
         .iter()

@@ -140,21 +140,13 @@ async fn limited_requests_get_429_with_the_rate_limit_fields() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_limits_and_survives_bad_clients() {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let app = Router::new().route("/{*path}", any(|| async { "from upstream" }));
-    tokio::spawn(async move { axum::serve(upstream, app).await.unwrap() });
+    let upstream_addr = limiter_tests::upstream().await;
     let dir = TempDir::new("proxy");
     let config = dir.write(
         "rules.yaml",
         "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 3, unit: minute, burst: 3 } }\n",
     );
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let metrics = format!("127.0.0.1:{metrics_port}");
+    let metrics = limiter_tests::free_loopback_addr();
     let extra = ["--header-timeout", "1s", "--metrics", &metrics];
     let p = proxy(&config, &format!("http://{upstream_addr}"), &extra);
     tokio::task::spawn_blocking(move || {

@@ -19,14 +19,7 @@ impl Engine {
     pub fn set_fleet_share(&mut self, which: &RuleRef, grant: Grant) -> Result<()> {
         let (rule, id) = self.fleet_rule(which)?;
         let meter = share_meter(&rule, grant.local);
-        let name = &which.name;
-        let generation = self.datapath.config()?.generation & 1;
-        let (_, mut config) = self
-            .datapath
-            .rules(generation)?
-            .into_iter()
-            .find(|(i, _)| *i == id)
-            .with_context(|| format!("rule {name:?} is not in the kernel's active generation"))?;
+        let (generation, mut config) = self.active_rule_config(id, &which.name)?;
         // One map update (a reader racing it may see old and new fields
         // mixed for that instant, each a valid meter).
         write_share(&mut config, meter, grant.until_ns);
