@@ -283,19 +283,21 @@ fn new_keys_budget() {
 
 #[test]
 fn fleet_aggregates() {
-    let set = parse(
-        "rules:
+    let file = |partitions: u32| {
+        format!(
+            "rules:
   - name: edge
-    match: { source: 198.51.100.0/24 }
-    limit: { rate: 1000, unit: second }
-    aggregate: { rate: 50000, unit: second, burst: 500, scope: fleet, partitions: 50, reserve: 1000 }
+    match: {{ source: 198.51.100.0/24 }}
+    limit: {{ rate: 1000, unit: second }}
+    aggregate: {{ rate: 50000, unit: second, burst: 500, scope: fleet, partitions: {partitions}, reserve: 1000 }}
   - name: local
-    match: { source: 10.0.0.0/8 }
-    limit: { rate: 10, unit: second }
-    aggregate: { rate: 30, unit: second }
-",
-    )
-    .unwrap();
+    match: {{ source: 10.0.0.0/8 }}
+    limit: {{ rate: 10, unit: second }}
+    aggregate: {{ rate: 30, unit: second }}
+"
+        )
+    };
+    let set = parse(&file(50)).unwrap();
     assert_eq!(
         set.rules[0].fleet,
         Some(FleetShare {
@@ -315,15 +317,7 @@ fn fleet_aggregates() {
     assert_eq!(whole.share(1).burst, 1, "never a burst of zero while open");
     assert_eq!(whole.share(0).gcra, limiter_common::gcra::Gcra::CLOSED);
     // Partitions and reserve are part of what the buckets mean.
-    let other = parse(
-        "rules:
-  - name: edge
-    match: { source: 198.51.100.0/24 }
-    limit: { rate: 1000, unit: second }
-    aggregate: { rate: 50000, unit: second, burst: 500, scope: fleet, partitions: 25, reserve: 1000 }
-",
-    )
-    .unwrap();
+    let other = parse(&file(25)).unwrap();
     assert_ne!(other.rules[0].fingerprint(), set.rules[0].fingerprint());
 }
 
