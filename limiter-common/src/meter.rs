@@ -6,6 +6,13 @@
 //! with compare-and-swap; if another CPU changed the TAT in between, the
 //! verdict is recomputed from the value it wrote. No update is ever lost, so
 //! concurrency cannot admit more than the algorithm allows.
+//!
+//! The time a verdict uses is read after the snapshot it judges ([`Now`]):
+//! a thread that waited (for a lock, for a CPU) between reading the clock
+//! and metering would otherwise judge a TAT that later requests moved on
+//! with its earlier time, and refuse a request that conforms. The kernel
+//! reads its clock once per packet (XDP runs to the end on its CPU) and
+//! passes the reading itself.
 
 use crate::{
     gcra::{Decision, Gcra},
@@ -42,6 +49,26 @@ pub mod order {
     }
 }
 
+/// The time a verdict uses: a reading (`u64`, the kernel's), or a clock
+/// read at the moment of judging (`Fn() -> u64`, layer 7's).
+pub trait Now: Copy {
+    fn now(&self) -> u64;
+}
+
+impl Now for u64 {
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        *self
+    }
+}
+
+impl<F: Fn() -> u64 + Copy> Now for F {
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        self()
+    }
+}
+
 /// How many times a contended update is retried before giving up. Each
 /// failed attempt means another CPU's update of the same key succeeded.
 pub const MAX_CAS_ATTEMPTS: usize = 8;
@@ -67,10 +94,11 @@ pub enum Outcome {
 
 /// Charges `cost` at `now` against `cell` if it conforms.
 #[inline(always)]
-pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: u64, cost: u64) -> Outcome {
+pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cost: u64) -> Outcome {
     let mut seen = cell.load();
     for _ in 0..MAX_CAS_ATTEMPTS {
-        match gcra.check(seen, now, cost) {
+        // Read after the snapshot: never older than the TAT it judges.
+        match gcra.check(seen, now.now(), cost) {
             Decision::Deny => return Outcome::Denied,
             Decision::Allow { new_tat } => match cell.compare_exchange(seen, new_tat) {
                 Ok(()) => return Outcome::Allowed,
@@ -84,10 +112,10 @@ pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: u64, cost: u6
 /// Hands back a charge made by [`acquire`] (used when a second meter of the
 /// same rule denies the request, so denied requests are never charged).
 #[inline(always)]
-pub fn refund<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: u64, cost: u64) {
+pub fn refund<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cost: u64) {
     let mut seen = cell.load();
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Some(back) = gcra.refunded(seen, now, cost) else {
+        let Some(back) = gcra.refunded(seen, now.now(), cost) else {
             return;
         };
         match cell.compare_exchange(seen, back) {
@@ -116,7 +144,7 @@ pub struct Verdict {
 #[inline(always)]
 pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
     charges: [Charge<'_, C>; N],
-    now: u64,
+    now: impl Now,
 ) -> Verdict {
     let mut i = 0;
     while i < N {

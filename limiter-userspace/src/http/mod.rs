@@ -348,7 +348,7 @@ impl Limiter {
             .last_seen
             .fetch_max(monotonic, Ordering::Relaxed);
         let aggregate = &self.aggregates[meter.index];
-        self.meter(rule, &meter.state, aggregate, &rates, &|_| n, monotonic)
+        self.meter(rule, &meter.state, aggregate, &rates, &|_| n)
             .outcome
             == Outcome::Allowed
     }
@@ -442,7 +442,7 @@ impl Limiter {
                 }
             }
             _ => {
-                let verdict = self.meter(rule, &state, aggregate, &rates, &cost, monotonic);
+                let verdict = self.meter(rule, &state, aggregate, &rates, &cost);
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
                 verdict.outcome == Outcome::Allowed
@@ -477,7 +477,6 @@ impl Limiter {
         aggregate: &State,
         rates: &[Option<Rate>; order::METERS],
         cost: &dyn Fn(usize) -> u64,
-        monotonic: u64,
     ) -> Verdict {
         // Each state keeps its packet meter, then its byte meter.
         let state_of = |i: usize| {
@@ -490,9 +489,10 @@ impl Limiter {
         let pair = |i: usize| usize::from(order::charges_bytes(i));
         match rule.algorithm {
             Algorithm::SlidingLog => {
-                let now = self.clock.epoch_ns();
                 let mut key_logs = state.logs.lock().expect("log lock");
                 let mut agg_logs = aggregate.logs.lock().expect("log lock");
+                // Read under the locks: a wait for them does not age it.
+                let now = self.clock.epoch_ns();
                 // Check every log on a copy first: a refusal charges none.
                 let mut trial: [Log; order::METERS] = std::array::from_fn(|i| {
                     if order::is_aggregate(i) {
@@ -530,14 +530,18 @@ impl Limiter {
                         .as_ref()
                         .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, cost(i)))
                 });
-                acquire_all(charges, monotonic)
+                // The clock read as each meter is judged, not `monotonic`
+                // (read before the key map's lock, maybe long ago).
+                let clock = &self.clock;
+                acquire_all(charges, || clock.monotonic_ns())
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let now = self.clock.epoch_ns();
                 let sliding = rule.algorithm == Algorithm::SlidingWindow;
                 // Key first, then aggregate: the kernel's lock order.
                 let mut key_windows = state.windows.lock().expect("window lock");
                 let mut agg_windows = aggregate.windows.lock().expect("window lock");
+                // Read under the locks: a wait for them does not age it.
+                let now = self.clock.epoch_ns();
                 let [k0, k1] = &mut *key_windows;
                 let [a0, a1] = &mut *agg_windows;
                 let mut states: [Option<&mut WindowState>; order::METERS] = Default::default();
