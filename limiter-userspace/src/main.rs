@@ -151,6 +151,12 @@ enum Command {
         /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
         #[arg(long)]
         metrics: Option<std::net::SocketAddr>,
+        /// A load balancer or proxy in front (address or prefix; repeat for
+        /// several): requests from it are from the client its `Forwarded`
+        /// or `X-Forwarded-For` names. From anyone else, those fields are
+        /// ignored.
+        #[arg(long = "trusted-proxy", value_parser = limiter::rules::parse_net)]
+        trusted_proxies: Vec<ipnet::IpNet>,
         /// Share the rule file's fleet-wide rules through the store this
         /// file names (the daemon's `fleet:` section: store, lease_ttl,
         /// fail_open).
@@ -304,6 +310,7 @@ fn main() -> ExitCode {
             body_timeout,
             upstream_timeout,
             metrics,
+            trusted_proxies,
             fleet,
         } => commands::proxy(
             limiter::http::proxy::Options {
@@ -320,6 +327,7 @@ fn main() -> ExitCode {
                 body_timeout,
                 upstream_timeout,
                 metrics,
+                trusted_proxies,
             },
             &config,
             fleet.as_deref(),

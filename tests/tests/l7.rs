@@ -113,10 +113,10 @@ async fn limited_requests_get_429_with_the_rate_limit_fields() {
     let first = client.request(get()).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     let h = first.headers();
-    assert_eq!(h["ratelimit-policy"], "\"default\";q=2;w=60");
+    assert_eq!(h["ratelimit-policy"], "\"api\";q=2;w=60");
     assert_eq!(h["x-ratelimit-limit"], "2");
     assert_eq!(h["x-ratelimit-remaining"], "1");
-    assert_eq!(h["ratelimit"], "\"default\";r=1;t=30");
+    assert_eq!(h["ratelimit"], "\"api\";r=1;t=30");
     assert!(h.get("retry-after").is_none());
     assert_eq!(
         client.request(get()).await.unwrap().status(),
@@ -127,7 +127,7 @@ async fn limited_requests_get_429_with_the_rate_limit_fields() {
     let h = limited.headers().clone();
     assert_eq!(h["retry-after"], "30");
     assert_eq!(h["x-ratelimit-remaining"], "0");
-    assert_eq!(h["ratelimit"], "\"default\";r=0;t=60");
+    assert_eq!(h["ratelimit"], "\"api\";r=0;t=60");
     let body = limited.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("rate limited by rule \"api\""));
     // 30 s later one more fits.
@@ -426,4 +426,40 @@ fn shadow_rules_pass_and_count_the_excess() {
     let c = &limiter.counters[0];
     let counts = [&c.passed, &c.dropped, &c.shadow].map(|n| n.load(Ordering::Relaxed));
     assert_eq!(counts, [2, 0, 2]);
+}
+
+/// Guards `--trusted-proxy`: behind a trusted proxy, the client is the
+/// hop it recorded (the rightmost one it did not append itself: a client
+/// prepending a lie is still itself), each with its own budget; without
+/// it, the fields are ignored and the peer is the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("trusted-proxy");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: clients, match: { source: 198.51.100.0/24 }, limit: { rate: 2, unit: minute, burst: 2 } }\n",
+    );
+    let trusting = proxy(&config, &upstream, &["--trusted-proxy", "127.0.0.0/8"]);
+    let trusting_nobody = proxy(&config, &upstream, &[]);
+    tokio::task::spawn_blocking(move || {
+        let get = |p: &limiter_tests::Proxy, forwarded_for: &str| {
+            let request = format!(
+                "GET /x HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {forwarded_for}\r\nConnection: close\r\n\r\n"
+            );
+            status(&exchange(p.addr, request.as_bytes())).to_owned()
+        };
+        let statuses = |p, xff, n| (0..n).map(|_| get(p, xff)).collect::<Vec<_>>();
+        assert_eq!(statuses(&trusting, "198.51.100.1", 3), ["200", "200", "429"]);
+        assert_eq!(statuses(&trusting, "198.51.100.2", 2), ["200", "200"], "a budget of its own");
+        assert_eq!(
+            get(&trusting, "198.51.100.3, 198.51.100.1"),
+            "429",
+            "a client chose its address by prepending it"
+        );
+        // Not trusted: 127.0.0.1 is the client, and no rule covers it.
+        assert_eq!(statuses(&trusting_nobody, "198.51.100.1", 4), ["200"; 4]);
+    })
+    .await
+    .unwrap();
 }

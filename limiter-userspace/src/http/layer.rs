@@ -81,6 +81,8 @@ pub struct RateLimitLayer {
     cost_by: CostBy,
     /// The service's port, for rules that name `dest_port`.
     port: Option<u16>,
+    /// Peers whose `Forwarded` / `X-Forwarded-For` say who the client is.
+    trusted_proxies: Arc<[ipnet::IpNet]>,
 }
 
 impl RateLimitLayer {
@@ -90,7 +92,16 @@ impl RateLimitLayer {
             key_by: KeyBy::ClientAddr,
             cost_by: CostBy::ContentLength,
             port: None,
+            trusted_proxies: Arc::new([]),
         }
+    }
+
+    /// Requests from these proxies are from the client their forwarding
+    /// fields name (see [`super::forwarded`]); from anyone else, from the
+    /// peer, whatever the fields say.
+    pub fn trust_proxies(mut self, proxies: Vec<ipnet::IpNet>) -> Self {
+        self.trusted_proxies = proxies.into();
+        self
     }
 
     pub fn key_by(mut self, key_by: KeyBy) -> Self {
@@ -178,6 +189,11 @@ impl<S> RateLimit<S> {
                     .map(|c| c.0)
             })
             .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        let client = if self.config.trusted_proxies.is_empty() {
+            client
+        } else {
+            super::forwarded::client(client, request.headers(), &self.config.trusted_proxies)
+        };
         // Parts without the body, for the extractors.
         let mut parts = Request::new(()).into_parts().0;
         parts.method = request.method().clone();

@@ -6,6 +6,7 @@
 //! packet (`rate`) limits, and its size against byte (`bytes`) limits.
 
 mod fleet;
+pub mod forwarded;
 pub mod headers;
 pub mod layer;
 pub mod proxy;

@@ -60,6 +60,8 @@ pub struct Options {
     pub upstream_timeout: Duration,
     /// Where to serve `/metrics` (loopback unless configured otherwise).
     pub metrics: Option<SocketAddr>,
+    /// Peers whose `Forwarded` / `X-Forwarded-For` name the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// Renders the limiter's metrics exposition, as OpenMetrics (converted to
@@ -129,6 +131,7 @@ pub async fn serve(
     };
     let layer = RateLimitLayer::new(limiter)
         .key_by(options.key_by)
+        .trust_proxies(options.trusted_proxies.clone())
         .port(local.port());
     let service = ServiceBuilder::new().layer(layer).service(forward);
     let limits = Limits {
