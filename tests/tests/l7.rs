@@ -463,3 +463,89 @@ async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
     .await
     .unwrap();
 }
+
+/// Guards client-side pacing against `limiter proxy`: 40 requests at once
+/// from a client paced to 15/s, through a proxy allowing 20/s (burst 5),
+/// are all answered 200, most of them held first; a client with no budget
+/// of its own that heeds the server's `RateLimit` and `Retry-After` fields
+/// is never refused by a proxy allowing 2/s (burst 2), where one that
+/// sends regardless is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_and_heeding_clients_are_not_refused() {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use limiter::http::client::PacingLayer;
+    use tower::{Layer, Service, ServiceExt};
+
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("pacing");
+    let limit = |rate, burst| {
+        format!(
+            "rules:\n  - {{ name: api, match: {{ source: 127.0.0.0/8 }}, limit: {{ rate: {rate}, unit: second, burst: {burst} }} }}\n"
+        )
+    };
+    let fast = proxy(&dir.write("fast.yaml", &limit(20, 5)), &upstream, &[]);
+    let slow = proxy(&dir.write("slow.yaml", &limit(2, 2)), &upstream, &[]);
+    let client =
+        || -> Client<HttpConnector, Body> { Client::builder(TokioExecutor::new()).build_http() };
+    let refusals = |s: &[u16]| s.iter().filter(|&&c| c == 429).count();
+
+    let budget = rules("rules:\n  - { name: pace, limit: { rate: 15, unit: second, burst: 5 } }\n");
+    let limiter::rules::Limit::Metered {
+        packets: budget, ..
+    } = budget.rules[0].limit
+    else {
+        unreachable!()
+    };
+    let paced = PacingLayer::new(budget, 64, Duration::from_secs(10));
+    let stats = paced.stats();
+    let service = paced.layer(client());
+    let url = format!("http://{}/x", fast.addr);
+    let at_once: Vec<_> = (0..40)
+        .map(|_| {
+            let (mut service, url) = (service.clone(), url.clone());
+            tokio::spawn(async move {
+                let request = Request::get(&url).body(Body::empty()).unwrap();
+                let response = service.ready().await.unwrap().call(request).await;
+                response.map(|r| r.status().as_u16()).unwrap_or(0)
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for request in at_once {
+        got.push(request.await.unwrap());
+    }
+    assert!(got.iter().all(|&c| c == 200), "{got:?}");
+    let delayed = stats.delayed.load(Ordering::Relaxed);
+    assert!(delayed >= 30, "{delayed} of 40 held");
+
+    let url = format!("http://{}/x", slow.addr);
+    let heeding = PacingLayer::new(None, 64, Duration::from_secs(10));
+    let heeding_stats = heeding.stats();
+    let heed = statuses(heeding.layer(client()), &url, 8).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let blind = statuses(client(), &url, 8).await;
+    println!(
+        "paced: {delayed} of 40 held; heeding: {heed:?} ({} held); blind: {blind:?}",
+        heeding_stats.delayed.load(Ordering::Relaxed)
+    );
+    assert_eq!(refusals(&heed), 0, "{heed:?}");
+    assert!(heeding_stats.delayed.load(Ordering::Relaxed) >= 2);
+    assert!(refusals(&blind) >= 1, "{blind:?}");
+}
+
+/// The statuses of `n` GETs of `url` sent one after the other through
+/// `service` (0: not sent).
+async fn statuses<S, R>(mut service: S, url: &str, n: usize) -> Vec<u16>
+where
+    S: tower::Service<Request<Body>, Response = http::Response<R>>,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let request = Request::get(url).body(Body::empty()).unwrap();
+        let response = service.ready().await.unwrap().call(request).await;
+        out.push(response.map(|r| r.status().as_u16()).unwrap_or(0));
+    }
+    out
+}

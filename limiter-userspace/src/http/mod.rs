@@ -5,6 +5,7 @@
 //! it with the same GCRA or window code: one request costs 1 against
 //! packet (`rate`) limits, and its size against byte (`bytes`) limits.
 
+pub mod client;
 mod fleet;
 pub mod forwarded;
 pub mod headers;
