@@ -157,6 +157,10 @@ enum Command {
         /// ignored.
         #[arg(long = "trusted-proxy", value_parser = limiter::rules::parse_net)]
         trusted_proxies: Vec<ipnet::IpNet>,
+        /// Re-read the rule file when it changes on disk (SIGHUP always
+        /// does); unchanged rules keep their buckets.
+        #[arg(long)]
+        watch: bool,
         /// Share the rule file's fleet-wide rules through the store this
         /// file names (the daemon's `fleet:` section: store, lease_ttl,
         /// fail_open).
@@ -311,6 +315,7 @@ fn main() -> ExitCode {
             upstream_timeout,
             metrics,
             trusted_proxies,
+            watch,
             fleet,
         } => commands::proxy(
             limiter::http::proxy::Options {
@@ -331,6 +336,7 @@ fn main() -> ExitCode {
             },
             &config,
             fleet.as_deref(),
+            watch,
         ),
         Command::Lab {
             config,

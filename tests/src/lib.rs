@@ -652,6 +652,15 @@ pub struct Proxy {
     pub addr: std::net::SocketAddr,
 }
 
+impl Proxy {
+    /// Sends it SIGHUP (re-read the rule file).
+    pub fn hang_up(&self) {
+        // SAFETY: a signal to a child of ours, still running (not reaped).
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP) };
+        assert_eq!(sent, 0, "kill -HUP failed");
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -549,3 +549,72 @@ where
     }
     out
 }
+
+/// Guards rule reloads in `limiter proxy`: on SIGHUP, a rule file that
+/// adds a rule keeps the buckets of the rules it leaves alone (a client
+/// two requests into a burst of 3 gets one more, then 429); an invalid
+/// file changes nothing; with `--watch`, a file changed on disk is read,
+/// and a changed rule starts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_the_proxys_rules_keeps_the_buckets() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-reload");
+    let api = |rate: u32| {
+        format!(
+            "  - {{ name: api, match: {{ source: 127.0.0.0/8 }}, limit: {{ rate: {rate}, unit: minute, burst: 3 }} }}\n"
+        )
+    };
+    let other =
+        "  - { name: other, match: { source: 10.0.0.0/8 }, limit: { rate: 1, unit: second } }\n";
+    let config = dir.write("rules.yaml", &format!("rules:\n{}", api(3)));
+    let metrics = limiter_tests::free_loopback_addr();
+    let p = proxy(&config, &upstream, &["--watch", "--metrics", &metrics]);
+    tokio::task::spawn_blocking(move || {
+        let get = || {
+            exchange(
+                p.addr,
+                b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+        };
+        let scrape = || exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        let wait_for = |what: &dyn Fn() -> bool, why: &str| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !what() {
+                assert!(Instant::now() < deadline, "{why}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        assert_eq!(status(&get()), "200");
+        assert_eq!(status(&get()), "200");
+        std::fs::write(&config, format!("rules:\n{}{other}", api(3))).unwrap();
+        p.hang_up();
+        wait_for(
+            &|| scrape().contains("rule=\"other\""),
+            "the new rule never showed",
+        );
+        assert_eq!(status(&get()), "200", "the third of the burst");
+        assert_eq!(status(&get()), "429", "the reload handed out a fresh burst");
+        std::fs::write(&config, "rules: [ {").unwrap();
+        p.hang_up();
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(status(&get()), "429", "an invalid file changed something");
+        assert!(scrape().contains("rule=\"other\""));
+        // Changed on disk, read without a signal: `api` changed starts afresh.
+        std::fs::write(&config, format!("rules:\n{}", api(5))).unwrap();
+        wait_for(
+            &|| {
+                get()
+                    .to_ascii_lowercase()
+                    .contains("ratelimit-policy: \"api\";q=5")
+            },
+            "the changed file was not read",
+        );
+        assert_eq!(status(&get()), "200", "a changed rule starts afresh");
+        assert!(
+            !scrape().contains("rule=\"other\""),
+            "a removed rule is still counted"
+        );
+    })
+    .await
+    .unwrap();
+}

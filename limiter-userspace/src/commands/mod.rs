@@ -186,6 +186,7 @@ pub fn proxy(
     options: limiter::http::proxy::Options,
     config: &Path,
     fleet: Option<&Path>,
+    watch: bool,
 ) -> Result<()> {
     use std::sync::Arc;
     let rules = RuleSet::load(config)?;
@@ -198,18 +199,19 @@ pub fn proxy(
             anyhow::Ok(fleet)
         })
         .transpose()?;
-    let limiter = Arc::new(limiter::http::Limiter::new(
-        rules,
-        Arc::new(limiter::http::SystemClock),
-    ));
+    let limiter = Arc::new(limiter::http::Reloadable::new(Arc::new(
+        limiter::http::Limiter::new(rules, Arc::new(limiter::http::SystemClock)),
+    )));
     let upstream = options.upstream.clone();
+    let config = config.to_owned();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
         .block_on(async move {
             let mut fleet = limiter::fleet::Fleet::new(fleet_config, Arc::clone(&limiter) as _);
-            fleet.sync(&limiter.rules().rules);
+            fleet.sync(&limiter.current().rules().rules);
             let status = fleet.status();
+            tokio::spawn(reload_rules(config, Arc::clone(&limiter), fleet, watch));
             let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter| {
                 let shares: Vec<_> = status
                     .lock()
@@ -224,6 +226,51 @@ pub fn proxy(
             })
             .await
         })
+}
+
+/// Re-reads the proxy's rule file on SIGHUP (and when it changes on disk,
+/// with `watch`): a valid one goes in force keeping the buckets of the
+/// rules it does not change; an invalid one is reported and changes
+/// nothing.
+async fn reload_rules(
+    path: std::path::PathBuf,
+    limiter: std::sync::Arc<limiter::http::Reloadable>,
+    mut fleet: limiter::fleet::Fleet,
+    watch: bool,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot catch SIGHUP: the rule file is read once");
+        return;
+    };
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = modified(&path);
+    let mut poll = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => tracing::info!("SIGHUP: re-reading {}", path.display()),
+            _ = poll.tick() => {
+                let now = modified(&path);
+                if !watch || now == seen {
+                    continue;
+                }
+                tracing::info!("{} changed on disk: re-reading it", path.display());
+            }
+        }
+        seen = modified(&path);
+        match RuleSet::load(&path) {
+            Ok(rules) => {
+                let total = rules.rules.len();
+                let kept = limiter.reload(rules);
+                fleet.sync(&limiter.current().rules().rules);
+                tracing::info!(
+                    "applied {}: {kept} of {total} rules kept their buckets",
+                    path.display()
+                );
+            }
+            Err(e) => tracing::error!("{e}; nothing changed"),
+        }
+    }
 }
 
 pub fn import_envoy(file: &Path) -> Result<()> {

@@ -248,17 +248,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            map.insert(
-                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
-        }
-        map
-    }
+    use crate::http::test_headers as headers;
 
     #[test]
     fn the_server_says_how_long_to_wait() {

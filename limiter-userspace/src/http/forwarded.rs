@@ -82,17 +82,7 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            map.append(
-                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
-        }
-        map
-    }
+    use crate::http::test_headers as headers;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -12,7 +12,7 @@ use std::{
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use super::{Admission, BodyMeter, Limiter, RequestMeta};
+use super::{Admission, BodyMeter, Limiter, Reloadable, RequestMeta};
 
 /// What identifies a client.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ pub struct ClientAddr(pub SocketAddr);
 
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    limiter: Arc<Limiter>,
+    limiter: Arc<Reloadable>,
     key_by: KeyBy,
     cost_by: CostBy,
     /// The service's port, for rules that name `dest_port`.
@@ -87,6 +87,12 @@ pub struct RateLimitLayer {
 
 impl RateLimitLayer {
     pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self::reloadable(Arc::new(Reloadable::new(limiter)))
+    }
+
+    /// Applies whichever limiter `limiter` holds when a request arrives
+    /// (a rule file reloaded without losing buckets: [`Reloadable`]).
+    pub fn reloadable(limiter: Arc<Reloadable>) -> Self {
         Self {
             limiter,
             key_by: KeyBy::ClientAddr,
@@ -218,7 +224,7 @@ impl<S> RateLimit<S> {
             key: key.as_deref(),
             bytes,
         };
-        let limiter = &self.config.limiter;
+        let limiter = &self.config.limiter.current();
         let admission = limiter.check(&meta);
         // HTTP/1.1: a request without Content-Length has a body only if it
         // says how it is framed (Transfer-Encoding).

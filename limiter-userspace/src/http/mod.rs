@@ -11,6 +11,7 @@ pub mod forwarded;
 pub mod headers;
 pub mod layer;
 pub mod proxy;
+mod reload;
 
 use std::{
     collections::HashMap,
@@ -33,6 +34,20 @@ use limiter_common::{
 use serde::Serialize;
 
 pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
+pub use reload::Reloadable;
+
+/// A header map of `fields`, in order (several of one name are kept).
+#[cfg(test)]
+pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in fields {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    map
+}
 
 use crate::rules::{
     Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
@@ -250,9 +265,11 @@ pub struct Limiter {
     /// No key kept can come to rest before this (monotonic ns), as the
     /// last scan found.
     no_rest_before: AtomicU64,
-    digest: KeyDigest,
-    aggregates: Vec<State>,
-    pub counters: Vec<HttpCounters>,
+    /// Shared with the limiters a reload makes, so keys keep their digests.
+    digest: Arc<KeyDigest>,
+    /// By rule index; shared with a reload's limiter for unchanged rules.
+    aggregates: Vec<Arc<State>>,
+    pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
 }
@@ -262,9 +279,9 @@ impl Limiter {
         let n = rules.rules.len();
         let rest = rules.rules.iter().map(rest_ns).collect();
         Self {
-            aggregates: (0..n).map(|_| State::default()).collect(),
+            aggregates: (0..n).map(|_| Arc::default()).collect(),
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
-            counters: (0..n).map(|_| HttpCounters::default()).collect(),
+            counters: (0..n).map(|_| Arc::default()).collect(),
             order: match_order(&rules),
             names: rules
                 .rules
@@ -277,7 +294,7 @@ impl Limiter {
             rest_ns: rest,
             key_alloc_failed: AtomicU64::new(0),
             no_rest_before: AtomicU64::new(0),
-            digest: KeyDigest::new(),
+            digest: Arc::new(KeyDigest::new()),
         }
     }
 

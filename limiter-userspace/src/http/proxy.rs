@@ -35,7 +35,7 @@ use self::{
     stall::Stalling,
     upload::{Cut, Upload},
 };
-use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer};
+use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer, Reloadable};
 use crate::{
     listen::{self, Limits},
     render::openmetrics::Format,
@@ -85,7 +85,7 @@ const HOP_BY_HOP: [&str; 9] = [
 /// Serves until the listener fails; `ready` gets the bound address.
 pub async fn serve(
     options: Options,
-    limiter: Arc<Limiter>,
+    limiter: Arc<Reloadable>,
     render_metrics: RenderMetrics,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
@@ -107,7 +107,7 @@ pub async fn serve(
                     let format = Format::negotiate(accept);
                     (
                         [(header::CONTENT_TYPE, format.content_type())],
-                        format.encode(render(&limiter)),
+                        format.encode(render(&limiter.current())),
                     )
                 }
             }),
@@ -129,7 +129,7 @@ pub async fn serve(
         max_body_bytes: options.max_body_bytes,
         body_timeout: options.body_timeout,
     };
-    let layer = RateLimitLayer::new(limiter)
+    let layer = RateLimitLayer::reloadable(limiter)
         .key_by(options.key_by)
         .trust_proxies(options.trusted_proxies.clone())
         .port(local.port());
