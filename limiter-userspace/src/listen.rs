@@ -18,7 +18,7 @@ use std::{
 };
 
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::AsyncWriteExt,
@@ -129,13 +129,20 @@ impl Slots {
     }
 }
 
-/// Serves HTTP/1.1 on `listener` for ever, with `make(peer)`'s service for
-/// each connection, under `limits`.
+/// Serves HTTP/1.1 and HTTP/2 (h2c: a client that starts with HTTP/2's
+/// preface) on `listener` for ever, with `make(peer)`'s service for each
+/// connection, under `limits`. Which one a client speaks is known from its
+/// first bytes, which must come within the header timeout (a connection
+/// that sends nothing is closed then, whichever it would have spoken). An
+/// HTTP/2 connection carries at most [`MAX_STREAMS`] requests at once and
+/// header blocks of at most `max_header_bytes`; HTTP/2 has no header
+/// deadline of its own, so an idle one is pinged and closed when it does
+/// not answer within the header timeout.
 pub async fn serve_http<M, S, B>(listener: TcpListener, limits: Limits, what: &'static str, make: M)
 where
     M: Fn(SocketAddr) -> S,
     S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
-    S::Future: Send,
+    S::Future: Send + 'static,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -157,17 +164,62 @@ where
         let service = make(peer);
         tokio::spawn(async move {
             let _slot = slot;
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .max_buf_size(limits.max_header_bytes.max(8192));
+            let Some(h2) = speaks_h2(&stream, limits.header_timeout).await else {
+                return;
+            };
             let io = WriteDeadline::new(TokioIo::new(stream), limits.write_timeout);
-            if let Err(e) = http.serve_connection(io, service).await {
+            let served = if h2 {
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(MAX_STREAMS)
+                    .max_header_list_size(
+                        u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX),
+                    )
+                    .keep_alive_interval(Some(limits.header_timeout))
+                    .keep_alive_timeout(limits.header_timeout)
+                    .serve_connection(io, service)
+                    .await
+            } else {
+                hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout)
+                    .max_buf_size(limits.max_header_bytes.max(8192))
+                    .serve_connection(io, service)
+                    .await
+            };
+            if let Err(e) = served {
                 tracing::debug!(%peer, "{what}: connection ended: {e}");
             }
         });
     }
 }
+
+/// What an HTTP/2 client sends first (RFC 9113 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the client speaks HTTP/2, from its first bytes (peeked, left
+/// for the connection to read); `None` when it sent none within `timeout`
+/// or closed.
+async fn speaks_h2(stream: &TcpStream, timeout: Duration) -> Option<bool> {
+    let detect = async {
+        let mut buf = [0u8; H2_PREFACE.len()];
+        loop {
+            let n = stream.peek(&mut buf).await.ok().filter(|&n| n > 0)?;
+            if buf[..n] != H2_PREFACE[..n] {
+                return Some(false);
+            }
+            if n == H2_PREFACE.len() {
+                return Some(true);
+            }
+            // A part of the preface: peek returns it at once until more comes.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(timeout, detect).await.ok().flatten()
+}
+
+/// Requests one HTTP/2 connection may have in flight at once.
+pub const MAX_STREAMS: u32 = 100;
 
 /// The answer to a connection beyond the cap.
 const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\

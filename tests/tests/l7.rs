@@ -618,3 +618,37 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
     .await
     .unwrap();
 }
+
+/// Guards HTTP/2: a client that speaks h2c (prior knowledge) goes through
+/// `limiter proxy` to an HTTP/1.1 upstream, on one connection, and the
+/// limit applies to it as to HTTP/1.1 (burst 2: the third is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_and_limited() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("h2c");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: minute, burst: 2 } }\n",
+    );
+    let p = proxy(&config, &upstream, &[]);
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let response = client
+            .request(
+                Request::get(format!("http://{}/x", p.addr))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .expect("an HTTP/2 exchange");
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        got.push((status.as_u16(), String::from_utf8_lossy(&body).into_owned()));
+    }
+    assert_eq!((got[0].0, got[1].0, got[2].0), (200, 200, 429), "{got:?}");
+    assert_eq!(got[0].1, "from upstream");
+}

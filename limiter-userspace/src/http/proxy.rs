@@ -1,4 +1,4 @@
-//! `limiter proxy`: a small HTTP/1.1 reverse proxy that applies the rule
+//! `limiter proxy`: a small HTTP/1.1 and HTTP/2 (h2c) reverse proxy that applies the rule
 //! file to requests before forwarding them, so an operator gets L7 limits
 //! without writing code.
 //!
@@ -264,6 +264,8 @@ impl Forward {
         }
         let base = self.upstream.path().trim_end_matches('/');
         parts.uri = uri.path_and_query(format!("{base}{path}")).build()?;
+        // The client may speak HTTP/2; the upstream leg is HTTP/1.1.
+        parts.version = http::Version::HTTP_11;
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         strip_hop_by_hop(&mut parts.headers);
         if let Some(ip) = peer
