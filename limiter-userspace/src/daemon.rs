@@ -243,6 +243,7 @@ async fn serve(
         tokio::spawn(listen::serve_http(
             listener,
             shared.config.metrics_listener,
+            None,
             "metrics",
             move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
         ));

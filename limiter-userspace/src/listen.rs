@@ -11,6 +11,7 @@
 use std::{
     io,
     net::SocketAddr,
+    path::Path,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -138,8 +139,13 @@ impl Slots {
 /// header blocks of at most `max_header_bytes`; HTTP/2 has no header
 /// deadline of its own, so an idle one is pinged and closed when it does
 /// not answer within the header timeout.
-pub async fn serve_http<M, S, B>(listener: TcpListener, limits: Limits, what: &'static str, make: M)
-where
+pub async fn serve_http<M, S, B>(
+    listener: TcpListener,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    what: &'static str,
+    make: M,
+) where
     M: Fn(SocketAddr) -> S,
     S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
     S::Future: Send + 'static,
@@ -162,36 +168,84 @@ where
             continue;
         };
         let service = make(peer);
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let Some(h2) = speaks_h2(&stream, limits.header_timeout).await else {
-                return;
-            };
-            let io = WriteDeadline::new(TokioIo::new(stream), limits.write_timeout);
-            let served = if h2 {
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .max_concurrent_streams(MAX_STREAMS)
-                    .max_header_list_size(
-                        u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX),
-                    )
-                    .keep_alive_interval(Some(limits.header_timeout))
-                    .keep_alive_timeout(limits.header_timeout)
-                    .serve_connection(io, service)
-                    .await
-            } else {
-                hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
-                    .max_buf_size(limits.max_header_bytes.max(8192))
-                    .serve_connection(io, service)
-                    .await
+            let served = match tls {
+                None => {
+                    let Some(h2) = speaks_h2(&stream, limits.header_timeout).await else {
+                        return;
+                    };
+                    serve_connection(stream, h2, service, limits).await
+                }
+                // The handshake within the header timeout; ALPN says which.
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(stream);
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(limits.header_timeout, handshake).await
+                    else {
+                        return;
+                    };
+                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    serve_connection(stream, h2, service, limits).await
+                }
             };
             if let Err(e) = served {
                 tracing::debug!(%peer, "{what}: connection ended: {e}");
             }
         });
     }
+}
+
+/// Serves one connection in HTTP/2 (`h2`) or HTTP/1.1, under `limits`.
+async fn serve_connection<I, S, B>(io: I, h2: bool, service: S, limits: Limits) -> hyper::Result<()>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = WriteDeadline::new(TokioIo::new(io), limits.write_timeout);
+    if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS)
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .keep_alive_interval(Some(limits.header_timeout))
+            .keep_alive_timeout(limits.header_timeout)
+            .serve_connection(io, service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .max_buf_size(limits.max_header_bytes.max(8192))
+            .serve_connection(io, service)
+            .await
+    }
+}
+
+/// A TLS server configuration from a certificate chain and its key (PEM
+/// files), offering HTTP/2 and HTTP/1.1 by ALPN.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use anyhow::Context;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+    if chain.is_empty() {
+        anyhow::bail!("--tls-cert {}: no PEM certificate in it", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}", key.display()))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("--tls-cert and --tls-key do not make a certificate and its key")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// What an HTTP/2 client sends first (RFC 9113 3.4).

@@ -116,57 +116,7 @@ enum Command {
         json: bool,
     },
     /// HTTP reverse proxy applying the rule file to requests (layer 7).
-    Proxy {
-        /// Address to listen on (e.g. 127.0.0.1:8080).
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        /// Where to forward allowed requests (e.g. http://127.0.0.1:3000).
-        #[arg(long)]
-        upstream: http::Uri,
-        /// The rule file (the same one the kernel uses).
-        #[arg(long)]
-        config: PathBuf,
-        /// Key clients by this request header instead of their address.
-        #[arg(long)]
-        key_header: Option<http::HeaderName>,
-        /// Time a client has to send its request headers.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        header_timeout: Duration,
-        /// Largest request header block accepted (bytes); larger gets 431.
-        #[arg(long, default_value_t = 16384)]
-        max_header_bytes: usize,
-        /// Connections served at once; one more gets 503.
-        #[arg(long, default_value_t = 1024)]
-        max_connections: usize,
-        /// Largest request body (bytes); larger gets 413.
-        #[arg(long, default_value_t = 10 << 20)]
-        max_body_bytes: u64,
-        /// Longest pause in a request body before the client gets 408.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        body_timeout: Duration,
-        /// Time the upstream has to answer, once it has the whole request,
-        /// before the client gets 502.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        upstream_timeout: Duration,
-        /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
-        #[arg(long)]
-        metrics: Option<std::net::SocketAddr>,
-        /// A load balancer or proxy in front (address or prefix; repeat for
-        /// several): requests from it are from the client its `Forwarded`
-        /// or `X-Forwarded-For` names. From anyone else, those fields are
-        /// ignored.
-        #[arg(long = "trusted-proxy", value_parser = limiter::rules::parse_net)]
-        trusted_proxies: Vec<ipnet::IpNet>,
-        /// Re-read the rule file when it changes on disk (SIGHUP always
-        /// does); unchanged rules keep their buckets.
-        #[arg(long)]
-        watch: bool,
-        /// Share the rule file's fleet-wide rules through the store this
-        /// file names (the daemon's `fleet:` section: store, lease_ttl,
-        /// fail_open).
-        #[arg(long)]
-        fleet: Option<PathBuf>,
-    },
+    Proxy(ProxyArgs),
     /// Convert another limiter's configuration into a rule file.
     Import {
         #[command(subcommand)]
@@ -195,6 +145,98 @@ enum Command {
         #[arg(long)]
         fleet: bool,
     },
+}
+
+/// `limiter proxy`'s options.
+#[derive(clap::Args)]
+struct ProxyArgs {
+    /// Address to listen on (e.g. 127.0.0.1:8080).
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// Where to forward allowed requests (e.g. http://127.0.0.1:3000).
+    #[arg(long)]
+    upstream: http::Uri,
+    /// The rule file (the same one the kernel uses).
+    #[arg(long)]
+    config: PathBuf,
+    /// Key clients by this request header instead of their address.
+    #[arg(long)]
+    key_header: Option<http::HeaderName>,
+    /// Time a client has to send its request headers.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_timeout: Duration,
+    /// Largest request header block accepted (bytes); larger gets 431.
+    #[arg(long, default_value_t = 16384)]
+    max_header_bytes: usize,
+    /// Connections served at once; one more gets 503.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Largest request body (bytes); larger gets 413.
+    #[arg(long, default_value_t = 10 << 20)]
+    max_body_bytes: u64,
+    /// Longest pause in a request body before the client gets 408.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    body_timeout: Duration,
+    /// Time the upstream has to answer, once it has the whole request,
+    /// before the client gets 502.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    upstream_timeout: Duration,
+    /// Serve Prometheus metrics here (e.g. 127.0.0.1:9465).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+    /// A load balancer or proxy in front (address or prefix; repeat for
+    /// several): requests from it are from the client its `Forwarded`
+    /// or `X-Forwarded-For` names. From anyone else, those fields are
+    /// ignored.
+    #[arg(long = "trusted-proxy", value_parser = limiter::rules::parse_net)]
+    trusted_proxies: Vec<ipnet::IpNet>,
+    /// Serve TLS with this certificate chain (PEM; HTTP/2 or HTTP/1.1
+    /// by ALPN); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Re-read the rule file when it changes on disk (SIGHUP always
+    /// does); unchanged rules keep their buckets.
+    #[arg(long)]
+    watch: bool,
+    /// Share the rule file's fleet-wide rules through the store this
+    /// file names (the daemon's `fleet:` section: store, lease_ttl,
+    /// fail_open).
+    #[arg(long)]
+    fleet: Option<PathBuf>,
+}
+
+impl ProxyArgs {
+    fn run(self) -> anyhow::Result<()> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(limiter::listen::tls_acceptor(cert, key)?),
+            _ => None,
+        };
+        commands::proxy(
+            limiter::http::proxy::Options {
+                listen: self.listen,
+                upstream: self.upstream,
+                key_by: self.key_header.map_or(
+                    limiter::http::KeyBy::ClientAddr,
+                    limiter::http::KeyBy::Header,
+                ),
+                header_timeout: self.header_timeout,
+                max_header_bytes: self.max_header_bytes,
+                max_connections: self.max_connections,
+                max_body_bytes: self.max_body_bytes,
+                body_timeout: self.body_timeout,
+                upstream_timeout: self.upstream_timeout,
+                metrics: self.metrics,
+                trusted_proxies: self.trusted_proxies,
+                tls,
+            },
+            &self.config,
+            self.fleet.as_deref(),
+            self.watch,
+        )
+    }
 }
 
 #[derive(Subcommand)]
@@ -234,7 +276,7 @@ impl Command {
     fn serves(&self) -> bool {
         matches!(
             self,
-            Self::Run { .. } | Self::Daemon { .. } | Self::Proxy { .. } | Self::Lab { .. }
+            Self::Run { .. } | Self::Daemon { .. } | Self::Proxy(_) | Self::Lab { .. }
         )
     }
 }
@@ -302,42 +344,7 @@ fn main() -> ExitCode {
         Command::Import {
             from: ImportFrom::Envoy { file },
         } => commands::import_envoy(&file),
-        Command::Proxy {
-            listen,
-            upstream,
-            config,
-            key_header,
-            header_timeout,
-            max_header_bytes,
-            max_connections,
-            max_body_bytes,
-            body_timeout,
-            upstream_timeout,
-            metrics,
-            trusted_proxies,
-            watch,
-            fleet,
-        } => commands::proxy(
-            limiter::http::proxy::Options {
-                listen,
-                upstream,
-                key_by: key_header.map_or(
-                    limiter::http::KeyBy::ClientAddr,
-                    limiter::http::KeyBy::Header,
-                ),
-                header_timeout,
-                max_header_bytes,
-                max_connections,
-                max_body_bytes,
-                body_timeout,
-                upstream_timeout,
-                metrics,
-                trusted_proxies,
-            },
-            &config,
-            fleet.as_deref(),
-            watch,
-        ),
+        Command::Proxy(args) => args.run(),
         Command::Lab {
             config,
             duration,

@@ -19,7 +19,7 @@ use limiter::{
         share::Budget,
         store::{StoreConfig, StoreError},
     },
-    lab::store::{RedisCluster, RedisServer, Tls},
+    lab::store::{RedisCluster, RedisServer, certificates},
 };
 
 /// A redis-server of the test's own on a free loopback port.
@@ -420,97 +420,6 @@ async fn redis_down_falls_back_and_leasing_resumes() {
     assert!(fixed.store_up());
 }
 
-/// A CA, a server certificate for 127.0.0.1 and a client certificate,
-/// made with openssl in `dir`.
-fn certificates(dir: &std::path::Path) -> (Tls, std::path::PathBuf, std::path::PathBuf) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl (cargo xtask setup installs it)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &key,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=limiter test CA",
-        ],
-    ]
-    .concat());
-    // With extensions, so the certificates are X.509 v3 (webpki takes no other).
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for name in ["server", "client"] {
-        let (keyfile, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        run(&[
-            &["req"][..],
-            &key,
-            &[
-                "-keyout",
-                &keyfile,
-                "-out",
-                &csr,
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        ]
-        .concat());
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ]);
-    }
-    let tls = Tls {
-        cert: dir.join("server.crt"),
-        key: dir.join("server.key"),
-        ca: dir.join("ca.crt"),
-        auth_clients: true,
-    };
-    (tls, dir.join("client.crt"), dir.join("client.key"))
-}
-
 /// Guards TLS: rediss:// verifies the server against the given CA (the
 /// system's roots do not know it) and shows the client certificate Redis
 /// asks for; leases work over it.
@@ -518,7 +427,8 @@ fn certificates(dir: &std::path::Path) -> (Tls, std::path::PathBuf, std::path::P
 async fn leases_over_tls_verify_the_server_and_show_a_client_certificate() {
     let dir = std::env::temp_dir().join(format!("limiter-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (tls, client_cert, client_key) = certificates(&dir);
+    let (tls, client_cert, client_key) =
+        certificates(&dir).expect("openssl (cargo xtask setup installs it)");
     let ca = tls.ca.clone();
     let redis = RedisServer::start_tls(None, &[Ipv4Addr::LOCALHOST.into()], 0, None, Some(tls))
         .expect("redis-server with TLS");

@@ -652,3 +652,73 @@ async fn http2_clients_are_served_and_limited() {
     assert_eq!((got[0].0, got[1].0, got[2].0), (200, 200, 429), "{got:?}");
     assert_eq!(got[0].1, "from upstream");
 }
+
+/// Guards TLS: with a certificate, `limiter proxy` speaks HTTP/2 or
+/// HTTP/1.1 over TLS as ALPN says, and limits both (burst 2: the third
+/// request, whichever protocol, is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_get_http2_or_http1_by_alpn_and_are_limited() {
+    use hyper_util::rt::TokioIo;
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-tls");
+    let (tls, _, _) = limiter::lab::store::certificates(&dir.0).expect("openssl certificates");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: minute, burst: 2 } }\n",
+    );
+    let (cert, key) = (tls.cert.to_string_lossy(), tls.key.to_string_lossy());
+    let p = proxy(
+        &config,
+        &upstream,
+        &["--tls-cert", &cert, "--tls-key", &key],
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&tls.ca).unwrap())
+        .unwrap();
+    let connect = |alpn: &'static [u8]| {
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        async move {
+            let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+            let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            let stream = connector.connect(name, tcp).await.expect("a TLS handshake");
+            assert_eq!(stream.get_ref().1.alpn_protocol(), Some(alpn));
+            TokioIo::new(stream)
+        }
+    };
+    let get = || {
+        Request::get(format!("https://127.0.0.1:{}/x", p.addr.port()))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (mut h2, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), connect(b"h2").await)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let first = h2.send_request(get()).await.unwrap();
+    assert_eq!(
+        (first.status(), first.version()),
+        (StatusCode::OK, http::Version::HTTP_2)
+    );
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"from upstream");
+    let (mut h1, connection) = hyper::client::conn::http1::handshake(connect(b"http/1.1").await)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let second = h1.send_request(get()).await.unwrap();
+    assert_eq!(
+        (second.status(), second.version()),
+        (StatusCode::OK, http::Version::HTTP_11)
+    );
+    second.into_body().collect().await.unwrap();
+    let third = h2.send_request(get()).await.unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+}

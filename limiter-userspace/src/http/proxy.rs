@@ -62,6 +62,8 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     /// Peers whose `Forwarded` / `X-Forwarded-For` name the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Serve TLS (HTTP/2 or HTTP/1.1 by ALPN) instead of cleartext.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Renders the limiter's metrics exposition, as OpenMetrics (converted to
@@ -116,9 +118,13 @@ pub async fn serve(
             max_connections: 64,
             ..Limits::default()
         };
-        tokio::spawn(listen::serve_http(metrics, limits, "metrics", move |_| {
-            hyper_util::service::TowerToHyperService::new(app.clone())
-        }));
+        tokio::spawn(listen::serve_http(
+            metrics,
+            limits,
+            None,
+            "metrics",
+            move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
+        ));
     }
     ready(local);
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
@@ -141,19 +147,25 @@ pub async fn serve(
         ..Limits::default()
     };
     let max_body_bytes = options.max_body_bytes;
-    listen::serve_http(listener, limits, "proxy", move |peer| {
-        let service = service.clone();
-        hyper::service::service_fn(move |mut request: Request<Incoming>| {
+    listen::serve_http(
+        listener,
+        limits,
+        options.tls.clone(),
+        "proxy",
+        move |peer| {
             let service = service.clone();
-            async move {
-                if let Some(refusal) = screen(&request, max_body_bytes) {
-                    return Ok(refusal);
+            hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                let service = service.clone();
+                async move {
+                    if let Some(refusal) = screen(&request, max_body_bytes) {
+                        return Ok(refusal);
+                    }
+                    request.extensions_mut().insert(ClientAddr(peer));
+                    service.oneshot(request).await
                 }
-                request.extensions_mut().insert(ClientAddr(peer));
-                service.oneshot(request).await
-            }
-        })
-    })
+            })
+        },
+    )
     .await;
     Ok(())
 }

@@ -239,3 +239,83 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made
+/// with openssl in `dir` (for the TLS tests): the server's files as [`Tls`]
+/// (clients must show a certificate), and the client's certificate and key.
+pub fn certificates(
+    dir: &std::path::Path,
+) -> Result<(Tls, std::path::PathBuf, std::path::PathBuf)> {
+    let run = |args: &[&str]| -> Result<()> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("running openssl (is it installed?)")?;
+        if !out.status.success() {
+            bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=limiter test CA",
+    ];
+    run(&[&["req", "-x509"][..], &key, &ca].concat())?;
+    // With extensions, so the certificates are X.509 v3 (webpki takes no other).
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )?;
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")?;
+    for name in ["server", "client"] {
+        let file = |ext: &str| format!("{name}.{ext}");
+        let subject = format!("/CN={name}");
+        let request = [
+            "-keyout",
+            &file("key"),
+            "-out",
+            &file("csr"),
+            "-subj",
+            &subject,
+        ];
+        run(&[&["req"][..], &key, &request].concat())?;
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &file("csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &file("crt"),
+            "-days",
+            "2",
+            "-extfile",
+            &file("ext"),
+        ])?;
+    }
+    let tls = Tls {
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        ca: dir.join("ca.crt"),
+        auth_clients: true,
+    };
+    Ok((tls, dir.join("client.crt"), dir.join("client.key")))
+}
