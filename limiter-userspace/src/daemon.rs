@@ -12,7 +12,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -37,7 +37,7 @@ use crate::{
     },
     listen::{self, AcceptErrors, Limits, Slots},
     render::openmetrics::{self, Format},
-    rules::{self, RuleSet},
+    rules::{self, RuleSet, watch::FileWatch},
 };
 
 /// The daemon's own configuration file.
@@ -384,8 +384,7 @@ impl Enforcer for KernelShares {
 /// watched (if configured).
 async fn housekeeping(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen: Option<SystemTime> = modified(&shared.config.rules);
+    let mut rule_file = FileWatch::new(&shared.config.rules);
     let mut ticks = 0u64;
     loop {
         tick.tick().await;
@@ -407,16 +406,12 @@ async fn housekeeping(shared: Arc<Shared>) {
             }
         })
         .await;
-        if shared.config.watch {
-            let now = modified(&shared.config.rules);
-            if now != seen {
-                seen = now;
-                tracing::info!(
-                    "{} changed on disk: re-applying",
-                    shared.config.rules.display()
-                );
-                reload_file(&shared).await;
-            }
+        if shared.config.watch && rule_file.changed() {
+            tracing::info!(
+                "{} changed on disk: re-applying",
+                shared.config.rules.display()
+            );
+            reload_file(&shared).await;
         }
     }
 }

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use limiter::lab::{self, FloodReport, FloodSource, Lab, udp_frame};
+use limiter::lab::{self, FloodReport, FloodSource, Lab};
 use limiter::{
     engine::Engine,
     kernel::{
@@ -318,15 +318,7 @@ pub fn sources(
     pps: u64,
     payload: usize,
 ) -> Vec<FloodSource> {
-    let target = lab.target(pair);
-    addrs
-        .iter()
-        .map(|&addr| FloodSource {
-            addr,
-            frame: udp_frame(&target, addr, payload),
-            pps,
-        })
-        .collect()
+    lab.sources(pair, addrs, pps, payload)
 }
 
 /// Floods over every given veth pair at once for `duration`, lets the last

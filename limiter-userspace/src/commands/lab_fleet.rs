@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use limiter::{
     control::Client,
     kernel::{self, require_root},
-    lab::{self, FloodSource, RX_IFACE, fleet::FleetLab},
+    lab::{self, RX_IFACE, fleet::FleetLab},
     render::text,
     rules::RuleSet,
     units::count,
@@ -179,17 +179,10 @@ fn flood_and_show(
             .iter()
             .map(|&n| {
                 let lab = &fleet.hosts[n];
-                let target = lab.target(0);
-                let sources: Vec<FloodSource> = (1..=2)
-                    .map(|i| {
-                        let addr = IpAddr::V4(Ipv4Addr::new(198, 18, n as u8, i));
-                        FloodSource {
-                            addr,
-                            frame: lab::udp_frame(&target, addr, 64),
-                            pps: SOURCE_PPS,
-                        }
-                    })
+                let addrs: Vec<IpAddr> = (1..=2)
+                    .map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, n as u8, i)))
                     .collect();
+                let sources = lab.sources(0, &addrs, SOURCE_PPS, 64);
                 scope.spawn(move || {
                     let socket = lab.sender(0)?;
                     lab::flood(&socket, &sources, duration, |_| {})

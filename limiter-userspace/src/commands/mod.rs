@@ -243,21 +243,19 @@ async fn reload_rules(
         tracing::error!("cannot catch SIGHUP: the rule file is read once");
         return;
     };
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen = modified(&path);
+    let mut rule_file = limiter::rules::watch::FileWatch::new(&path);
     let mut poll = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = hangup.recv() => tracing::info!("SIGHUP: re-reading {}", path.display()),
-            _ = poll.tick() => {
-                let now = modified(&path);
-                if !watch || now == seen {
+            _ = poll.tick(), if watch => {
+                if !rule_file.changed() {
                     continue;
                 }
                 tracing::info!("{} changed on disk: re-reading it", path.display());
             }
         }
-        seen = modified(&path);
+        rule_file.read();
         match RuleSet::load(&path) {
             Ok(rules) => {
                 let total = rules.rules.len();

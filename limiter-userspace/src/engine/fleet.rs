@@ -11,7 +11,7 @@ use super::Engine;
 use crate::{
     fleet::{Grant, RuleCounts, RuleRef},
     kernel::counters,
-    rules::{Rate, Rule},
+    rules::Rule,
 };
 
 impl Engine {
@@ -39,7 +39,7 @@ impl Engine {
         })
     }
 
-    /// The fleet rules applied: (rule, id).
+    /// The fleet rules applied.
     pub fn fleet_rules(&self) -> Vec<Rule> {
         self.applied()
             .map(|(set, _)| {
@@ -97,11 +97,7 @@ impl Engine {
 }
 
 fn share_meter(rule: &Rule, local: u64) -> MeterConfig {
-    let whole: Rate = rule
-        .aggregate
-        .and_then(|a| a.packets)
-        .expect("validation: a fleet rule has an aggregate rate");
-    let share = whole.share(local);
+    let share = rule.fleet_rate().expect("a fleet rule").share(local);
     MeterConfig {
         gcra: share.gcra,
         window: share.window,

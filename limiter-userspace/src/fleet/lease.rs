@@ -20,7 +20,7 @@ use std::{
 
 use redis::Script;
 
-use super::store::{ConnectError, Connection, StoreConfig, StoreError};
+use super::store::{Connection, StoreConfig, StoreError};
 
 /// What leasing can fail on.
 #[derive(Debug, thiserror::Error)]
@@ -132,10 +132,7 @@ impl Leases {
         if ttl < MIN_TTL {
             return Err(LeaseError::TtlTooShort);
         }
-        let redis = store.connect().await.map_err(|e| match e {
-            ConnectError::Store(e) => LeaseError::Store(e),
-            ConnectError::Redis(e) => LeaseError::Redis(e),
-        })?;
+        let redis = store.connect().await?;
         let seed = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now()))
@@ -166,7 +163,7 @@ impl Leases {
 
     /// The partitions held and valid at `now`.
     pub fn held(&self, now: Instant) -> usize {
-        self.held.values().filter(|&&until| until > now).count()
+        self.valid_beyond(now).0 as usize
     }
 
     /// The partitions valid until after `at`, and the earliest moment one
@@ -174,11 +171,6 @@ impl Leases {
     pub fn valid_beyond(&self, at: Instant) -> (u32, Option<Instant>) {
         let valid = self.held.values().filter(|&&until| until > at);
         (valid.clone().count() as u32, valid.min().copied())
-    }
-
-    /// The earliest moment a held partition stops being valid.
-    pub fn earliest_lapse(&self) -> Option<Instant> {
-        self.held.values().min().copied()
     }
 
     /// Says how many partitions this node holds and whether it wants
@@ -204,12 +196,11 @@ impl Leases {
         })
     }
 
-    /// One round trip to the store, for its latency and to know it answers
-    /// when nothing is held.
-    pub async fn ping(&mut self) -> Result<Duration, LeaseError> {
-        let sent = Instant::now();
+    /// One round trip to the store, to know it answers when nothing is
+    /// held.
+    pub async fn ping(&mut self) -> Result<(), LeaseError> {
         let _: String = redis::cmd("PING").query_async(&mut self.redis).await?;
-        Ok(sent.elapsed())
+        Ok(())
     }
 
     /// The partitions held, in order.

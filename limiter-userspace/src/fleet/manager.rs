@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::watch;
 
 use super::{
     Enforcer, FleetConfig,
@@ -19,10 +19,11 @@ use crate::rules::Rule;
 /// Each fleet rule's share, by rule name.
 pub type FleetStatus = Arc<Mutex<BTreeMap<String, ShareStatus>>>;
 
+/// A rule's loop: told to stop (it then gives its leases back) through
+/// `stop`, or when this is dropped.
 struct Running {
     fingerprint: u64,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
 }
 
 pub struct Fleet {
@@ -69,7 +70,6 @@ impl Fleet {
         for name in stale {
             if let Some(run) = self.running.remove(&name) {
                 let _ = run.stop.send(true);
-                drop(run.task);
             }
             self.status.lock().expect("fleet status").remove(&name);
         }
@@ -88,13 +88,12 @@ impl Fleet {
             let spec = spec(rule, config);
             let node = Node::new(spec, config.store.clone(), Arc::clone(&self.enforcer));
             let (stop, stopped) = watch::channel(false);
-            let task = tokio::spawn(run(node, stopped, Arc::clone(&self.status)));
+            tokio::spawn(run(node, stopped, Arc::clone(&self.status)));
             self.running.insert(
                 name.to_owned(),
                 Running {
                     fingerprint: rule.fingerprint(),
                     stop,
-                    task,
                 },
             );
         }
@@ -103,10 +102,7 @@ impl Fleet {
 
 fn spec(rule: &Rule, config: &FleetConfig) -> Spec {
     let fleet = rule.fleet.expect("a fleet rule");
-    let rate = rule
-        .aggregate
-        .and_then(|a| a.packets)
-        .expect("validation: a fleet rule has an aggregate rate");
+    let rate = rule.fleet_rate().expect("a fleet rule");
     Spec {
         rule: super::RuleRef::of(rule),
         budget: Budget {

@@ -201,45 +201,47 @@ impl Node {
         }
     }
 
-    async fn enforce(&mut self, grant: Grant) -> bool {
+    /// Runs `f` on the enforcer off the runtime's threads (it may wait for
+    /// the engine's lock); `None`, logged as `what`, when it fails.
+    async fn on_enforcer<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&dyn Enforcer, &RuleRef) -> anyhow::Result<T> + Send + 'static,
+    ) -> Option<T> {
         let enforcer = Arc::clone(&self.enforcer);
         let rule = self.spec.rule.clone();
-        match tokio::task::spawn_blocking(move || enforcer.enforce(&rule, grant)).await {
-            Ok(Ok(())) => {
-                self.status.local_rate = grant.local;
-                self.status.held = self
-                    .leases
-                    .as_ref()
-                    .map_or(0, |l| l.valid_beyond(Instant::now()).0);
-                true
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(rule = %self.spec.rule.name, "enforcing the fleet share: {e:#}");
-                false
-            }
-            Err(e) => {
-                tracing::warn!(rule = %self.spec.rule.name, "enforcing the fleet share: {e}");
-                false
-            }
+        let result = tokio::task::spawn_blocking(move || f(enforcer.as_ref(), &rule))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r);
+        result
+            .map_err(|e| tracing::warn!(rule = %self.spec.rule.name, "{what}: {e:#}"))
+            .ok()
+    }
+
+    async fn enforce(&mut self, grant: Grant) -> bool {
+        let enforced = self
+            .on_enforcer("enforcing the fleet share", move |e, rule| {
+                e.enforce(rule, grant)
+            })
+            .await
+            .is_some();
+        if enforced {
+            self.status.local_rate = grant.local;
+            self.status.held = self
+                .leases
+                .as_ref()
+                .map_or(0, |l| l.valid_beyond(Instant::now()).0);
         }
+        enforced
     }
 
     /// What the rule admitted and refused since the last tick, per unit;
     /// `None` when it cannot be told (keep what is held then).
     async fn demand(&mut self) -> Option<Demand> {
-        let enforcer = Arc::clone(&self.enforcer);
-        let rule = self.spec.rule.clone();
-        let counts = match tokio::task::spawn_blocking(move || enforcer.counts(&rule)).await {
-            Ok(Ok(counts)) => counts,
-            Ok(Err(e)) => {
-                tracing::warn!(rule = %self.spec.rule.name, "reading the rule's counters: {e:#}");
-                return None;
-            }
-            Err(e) => {
-                tracing::warn!(rule = %self.spec.rule.name, "reading the rule's counters: {e}");
-                return None;
-            }
-        };
+        let counts = self
+            .on_enforcer("reading the rule's counters", |e, rule| e.counts(rule))
+            .await?;
         let now = Instant::now();
         let (then, last) = self.last_counts.replace((now, counts))?;
         let elapsed = now.duration_since(then).as_secs_f64().max(1e-3);
@@ -264,10 +266,10 @@ impl Node {
         }
         let leases = self.leases.as_mut().expect("connected");
         let sent = Instant::now();
-        if leases.partitions().is_empty() {
+        let renewing = leases.partitions().len() as u64;
+        if renewing == 0 {
             leases.ping().await?;
         } else {
-            let renewing = leases.partitions().len() as u64;
             let lost = leases.renew().await?.len() as u64;
             self.status.leases_lost += lost;
             self.status.leases_renewed += renewing - lost;

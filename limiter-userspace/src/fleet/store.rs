@@ -4,10 +4,16 @@
 //! (rustls), verifying the server against the system's roots or a given
 //! CA, with a client certificate when Redis asks for one.
 
-use std::{io, path::PathBuf, time::Duration};
+use std::{
+    io,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use redis::{IntoConnectionInfo, aio::ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
+
+use super::lease::LeaseError;
 
 /// The `store:` section of the daemon's configuration.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -62,12 +68,6 @@ pub enum StoreError {
     PasswordInUrl,
     #[error("store: password_file and password_env: give one")]
     TwoPasswords,
-    #[error("store.password_file {}: {source}", path.display())]
-    PasswordFile {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
     #[error("store.password_env: {0} is not set")]
     PasswordEnv(String),
     #[error("store.{field} {}: {source}", path.display())]
@@ -81,8 +81,16 @@ pub enum StoreError {
     TlsOnly(&'static str),
     #[error("store: cert_file and key_file go together")]
     HalfAClientCertificate,
-    #[error("store.url: {0}")]
-    Insecure(String),
+}
+
+/// A file named by `store.<field>` that could not be read.
+fn unreadable(field: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.to_owned();
+    move |source| StoreError::File {
+        field,
+        path,
+        source,
+    }
 }
 
 impl StoreConfig {
@@ -107,10 +115,7 @@ impl StoreConfig {
             (Some(_), Some(_)) => Err(StoreError::TwoPasswords),
             (Some(path), None) => std::fs::read_to_string(path)
                 .map(|p| Some(p.trim_end_matches(['\n', '\r']).to_owned()))
-                .map_err(|source| StoreError::PasswordFile {
-                    path: path.clone(),
-                    source,
-                }),
+                .map_err(unreadable("password_file", path)),
             (None, Some(name)) => std::env::var(name)
                 .map(Some)
                 .map_err(|_| StoreError::PasswordEnv(name.clone())),
@@ -121,7 +126,7 @@ impl StoreConfig {
     /// Where the store is, credentials set.
     fn connection_info(&self) -> Result<redis::ConnectionInfo, StoreError> {
         if self.url.contains("#insecure") {
-            return Err(StoreError::Insecure(
+            return Err(StoreError::Url(
                 "#insecure turns off certificate checks; give the CA in store.ca_file instead"
                     .into(),
             ));
@@ -159,13 +164,7 @@ impl StoreConfig {
         }
         let read = |field: &'static str, path: &Option<PathBuf>| {
             path.as_ref()
-                .map(|p| {
-                    std::fs::read(p).map_err(|source| StoreError::File {
-                        field,
-                        path: p.clone(),
-                        source,
-                    })
-                })
+                .map(|p| std::fs::read(p).map_err(unreadable(field, p)))
                 .transpose()
         };
         let client_tls = match (
@@ -217,7 +216,7 @@ impl StoreConfig {
     }
 
     /// Connects: to one Redis (reconnecting by itself), or to a cluster.
-    pub async fn connect(&self) -> Result<Connection, ConnectError> {
+    pub async fn connect(&self) -> Result<Connection, LeaseError> {
         Ok(if self.cluster {
             Connection::Cluster(self.cluster_client()?.get_async_connection().await?)
         } else {
@@ -232,7 +231,7 @@ impl StoreConfig {
     }
 
     /// Timeouts for the connection that reconnects by itself.
-    pub fn manager_config(&self) -> ConnectionManagerConfig {
+    fn manager_config(&self) -> ConnectionManagerConfig {
         // One retry: the fleet loop tries again every tick anyway, and a
         // store that refuses must not hold a tick for seconds of back-off.
         ConnectionManagerConfig::new()
@@ -240,15 +239,6 @@ impl StoreConfig {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
     }
-}
-
-/// Why connecting failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
 }
 
 /// A connection to the store: one Redis or a cluster.

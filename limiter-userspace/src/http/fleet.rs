@@ -22,9 +22,7 @@ impl FleetMeter {
     /// The meter of `rule` if it is fleet-wide: its reserve until a share
     /// is granted.
     pub(super) fn of(rule: &Rule) -> Option<Self> {
-        let fleet = rule.fleet?;
-        let whole = rule.aggregate.and_then(|a| a.packets)?;
-        let reserve = whole.share(fleet.reserve);
+        let reserve = rule.fleet_rate()?.share(rule.fleet?.reserve);
         Some(Self {
             share: Mutex::new((reserve, 0)),
             reserve,
@@ -77,8 +75,7 @@ impl Enforcer for Limiter {
     fn enforce(&self, rule: &RuleRef, grant: Grant) -> anyhow::Result<()> {
         let index = self.fleet_index(rule)?;
         let whole = self.rules.rules[index]
-            .aggregate
-            .and_then(|a| a.packets)
+            .fleet_rate()
             .context("a fleet rule has an aggregate rate")?;
         let fleet = self.fleet[index].as_ref().context("fleet-wide")?;
         // The grant's deadline is on the system's monotonic clock; the

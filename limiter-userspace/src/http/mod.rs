@@ -36,19 +36,6 @@ use serde::Serialize;
 pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
 pub use reload::Reloadable;
 
-/// A header map of `fields`, in order (several of one name are kept).
-#[cfg(test)]
-pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
-    let mut map = http::HeaderMap::new();
-    for (name, value) in fields {
-        map.append(
-            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            value.parse().unwrap(),
-        );
-    }
-    map
-}
-
 use crate::rules::{
     Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
     matching::{first_match, key_masks, match_order},
@@ -692,4 +679,17 @@ impl Limiter {
             }
         }
     }
+}
+
+/// A header map of `fields`, in order (several of one name are kept).
+#[cfg(test)]
+pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in fields {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    map
 }

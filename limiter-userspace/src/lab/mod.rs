@@ -115,6 +115,26 @@ impl Lab {
         }
     }
 
+    /// Sources flooding at `pps` each with UDP frames of `payload` bytes,
+    /// over veth pair `pair`.
+    pub fn sources(
+        &self,
+        pair: u8,
+        addrs: &[IpAddr],
+        pps: u64,
+        payload: usize,
+    ) -> Vec<FloodSource> {
+        let target = self.target(pair);
+        addrs
+            .iter()
+            .map(|&addr| FloodSource {
+                addr,
+                frame: udp_frame(&target, addr, payload),
+                pps,
+            })
+            .collect()
+    }
+
     /// A packet socket on the sending side of pair `n`.
     pub fn sender(&self, n: u8) -> Result<FrameSocket> {
         let (tx_if, _) = pair_ifaces(n);

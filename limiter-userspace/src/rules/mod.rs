@@ -10,6 +10,7 @@ mod fingerprint;
 pub mod matching;
 mod raw;
 mod validate;
+pub mod watch;
 
 use std::{path::Path, time::Duration};
 
@@ -67,6 +68,15 @@ pub struct FleetShare {
     pub partitions: u32,
     /// Per the aggregate's unit, kept by each node whatever the store says.
     pub reserve: u64,
+}
+
+impl Rule {
+    /// A fleet-wide rule's whole budget: its aggregate packet rate
+    /// (validation makes every fleet rule have one).
+    pub fn fleet_rate(&self) -> Option<Rate> {
+        self.fleet?;
+        self.aggregate?.packets
+    }
 }
 
 impl Rate {
