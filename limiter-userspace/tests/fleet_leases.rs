@@ -81,6 +81,49 @@ async fn partitions_are_exclusive_renewed_returned_and_expire() {
     assert_eq!(a.held(Instant::now()), 0);
 }
 
+/// Guards the takeover's timing: an acquisition that falls short says when
+/// the partitions others hold expire (no later than they do, so a node
+/// whose owner died takes them then, not a tick later), and they are free
+/// from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_acquisition_says_when_the_others_leases_expire() {
+    let redis = redis(None);
+    let ttl = Duration::from_millis(600);
+    let mut a = Leases::new(&store(&redis), "api", 4, ttl).await.unwrap();
+    let mut b = Leases::new(&store(&redis), "api", 4, ttl).await.unwrap();
+    let a_asked = Instant::now();
+    assert_eq!(a.acquire(4).await.unwrap().len(), 4);
+    let a_answered = Instant::now();
+    assert_eq!(a.next_free(), None, "a got all it asked for");
+    tokio::time::sleep(ttl / 3).await;
+    let b_asked = Instant::now();
+    assert!(b.acquire(2).await.unwrap().is_empty(), "a holds them all");
+    let b_rtt = b_asked.elapsed();
+    let free_at = b
+        .next_free()
+        .expect("b was not told when a's leases expire");
+    // Redis expires them a TTL after a's request arrived; b's estimate is
+    // early by at most its own round trip, never late.
+    assert!(
+        free_at <= a_answered + ttl,
+        "told {:?} after a's answer, beyond the TTL",
+        free_at - a_answered
+    );
+    assert!(
+        free_at + b_rtt >= a_asked + ttl,
+        "told {:?} after a's request, short of the TTL by more than b's round trip {b_rtt:?}",
+        free_at - a_asked
+    );
+    // a died: nothing renews its leases.
+    tokio::time::sleep_until((a_answered + ttl + Duration::from_millis(5)).into()).await;
+    assert_eq!(
+        b.acquire(4).await.unwrap().len(),
+        4,
+        "a's leases did not expire"
+    );
+    assert_eq!(b.next_free(), None, "b got all it asked for");
+}
+
 #[tokio::test]
 async fn a_ttl_too_short_to_renew_is_refused() {
     let store = StoreConfig::at("redis://127.0.0.1:1/");

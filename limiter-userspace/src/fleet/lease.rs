@@ -118,6 +118,9 @@ pub struct Leases {
     release: Script,
     report: Script,
     rng: u64,
+    /// When the last acquisition fell short: the earliest moment one of
+    /// the partitions others held then expires.
+    next_free: Option<Instant>,
 }
 
 impl Leases {
@@ -150,6 +153,7 @@ impl Leases {
             release: Script::new(RELEASE),
             report: Script::new(REPORT),
             rng: seed | 1,
+            next_free: None,
         })
     }
 
@@ -203,30 +207,50 @@ impl Leases {
         Ok(())
     }
 
+    /// When the last acquisition fell short of what it asked: the earliest
+    /// moment a partition another node held may be free.
+    pub fn next_free(&self) -> Option<Instant> {
+        self.next_free
+    }
+
     /// The partitions held, in order.
     pub fn partitions(&self) -> Vec<u32> {
         self.held.keys().copied().collect()
     }
 
     /// Leases up to `n` more partitions, trying those free (one round trip
-    /// says which) in a random order; returns those gained.
+    /// says which, and when the others' leases expire) in a random order;
+    /// returns those gained.
     pub async fn acquire(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
         let candidates: Vec<u32> = (0..self.partitions)
             .filter(|p| !self.held.contains_key(p))
             .collect();
+        self.next_free = None;
         if n == 0 || candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<String> = candidates.iter().map(|&p| self.key(p)).collect();
-        let owners: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query_async(&mut self.redis)
-            .await?;
-        let mut free: Vec<u32> = candidates
-            .into_iter()
-            .zip(owners)
-            .filter_map(|(p, owner)| owner.is_none().then_some(p))
-            .collect();
+        let mut remaining = redis::pipe();
+        for &p in &candidates {
+            remaining.cmd("PTTL").arg(self.key(p));
+        }
+        let asked = Instant::now();
+        // PTTL says -2 for a key that does not exist (a free partition).
+        let ttls: Vec<i64> = remaining.query_async(&mut self.redis).await?;
+        let mut free = Vec::new();
+        let mut next_free = None::<Instant>;
+        for (p, ttl) in candidates.into_iter().zip(ttls) {
+            match u64::try_from(ttl) {
+                // Redis counted it from when the request arrived, after it
+                // was sent: it expires no earlier than this, by this clock.
+                Ok(ms) => {
+                    let at = asked + Duration::from_millis(ms);
+                    next_free = Some(next_free.map_or(at, |t| t.min(at)));
+                }
+                Err(_) if ttl == -2 => free.push(p),
+                // -1: a key without expiry, which no node would set.
+                Err(_) => {}
+            }
+        }
         // Fisher-Yates with xorshift: nodes asking at once spread out.
         for i in (1..free.len()).rev() {
             self.rng ^= self.rng << 13;
@@ -253,6 +277,9 @@ impl Leases {
                 self.held.insert(partition, until);
                 gained.push(partition);
             }
+        }
+        if (gained.len() as u32) < n {
+            self.next_free = next_free;
         }
         Ok(gained)
     }

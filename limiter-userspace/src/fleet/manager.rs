@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
+    time::Instant,
 };
 
 use tokio::sync::watch;
@@ -125,11 +126,17 @@ async fn run(mut node: Node, mut stopped: watch::Receiver<bool>, status: FleetSt
     let mut ticks = tokio::time::interval(node.spec().tick());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let retry_at = node.retry_at();
+        let retry = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now).into());
         tokio::select! {
-            _ = ticks.tick() => {}
+            _ = ticks.tick() => {
+                node.tick().await;
+            }
+            _ = retry, if retry_at.is_some() => {
+                node.retry().await;
+            }
             _ = stopped.changed() => break,
         }
-        node.tick().await;
         status
             .lock()
             .expect("fleet status")

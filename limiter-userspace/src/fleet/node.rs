@@ -26,6 +26,11 @@ use super::{
 };
 use crate::clock::monotonic_ns;
 
+/// A retry's delay after an expiry this host's clock expects (the store
+/// counted it from a moment a little later), and at the least.
+const RETRY_MARGIN: Duration = Duration::from_millis(2);
+const RETRY_MIN: Duration = Duration::from_millis(5);
+
 /// What a node enforces while the store cannot be reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fallback {
@@ -86,6 +91,11 @@ pub struct Node {
     /// Since when the store has not answered.
     down_since: Option<Instant>,
     last_counts: Option<(Instant, RuleCounts)>,
+    /// What the last tick measured, for a retry before the next.
+    last_demand: Option<Demand>,
+    /// When to try again before the next tick: a lease this node wants is
+    /// about to expire in the store.
+    retry_at: Option<Instant>,
     status: ShareStatus,
 }
 
@@ -109,6 +119,8 @@ impl Node {
             enforcer,
             down_since: None,
             last_counts: None,
+            last_demand: None,
+            retry_at: None,
             status,
         }
     }
@@ -126,9 +138,27 @@ impl Node {
         self.down_since.is_none()
     }
 
+    /// When to [`Node::retry`] before the next tick, if at all: a node
+    /// that wants partitions others hold takes them the moment they expire
+    /// (their owner died), not up to a tick later.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
     /// One tick: the share to enforce until the next, enforced.
     pub async fn tick(&mut self) -> Grant {
-        let demand = self.demand().await;
+        self.last_demand = self.demand().await;
+        self.step(self.last_demand).await
+    }
+
+    /// Between ticks: what the last tick did, on the demand it measured
+    /// (a few milliseconds of traffic would tell nothing).
+    pub async fn retry(&mut self) -> Grant {
+        self.step(self.last_demand).await
+    }
+
+    async fn step(&mut self, demand: Option<Demand>) -> Grant {
+        self.retry_at = None;
         // Safety does not depend on this limit (shares lapse by
         // themselves); it keeps a store that hangs from stalling the loop.
         let limit = self.spec.tick() * 2;
@@ -290,6 +320,13 @@ impl Node {
         if target > held {
             let gained = leases.acquire(target - held).await?;
             self.status.leases_acquired += gained.len() as u64;
+            // Not before a few milliseconds: the store may expire a key a
+            // little after this host's clock says.
+            let soonest = Instant::now() + RETRY_MIN;
+            self.retry_at = leases
+                .next_free()
+                .map(|at| (at + RETRY_MARGIN).max(soonest))
+                .filter(|&at| at < sent + self.spec.tick());
         } else if target < held {
             // Lowered first, given back after: never two nodes on one
             // partition. If the lower share cannot be enforced, the

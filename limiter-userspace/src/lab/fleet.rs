@@ -105,6 +105,21 @@ impl FleetLab {
         format!("redis://{}:{STORE_PORT}/", link_addrs(n).0)
     }
 
+    /// A connection to the store made from its own namespace, with the
+    /// hosts' password: for watching the leases from outside the hosts.
+    pub fn store_connection(&self) -> Result<redis::Connection> {
+        let password = std::fs::read_to_string(&self.password_file)
+            .with_context(|| format!("reading {}", self.password_file.display()))?;
+        let url = self.store_url(0);
+        self.store.enter(|| -> Result<redis::Connection> {
+            let mut connection = redis::Client::open(url.as_str())?.get_connection()?;
+            redis::cmd("AUTH")
+                .arg(password.trim_end())
+                .query::<()>(&mut connection)?;
+            Ok(connection)
+        })?
+    }
+
     /// Starts Redis in the store namespace again.
     pub fn start_store(&self) -> Result<()> {
         self.redis.lock().expect("redis lock").resume()
