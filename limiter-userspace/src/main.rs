@@ -262,7 +262,13 @@ enum RulesCommand {
 enum ImportFrom {
     /// An envoy ratelimit service config (descriptors): prints the rule
     /// file, and on stderr what could not be converted.
-    Envoy { file: PathBuf },
+    Envoy {
+        file: PathBuf,
+        /// The route configuration (`virtual_hosts`) whose `rate_limits`
+        /// actions produce the descriptors: what each key means.
+        #[arg(long)]
+        routes: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -342,8 +348,8 @@ fn main() -> ExitCode {
         } => commands::top::run(&pin_dir, count, interval, once, json),
         Command::Check { config, json } => commands::check(&config, json),
         Command::Import {
-            from: ImportFrom::Envoy { file },
-        } => commands::import_envoy(&file),
+            from: ImportFrom::Envoy { file, routes },
+        } => commands::import_envoy(&file, routes.as_deref()),
         Command::Proxy(args) => args.run(),
         Command::Lab {
             config,

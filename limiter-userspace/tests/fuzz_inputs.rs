@@ -21,6 +21,7 @@ use proptest::prelude::*;
 const RULES: &str = include_str!("../../examples/rules.yaml");
 const DAEMON: &str = include_str!("../../examples/daemon.yaml");
 const ENVOY: &str = include_str!("../../examples/envoy-ratelimit.yaml");
+const ENVOY_ROUTES: &str = include_str!("../../examples/envoy-routes.yaml");
 const REQUESTS: [&str; 6] = [
     r#"{"command":"status"}"#,
     r#"{"command":"rules_apply","text":"rules: []","origin":"x.yaml"}"#,
@@ -144,6 +145,7 @@ fn use_rules(set: RuleSet) {
         port: Some(443),
         key: None,
         bytes: 100,
+        http: None,
     });
 }
 
@@ -167,7 +169,21 @@ proptest! {
     #[test]
     fn envoy_imports(bytes in input(ENVOY)) {
         let text = String::from_utf8_lossy(&bytes);
-        if let Ok(conversion) = limiter::import::envoy_text(&text, Path::new("envoy.yaml")) {
+        let routes = Some((ENVOY_ROUTES, Path::new("routes.yaml")));
+        for routes in [None, routes] {
+            if let Ok(conversion) = limiter::import::envoy_text(&text, Path::new("envoy.yaml"), routes) {
+                let set = RuleSet::parse(&conversion.rules, Path::new("converted.yaml"));
+                prop_assert!(set.is_ok(), "{:?}\n{}", set.err().map(|e| e.to_string()), conversion.rules);
+            }
+        }
+    }
+
+    /// The same with the route configuration mutated.
+    #[test]
+    fn envoy_route_imports(bytes in input(ENVOY_ROUTES)) {
+        let text = String::from_utf8_lossy(&bytes);
+        let routes = Some((text.as_ref(), Path::new("routes.yaml")));
+        if let Ok(conversion) = limiter::import::envoy_text(ENVOY, Path::new("envoy.yaml"), routes) {
             let set = RuleSet::parse(&conversion.rules, Path::new("converted.yaml"));
             prop_assert!(set.is_ok(), "{:?}\n{}", set.err().map(|e| e.to_string()), conversion.rules);
         }

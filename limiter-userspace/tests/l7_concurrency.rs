@@ -55,6 +55,7 @@ fn a_client_within_its_limit_is_never_refused() {
                     port: None,
                     key: None,
                     bytes: 100,
+                    http: None,
                 };
                 while !stop.load(Ordering::Relaxed) {
                     let counter = if limiter.check(&request).allowed {

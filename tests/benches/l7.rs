@@ -28,6 +28,7 @@ fn bench(c: &mut Criterion) {
         port: None,
         key: None,
         bytes: 0,
+        http: None,
     };
     group.bench_function("limiter l7 (rule match, key, GCRA)", |b| {
         b.iter(|| ours.check(&one).allowed)
@@ -55,6 +56,7 @@ fn bench(c: &mut Criterion) {
                 port: None,
                 key: None,
                 bytes: 0,
+                http: None,
             })
             .allowed
         })

@@ -293,6 +293,7 @@ fn admitted(limiter: &Limiter, clock: &TestClock, client: u32, t: u64) -> bool {
             port: None,
             key: None,
             bytes: 0,
+            http: None,
         })
         .allowed
 }
@@ -336,6 +337,7 @@ fn ipv4_clients_seen_as_mapped_ipv6_are_ipv4_clients() {
         port: None,
         key: None,
         bytes: 0,
+        http: None,
     };
     clock.0.store(1, Ordering::SeqCst);
     let first = limiter.check(&mapped(1));
@@ -414,6 +416,7 @@ fn shadow_rules_pass_and_count_the_excess() {
         port: None,
         key: None,
         bytes: 0,
+        http: None,
     };
     let decisions: Vec<(bool, bool)> = (0..4)
         .map(|_| limiter.check(&request))
@@ -721,4 +724,86 @@ async fn tls_clients_get_http2_or_http1_by_alpn_and_are_limited() {
     second.into_body().collect().await.unwrap();
     let third = h2.send_request(get()).await.unwrap();
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Rules with layer-7 conditions and keys, through the real proxy: a rule
+/// applies only to the requests whose method, path and headers it names,
+/// the most specific first; a key made of a header (or of the client and
+/// the path) gives each value its own bucket; a request without the header
+/// a rule is keyed by falls to the next rule. The kernel refuses the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer7_rules_match_and_key_requests_by_their_fields() {
+    let upstream_addr = limiter_tests::upstream().await;
+    let dir = TempDir::new("proxy-l7");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:
+  - name: per-path
+    key: [source, path]
+    limit: { rate: 1, unit: minute, burst: 1 }
+  - name: per-api-key
+    match: { path_prefix: /api/ }
+    key: header:x-api-key
+    limit: { rate: 3, unit: minute, burst: 3 }
+  - name: login
+    match: { method: POST, path: /login, headers: [{ name: x-debug, present: false }] }
+    limit: { rate: 2, unit: minute, burst: 2 }
+",
+    );
+    let check = limiter_tests::limiter_command(
+        None,
+        &["check", "--json", "--config", &config.to_string_lossy()],
+    )
+    .output()
+    .expect("limiter check");
+    let checked: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check --json");
+    assert_eq!(checked["rules"][2]["layer7_only"], "match.method");
+    assert_eq!(
+        checked["rules"][0]["key_parts"],
+        serde_json::json!(["source", "path"])
+    );
+    let p = proxy(&config, &format!("http://{upstream_addr}"), &[]);
+    tokio::task::spawn_blocking(move || {
+        let send = |request: &str| {
+            let answer = exchange(p.addr, request.as_bytes());
+            let status = status(&answer).to_owned();
+            let rule = answer
+                .lines()
+                .find_map(|l| l.strip_prefix("ratelimit-policy: ").or_else(|| l.strip_prefix("RateLimit-Policy: ")))
+                .and_then(|v| v.split('"').nth(1))
+                .unwrap_or("-")
+                .to_owned();
+            (status, rule)
+        };
+        let req = |line: &str, headers: &str| {
+            format!("{line} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\nContent-Length: 0\r\n\r\n")
+        };
+        let at = |s: &str, rule: &str| (s.to_owned(), rule.to_owned());
+        // POST /login: the login rule (three conditions, tried first).
+        let login: Vec<_> = (0..3).map(|_| send(&req("POST /login", ""))).collect();
+        assert_eq!(login, [at("200", "login"), at("200", "login"), at("429", "login")]);
+        // With x-debug, or as a GET, it is not the login rule's: per path.
+        assert_eq!(send(&req("POST /login", "x-debug: 1\r\n")), at("200", "per-path"));
+        assert_eq!(send(&req("GET /login", "")), at("429", "per-path"), "one bucket for /login");
+        assert_eq!(send(&req("GET /other", "")), at("200", "per-path"), "its own bucket");
+        // Under /api/, a bucket per API key; without one, per path.
+        let key_a = |path: &str| send(&req(&format!("GET {path}"), "x-api-key: a\r\n"));
+        let a: Vec<_> = ["/api/1", "/api/2", "/api/3", "/api/4"].iter().map(|p| key_a(p)).collect();
+        assert_eq!(
+            a,
+            [at("200", "per-api-key"), at("200", "per-api-key"), at("200", "per-api-key"), at("429", "per-api-key")]
+        );
+        assert_eq!(send(&req("GET /api/1", "x-api-key: b\r\n")), at("200", "per-api-key"));
+        assert_eq!(send(&req("GET /api/1", "")), at("200", "per-path"));
+        assert_eq!(send(&req("GET /api/1", "")), at("429", "per-path"));
+    })
+    .await
+    .unwrap();
+    // The same file, to the kernel: refused, naming the rule and field.
+    let rules = limiter::rules::RuleSet::load(&config).expect("valid for layer 7");
+    let refused = rules.kernel_compatible().unwrap_err();
+    assert!(
+        refused.contains("rules[0] (\"per-path\"): key source + path"),
+        "{refused}"
+    );
 }

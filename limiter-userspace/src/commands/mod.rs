@@ -164,6 +164,9 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
                     "protocol": r.matches.protocol,
                     "dest_port": r.matches.dest_port,
                     "key": { "ipv4": r.key.v4, "ipv6": r.key.v6 },
+                    "key_parts": r.keyed_by.iter().map(|p| p.name()).collect::<Vec<_>>(),
+                    "layer7_only": r.layer7_field(),
+                    "matches": limiter::rules::describe::describe(r).matches,
                     "shadow": r.shadow,
                 })
             })
@@ -271,8 +274,8 @@ async fn reload_rules(
     }
 }
 
-pub fn import_envoy(file: &Path) -> Result<()> {
-    let conversion = limiter::import::envoy(file)?;
+pub fn import_envoy(file: &Path, routes: Option<&Path>) -> Result<()> {
+    let conversion = limiter::import::envoy(file, routes)?;
     print!("{}", conversion.rules);
     for line in &conversion.skipped {
         eprintln!("not converted: {line}");

@@ -2,6 +2,7 @@
 //! it drops into axum, hyper or tonic services.
 
 use std::{
+    borrow::Cow,
     future::Future,
     net::SocketAddr,
     pin::Pin,
@@ -13,6 +14,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use super::{Admission, BodyMeter, Limiter, Reloadable, RequestMeta};
+use crate::rules::HttpRequest;
 
 /// What identifies a client.
 #[derive(Clone)]
@@ -200,29 +202,38 @@ impl<S> RateLimit<S> {
         } else {
             super::forwarded::client(client, request.headers(), &self.config.trusted_proxies)
         };
-        // Parts without the body, for the extractors.
-        let mut parts = Request::new(()).into_parts().0;
-        parts.method = request.method().clone();
-        parts.uri = request.uri().clone();
-        parts.headers = request.headers().clone();
-        let key: Option<Vec<u8>> = match &self.config.key_by {
-            KeyBy::ClientAddr => None,
-            KeyBy::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
-            KeyBy::Custom(f) => f(&parts),
+        let headers = request.headers();
+        // Parts without the body, for the caller's extractors only: a copy
+        // of the headers is an allocation per request.
+        let parts = || {
+            let mut parts = Request::new(()).into_parts().0;
+            parts.method = request.method().clone();
+            parts.uri = request.uri().clone();
+            parts.headers = headers.clone();
+            parts
         };
-        let length = parts
-            .headers
+        let key: Option<Cow<'_, [u8]>> = match &self.config.key_by {
+            KeyBy::ClientAddr => None,
+            KeyBy::Header(name) => headers.get(name).map(|v| Cow::Borrowed(v.as_bytes())),
+            KeyBy::Custom(f) => f(&parts()).map(Cow::Owned),
+        };
+        let length = headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse().ok());
         let bytes = match &self.config.cost_by {
             CostBy::ContentLength => length.unwrap_or(0),
-            CostBy::Custom(f) => f(&parts),
+            CostBy::Custom(f) => f(&parts()),
         };
         let meta = RequestMeta {
             client,
             port: self.config.port,
             key: key.as_deref(),
             bytes,
+            http: Some(HttpRequest {
+                method: request.method(),
+                uri: request.uri(),
+                headers,
+            }),
         };
         let limiter = &self.config.limiter.current();
         let admission = limiter.check(&meta);
@@ -230,7 +241,7 @@ impl<S> RateLimit<S> {
         // says how it is framed (Transfer-Encoding).
         let streams = matches!(self.config.cost_by, CostBy::ContentLength)
             && length.is_none()
-            && parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+            && headers.contains_key(http::header::TRANSFER_ENCODING);
         let charge = (admission.allowed && streams)
             .then(|| limiter.body_meter(&meta))
             .flatten()

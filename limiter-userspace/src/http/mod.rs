@@ -37,8 +37,8 @@ pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer
 pub use reload::Reloadable;
 
 use crate::rules::{
-    Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
-    matching::{first_match, key_masks, match_order},
+    Algorithm, Fallback, HttpRequest, KeyPart, Limit, Rate, Rule, RuleSet,
+    matching::{first_request_match, key_masks, match_order},
 };
 
 /// Where the limiter reads the time: monotonic ns for GCRA, Unix-epoch ns
@@ -71,6 +71,9 @@ pub struct RequestMeta<'a> {
     pub key: Option<&'a [u8]>,
     /// Cost against byte limits.
     pub bytes: u64,
+    /// The request's method, URI and headers, for rules with layer-7
+    /// conditions or keys (`None`: such rules never apply).
+    pub http: Option<HttpRequest<'a>>,
 }
 
 /// What to tell the client.
@@ -214,12 +217,21 @@ impl KeyDigest {
         Self([std::hash::RandomState::new(), std::hash::RandomState::new()])
     }
 
-    fn of(&self, key: &[u8]) -> [u8; 16] {
-        use std::hash::BuildHasher;
+    /// The digest of a key made of `parts` (each hashed with its length,
+    /// so no two lists of parts meet by concatenation).
+    fn of(&self, parts: &[&[u8]]) -> [u8; 16] {
+        use std::hash::{BuildHasher, Hash, Hasher};
         let [a, b] = &self.0;
+        let digest = |state: &std::hash::RandomState| {
+            let mut hasher = state.build_hasher();
+            for part in parts {
+                part.hash(&mut hasher);
+            }
+            hasher.finish()
+        };
         let mut out = [0; 16];
-        out[..8].copy_from_slice(&a.hash_one(key).to_ne_bytes());
-        out[8..].copy_from_slice(&b.hash_one(key).to_ne_bytes());
+        out[..8].copy_from_slice(&digest(a).to_ne_bytes());
+        out[8..].copy_from_slice(&digest(b).to_ne_bytes());
         out
     }
 }
@@ -302,7 +314,13 @@ impl Limiter {
             client: request.client.to_canonical(),
             ..*request
         };
-        let index = first_match(&self.rules, &self.order, request.client, 6, request.port);
+        let index = first_request_match(
+            &self.rules,
+            &self.order,
+            request.client,
+            request.port,
+            request.http.as_ref(),
+        );
         (request, index)
     }
 
@@ -576,17 +594,7 @@ impl Limiter {
         request: &RequestMeta<'_>,
         now: u64,
     ) -> Option<Arc<State>> {
-        let key = match request.key {
-            Some(key) => KeyBytes::Custom(self.digest.of(key)),
-            None => {
-                let mask = key_masks(rule);
-                let flow = match request.client {
-                    IpAddr::V4(a) => FlowKey::v4(0, a.octets(), mask.0),
-                    IpAddr::V6(a) => FlowKey::v6(0, a.octets(), mask.1),
-                };
-                KeyBytes::Addr(flow.addr)
-            }
-        };
+        let key = self.key_bytes(rule, request);
         let mut keys = self.keys.lock().expect("key map lock");
         if let Some(state) = keys.get(&(index, key)) {
             state.last_seen.fetch_max(now, Ordering::Relaxed);
@@ -617,6 +625,41 @@ impl Limiter {
             Ordering::Relaxed,
         );
         Some(state)
+    }
+
+    /// A request's key under `rule`: the caller's key or the client address
+    /// masked exactly as the kernel masks it, and the request's fields the
+    /// rule is keyed by besides.
+    fn key_bytes(&self, rule: &Rule, request: &RequestMeta<'_>) -> KeyBytes {
+        let source = || match request.key {
+            Some(key) => KeyBytes::Custom(self.digest.of(&[key])),
+            None => {
+                let mask = key_masks(rule);
+                let flow = match request.client {
+                    IpAddr::V4(a) => FlowKey::v4(0, a.octets(), mask.0),
+                    IpAddr::V6(a) => FlowKey::v6(0, a.octets(), mask.1),
+                };
+                KeyBytes::Addr(flow.addr)
+            }
+        };
+        if let [KeyPart::Source] = rule.keyed_by.as_slice() {
+            return source();
+        }
+        let http = request.http.as_ref();
+        let source = rule.keyed_by.contains(&KeyPart::Source).then(source);
+        let source = match &source {
+            Some(KeyBytes::Addr(a) | KeyBytes::Custom(a)) => Some(&a[..]),
+            None => None,
+        };
+        let mut parts = [&[][..]; crate::rules::request::MAX_KEY_PARTS];
+        for (slot, part) in parts.iter_mut().zip(&rule.keyed_by) {
+            // Matching made sure every part is there.
+            *slot = match part {
+                KeyPart::Source => source.unwrap_or_default(),
+                other => other.of(http).unwrap_or_default(),
+            };
+        }
+        KeyBytes::Custom(self.digest.of(&parts[..rule.keyed_by.len()]))
     }
 
     /// Quota, remaining and timing of a key's request meter, for headers.

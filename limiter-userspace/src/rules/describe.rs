@@ -1,7 +1,10 @@
 //! A rule in words (`10.0.0.0/8 udp port 53`, `1,000 pkts/s, burst 100`),
 //! as `limiter check`, `rules show` and the lab print it.
 
-use super::{Algorithm, Limit, Rate, Rule};
+use super::{
+    Algorithm, KeyPart, Limit, Rate, RequestMatch, Rule,
+    request::{HeaderCondition, PathMatch},
+};
 use crate::units::{count, per};
 
 /// A rule in words, one field per column.
@@ -31,6 +34,7 @@ pub fn describe(rule: &Rule) -> Description {
     if let Some(port) = m.dest_port {
         matches.push(format!("port {port}"));
     }
+    matches.extend(describe_request(&rule.request));
     let rates = |packets: Option<Rate>, bytes: Option<Rate>| {
         // Windows and logs admit `rate` per window: no burst to show.
         let rate = |m: Rate, what: &str| match rule.algorithm {
@@ -65,7 +69,18 @@ pub fn describe(rule: &Rule) -> Description {
     };
     Description {
         matches: matches.join(" "),
-        key: format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
+        key: if rule.keyed_by.is_empty() {
+            "one for all".to_owned()
+        } else {
+            rule.keyed_by
+                .iter()
+                .map(|part| match part {
+                    KeyPart::Source => format!("/{} v4, /{} v6", rule.key.v4, rule.key.v6),
+                    other => other.name(),
+                })
+                .collect::<Vec<_>>()
+                .join(" + ")
+        },
         limit: match rule.limit {
             Limit::Unlimited => "unlimited".to_owned(),
             Limit::Metered { packets, bytes } => rates(packets, bytes),
@@ -86,4 +101,30 @@ pub fn describe(rule: &Rule) -> Description {
             (_, false) => "drop".into(),
         },
     }
+}
+
+/// A rule's layer-7 conditions in words (`GET|HEAD host api.example.com
+/// path /v1/* x-tier=free`).
+fn describe_request(request: &RequestMatch) -> Vec<String> {
+    let mut words = Vec::new();
+    if !request.methods.is_empty() {
+        let methods: Vec<&str> = request.methods.iter().map(|m| m.as_str()).collect();
+        words.push(methods.join("|"));
+    }
+    if let Some(host) = &request.host {
+        words.push(format!("host {host}"));
+    }
+    match &request.path {
+        Some(PathMatch::Exact(path)) => words.push(format!("path {path}")),
+        Some(PathMatch::Prefix(prefix)) => words.push(format!("path {prefix}*")),
+        None => {}
+    }
+    for header in &request.headers {
+        words.push(match &header.condition {
+            HeaderCondition::Equals(value) => format!("{}={value}", header.name),
+            HeaderCondition::Present => format!("{} present", header.name),
+            HeaderCondition::Absent => format!("no {}", header.name),
+        });
+    }
+    words
 }

@@ -29,8 +29,14 @@ impl Rule {
         let fleet = self.fleet.map_or(String::new(), |f| {
             format!("|fleet/{}/{}", f.partitions, f.reserve)
         });
+        // Likewise a rule without layer-7 fields.
+        let layer7 = if self.layer7_field().is_some() {
+            format!("|l7/{:?}/{:?}", self.request, self.keyed_by)
+        } else {
+            String::new()
+        };
         let text = format!(
-            "{:?}|{}|{}|{}|{}/{}|{limit}|{}{fleet}",
+            "{:?}|{}|{}|{}|{}/{}|{limit}|{}{fleet}{layer7}",
             self.algorithm,
             m.source.map_or("*".to_owned(), |s| s.to_string()),
             m.protocol.map_or("*".to_owned(), |p| p.to_string()),

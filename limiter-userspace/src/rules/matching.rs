@@ -6,7 +6,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::{Rule, RuleSet};
+use super::{
+    Rule, RuleSet,
+    request::{HttpRequest, keyable},
+};
 
 /// The masks that turn a source address into the rule's key, for IPv4 and
 /// IPv6 (network byte order): the kernel and the L7 limiter both use them.
@@ -58,16 +61,24 @@ pub fn covering_rules(set: &RuleSet, net: IpNet) -> Vec<usize> {
         .collect()
 }
 
-/// Every rule, most specific first: longer source prefix, then protocol and
+/// Every rule, most specific first: more layer-7 conditions (method,
+/// host, path, each header), then longer source prefix, then protocol and
 /// port, then protocol only, then neither, then file order. The kernel's
-/// trie entries list their candidates in this order.
+/// trie entries list their candidates in this order (its rules have no
+/// layer-7 conditions).
 pub fn match_order(set: &RuleSet) -> Vec<usize> {
     let mut order: Vec<usize> = (0..set.rules.len()).collect();
     order.sort_by_key(|&i| {
-        let m = &set.rules[i].matches;
+        let rule = &set.rules[i];
+        let m = &rule.matches;
         let prefix = m.source.map_or(0, |s| s.prefix_len());
         let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
-        (std::cmp::Reverse(prefix), std::cmp::Reverse(specificity), i)
+        (
+            std::cmp::Reverse(rule.request.conditions()),
+            std::cmp::Reverse(prefix),
+            std::cmp::Reverse(specificity),
+            i,
+        )
     });
     order
 }
@@ -86,6 +97,28 @@ pub fn first_match(
         m.source.is_none_or(|s| s.contains(&source))
             && m.protocol.is_none_or(|p| p == protocol)
             && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+    })
+}
+
+/// The first rule in `order` that applies to an HTTP request from `source`
+/// to `dest_port` (TCP): its addresses, its fields (`None`: a caller that
+/// tells only addresses, which rules with layer-7 conditions never match),
+/// and the headers the rule's key is made of, which it must carry.
+pub fn first_request_match(
+    set: &RuleSet,
+    order: &[usize],
+    source: IpAddr,
+    dest_port: Option<u16>,
+    request: Option<&HttpRequest<'_>>,
+) -> Option<usize> {
+    order.iter().copied().find(|&i| {
+        let rule = &set.rules[i];
+        let m = &rule.matches;
+        m.source.is_none_or(|s| s.contains(&source))
+            && m.protocol.is_none_or(|p| p == 6)
+            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+            && rule.request.matches(request)
+            && keyable(&rule.keyed_by, request)
     })
 }
 

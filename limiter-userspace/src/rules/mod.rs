@@ -9,6 +9,7 @@ pub mod describe;
 mod fingerprint;
 pub mod matching;
 mod raw;
+pub mod request;
 mod validate;
 pub mod watch;
 
@@ -19,6 +20,7 @@ pub use crate::yaml::InvalidFile;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
 pub use raw::{Algorithm, Fallback, Scope};
+pub use request::{HttpRequest, KeyPart, RequestMatch};
 pub use validate::{parse_net, parse_unit};
 
 /// The default rule file, used by the lab and shown in the README.
@@ -44,8 +46,13 @@ pub struct RuleSet {
 pub struct Rule {
     pub name: String,
     pub matches: Match,
+    /// Layer 7: what the rule asks of a request besides its addresses.
+    pub request: RequestMatch,
     /// Key granularity: the source prefix length that forms a key.
     pub key: KeyPrefix,
+    /// What a key is made of: the source (masked by `key`) by default;
+    /// at layer 7, also or instead headers, the path, the method, the host.
+    pub keyed_by: Vec<KeyPart>,
     pub limit: Limit,
     /// Budgets shared by all the rule's keys together (hierarchical limits).
     pub aggregate: Option<Rates>,
@@ -71,6 +78,13 @@ pub struct FleetShare {
 }
 
 impl Rule {
+    /// The first field of the rule only layer 7 can enforce, if any.
+    pub fn layer7_field(&self) -> Option<&'static str> {
+        self.request
+            .first_field()
+            .or_else(|| (self.keyed_by != [KeyPart::Source]).then_some("key"))
+    }
+
     /// A fleet-wide rule's whole budget: its aggregate packet rate
     /// (validation makes every fleet rule have one).
     pub fn fleet_rate(&self) -> Option<Rate> {
@@ -173,19 +187,34 @@ impl RuleSet {
     pub fn kernel_compatible(&self) -> Result<(), String> {
         for (i, rule) in self.rules.iter().enumerate() {
             let what = if rule.algorithm == Algorithm::SlidingLog {
-                "algorithm sliding_log"
+                "algorithm sliding_log".to_owned()
             } else if rule.delay.is_some() {
-                "limit.delay (pacing)"
+                "limit.delay (pacing)".to_owned()
+            } else if let Some(field) = rule.layer7_field() {
+                let parts: Vec<String> = rule.keyed_by.iter().map(KeyPart::name).collect();
+                match field {
+                    "key" if parts.is_empty() => {
+                        "key all (in the kernel, an aggregate is one budget for every key)"
+                            .to_owned()
+                    }
+                    "key" => format!("key {} (a request's fields)", parts.join(" + ")),
+                    field => format!("{field} (a request's field)"),
+                }
             } else {
                 continue;
             };
             return Err(format!(
                 "rules[{i}] ({:?}): {what} works at layer 7 only (limiter proxy or the library); \
-                 the kernel cannot queue or log requests",
+                 the kernel sees packets, and cannot queue, log or parse requests",
                 rule.name
             ));
         }
         Ok(())
+    }
+
+    /// Whether any rule asks what only layer 7 can tell.
+    pub fn has_layer7_rules(&self) -> bool {
+        self.rules.iter().any(|r| r.layer7_field().is_some())
     }
 
     /// Reads and validates a rule file.

@@ -40,7 +40,9 @@ pub struct RuleEntry {
     pub name: String,
     #[serde(default, rename = "match")]
     pub matches: MatchFields,
-    pub key: Option<String>,
+    /// `source`, `source/N`, or (layer 7) `header:NAME`, `path`, `method`,
+    /// `host`; one or a list, whose parts together form the key.
+    pub key: Option<Strings>,
     pub limit: LimitField,
     /// One budget shared by every key of the rule.
     pub aggregate: Option<RateFields>,
@@ -70,6 +72,53 @@ pub struct MatchFields {
     pub source: Option<String>,
     pub protocol: Option<Protocol>,
     pub dest_port: Option<u16>,
+    /// Layer 7: one method or a list.
+    pub method: Option<Strings>,
+    /// Layer 7: the request's host, without its port.
+    pub host: Option<String>,
+    /// Layer 7: the exact path (without the query).
+    pub path: Option<String>,
+    /// Layer 7: a prefix of the path.
+    pub path_prefix: Option<String>,
+    /// Layer 7: header conditions, every one of which must hold.
+    pub headers: Option<Vec<HeaderFields>>,
+}
+
+/// A header condition: `{ name, equals }` or `{ name, present }`
+/// (`present: true` when neither is given).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderFields {
+    pub name: String,
+    pub equals: Option<String>,
+    pub present: Option<bool>,
+}
+
+/// One string or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strings(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Strings {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StringsVisitor;
+        impl<'de> Visitor<'de> for StringsVisitor {
+            type Value = Strings;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Strings, E> {
+                Ok(Strings(vec![v.to_owned()]))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strings, A::Error> {
+                let mut all = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    all.push(s);
+                }
+                Ok(Strings(all))
+            }
+        }
+        deserializer.deserialize_any(StringsVisitor)
+    }
 }
 
 /// `tcp`, `udp`, `icmp`, `icmpv6`, `sctp`, or an IP protocol number.

@@ -377,3 +377,137 @@ fn fleet_fields_are_checked() {
         );
     }
 }
+
+const LAYER7: &str = r#"rules:
+  - name: login
+    match: { method: [post, PUT], host: API.example.com, path: /v1/login }
+    key: [source, header:x-api-key]
+    limit: { rate: 5, unit: minute }
+  - name: free-tier
+    match:
+      path_prefix: /v1/
+      headers:
+        - { name: x-tier, equals: free }
+        - { name: x-debug, present: false }
+    key: header:x-api-key
+    limit: { rate: 100, unit: second }
+  - name: per-path
+    match: { source: 10.0.0.0/8 }
+    key: [source, path]
+    limit: { rate: 10, unit: second }
+"#;
+
+#[test]
+fn layer7_fields_are_read_and_tried_most_specific_first() {
+    use crate::rules::request::{HeaderCondition, PathMatch};
+    let set = parse(LAYER7).unwrap();
+    let login = &set.rules[0];
+    assert_eq!(
+        login.request.methods,
+        [http::Method::POST, http::Method::PUT]
+    );
+    assert_eq!(login.request.host.as_deref(), Some("api.example.com"));
+    assert_eq!(
+        login.request.path,
+        Some(PathMatch::Exact("/v1/login".into()))
+    );
+    assert_eq!(login.key.v4, 32);
+    assert_eq!(login.keyed_by.len(), 2);
+    let free = &set.rules[1];
+    assert_eq!(
+        free.request.headers[1].condition,
+        HeaderCondition::Absent,
+        "present: false"
+    );
+    assert_eq!(
+        free.keyed_by,
+        [KeyPart::Header(http::HeaderName::from_static("x-api-key"))]
+    );
+    // Three conditions, then two, then none (whatever the source).
+    assert_eq!(matching::match_order(&set), [0, 1, 2]);
+    let described = describe::describe(login);
+    assert_eq!(
+        described.matches,
+        "any source POST|PUT host api.example.com path /v1/login"
+    );
+    assert_eq!(described.key, "/32 v4, /128 v6 + header:x-api-key");
+    // A rule's layer-7 fields are in its fingerprint: changed, its
+    // buckets start over.
+    let other = parse(&LAYER7.replace("/v1/login", "/v1/logout")).unwrap();
+    assert_ne!(login.fingerprint(), other.rules[0].fingerprint());
+}
+
+#[test]
+fn the_kernel_refuses_layer7_fields_and_keys() {
+    let e = parse(LAYER7).unwrap().kernel_compatible().unwrap_err();
+    assert!(
+        e.contains("rules[0] (\"login\"): match.method (a request's field) works at layer 7 only"),
+        "{e}"
+    );
+    let keyed = "rules:\n  - { name: p, key: [source, path], limit: { rate: 1, unit: second } }\n";
+    let e = parse(keyed).unwrap().kernel_compatible().unwrap_err();
+    assert!(
+        e.contains("key source + path (a request's fields) works at layer 7 only"),
+        "{e}"
+    );
+    let plain = "rules:\n  - { name: p, key: source/24, match: { source: 10.0.0.0/8 }, limit: { rate: 1, unit: second } }\n";
+    assert_eq!(parse(plain).unwrap().kernel_compatible(), Ok(()));
+}
+
+#[test]
+fn bad_layer7_fields_name_their_line_and_field() {
+    let rule = |fields: &str| {
+        format!("rules:\n  - name: r\n    {fields}\n    limit: {{ rate: 1, unit: second }}\n")
+    };
+    let cases = [
+        (
+            "match: { method: \"GE T\", path: /a }",
+            "rules[0].match.method: \"GE T\": not a method",
+        ),
+        (
+            "match: { method: [] }",
+            "rules[0].match.method: an empty list matches nothing",
+        ),
+        (
+            "match: { host: \"example.com:80\" }",
+            "rules[0].match.host: \"example.com:80\": expected a host name without a port",
+        ),
+        (
+            "match: { path: v1 }",
+            "rules[0].match.path: \"v1\": expected a path starting with /",
+        ),
+        (
+            "match: { path: /a, path_prefix: /b }",
+            "rules[0].match.path_prefix: give `path` (exact) or `path_prefix`, not both",
+        ),
+        (
+            "match: { headers: [{ name: \"x y\" }] }",
+            "rules[0].match.headers[0].name: \"x y\": not a header name",
+        ),
+        (
+            "match: { headers: [{ name: x, equals: a, present: true }] }",
+            "rules[0].match.headers[0].present: give `equals` or `present`, not both",
+        ),
+        (
+            "key: [path, cookie]",
+            "rules[0].key: \"cookie\": expected source, source/N, header:NAME, path, method, host or all",
+        ),
+        (
+            "key: [source, source/24]",
+            "rules[0].key: source: named twice",
+        ),
+    ];
+    for (fields, expected) in cases {
+        let e = error(&rule(fields));
+        assert!(e.contains(expected), "{fields}: {e}");
+        assert!(e.contains("rules.yaml:3"), "{fields}: no line 3 in {e}");
+    }
+    // Two rules that ask the same of a request cannot both apply.
+    let twice = "rules:\n  - { name: a, match: { path: /x }, limit: { rate: 1, unit: second } }\n  - { name: b, match: { path: /x }, limit: { rate: 2, unit: second } }\n";
+    assert!(error(twice).contains("same match as rules[0]"));
+    let differ = twice.replace(
+        "{ path: /x }, limit: { rate: 2",
+        "{ path: /y }, limit: { rate: 2",
+    );
+    assert!(parse(&differ).is_ok());
+}

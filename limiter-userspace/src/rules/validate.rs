@@ -13,7 +13,8 @@ use limiter_common::{
 };
 
 use super::{
-    Algorithm, FleetShare, KeyPrefix, Limit, Match, Rate, Rates, Rule, RuleSet, matching, raw,
+    Algorithm, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch, Rule,
+    RuleSet, matching, raw, request,
 };
 use crate::yaml::quoted;
 
@@ -41,7 +42,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         ));
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut matches: HashMap<Match, usize> = HashMap::new();
+    let mut matches: HashMap<(Match, RequestMatch), usize> = HashMap::new();
     let mut rules = Vec::with_capacity(file.rules.len());
     for (i, raw) in file.rules.iter().enumerate() {
         let at = |field: &str| format!("rules[{i}].{field}");
@@ -52,7 +53,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
                 format!("duplicate name {:?} (also rules[{first}])", raw.name),
             ));
         }
-        if let Some(first) = matches.insert(rule.matches, i) {
+        if let Some(first) = matches.insert((rule.matches, rule.request.clone()), i) {
             return Err(invalid(
                 at("match"),
                 format!(
@@ -74,7 +75,10 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         new_keys,
         rules,
     };
-    fits_the_tries(&rule_set)?;
+    // The kernel's limit: a rule file with layer-7 rules is not for it.
+    if !rule_set.has_layer7_rules() {
+        fits_the_tries(&rule_set)?;
+    }
     Ok(rule_set)
 }
 
@@ -111,6 +115,11 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         source,
         protocol,
         dest_port: raw.matches.dest_port,
+    };
+    let request = request::request_match(&raw.matches)?;
+    let (keyed_by, source_key) = match &raw.key {
+        None => (vec![KeyPart::Source], None),
+        Some(raw::Strings(parts)) => request::key_parts(parts).map_err(|m| invalid("key", m))?,
     };
     let algorithm = raw.algorithm.unwrap_or_default();
     let limit = match &raw.limit {
@@ -172,7 +181,9 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     Ok(Rule {
         name: raw.name.clone(),
         matches,
-        key: parse_key(raw.key.as_deref(), source).map_err(|m| invalid("key", m))?,
+        request,
+        key: parse_key(source_key, source).map_err(|m| invalid("key", m))?,
+        keyed_by,
         limit,
         aggregate,
         algorithm,
