@@ -807,3 +807,112 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
         "{refused}"
     );
 }
+
+/// An upstream whose every answer is a head at once and then a body of
+/// `n` bytes, one every `gap`: a slow download.
+async fn trickling_upstream(n: usize, gap: Duration) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => request.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let head =
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n");
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..n {
+                    tokio::time::sleep(gap).await;
+                    if stream.write_all(b"x").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// nginx's `limit_conn` through the real proxy: a key with `concurrent:
+/// 2` has two slow downloads going (their heads answered, their bodies
+/// still arriving), so a third request is refused with 429 and counted;
+/// once the downloads end, requests are admitted again, and another client
+/// is never affected. Fails if a request stops counting at its head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_are_capped_per_key_until_their_bodies_end() {
+    use std::io::{Read, Write};
+    let upstream_addr = trickling_upstream(10, Duration::from_millis(100)).await;
+    let dir = TempDir::new("proxy-concurrent");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: downloads, key: header:x-user, limit: unlimited, concurrent: 2 }\n",
+    );
+    let metrics = limiter_tests::free_loopback_addr();
+    let p = proxy(
+        &config,
+        &format!("http://{upstream_addr}"),
+        &["--metrics", &metrics],
+    );
+    tokio::task::spawn_blocking(move || {
+        let get = |user: &str| {
+            format!("GET /file HTTP/1.1\r\nHost: x\r\nx-user: {user}\r\nConnection: close\r\n\r\n")
+        };
+        // Two downloads: read until each head has arrived, then leave
+        // their bodies arriving.
+        let start = |user: &str| {
+            let mut stream = TcpStream::connect(p.addr).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            stream.write_all(get(user).as_bytes()).unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                assert_eq!(stream.read(&mut byte).unwrap(), 1, "the head ended early");
+                head.push(byte[0]);
+            }
+            assert_eq!(status(&String::from_utf8_lossy(&head)), "200");
+            stream
+        };
+        let downloads = [start("alice"), start("alice")];
+        let third = exchange(p.addr, get("alice").as_bytes());
+        assert_eq!(status(&third), "429", "{third}");
+        assert!(third.contains("too many requests in flight"), "{third}");
+        assert_eq!(
+            status(&exchange(p.addr, get("bob").as_bytes())),
+            "200",
+            "another key"
+        );
+        for mut download in downloads {
+            let mut rest = String::new();
+            download.read_to_string(&mut rest).unwrap();
+            assert_eq!(rest, "x".repeat(10), "the whole body");
+        }
+        assert_eq!(
+            status(&exchange(p.addr, get("alice").as_bytes())),
+            "200",
+            "slots given back"
+        );
+        let scrape = exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(
+            scrape.contains(
+                "limiter_in_flight_refused_requests_total{layer=\"http\",rule=\"downloads\"} 1"
+            ),
+            "{scrape}"
+        );
+    })
+    .await
+    .unwrap();
+}

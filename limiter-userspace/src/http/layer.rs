@@ -165,10 +165,12 @@ where
             request.extensions_mut().insert(charge);
         }
         if !admission.allowed {
-            let mut response = Response::new(R::from(format!(
-                "429 Too Many Requests: rate limited by rule {:?}\n",
-                admission.rule.as_deref().unwrap_or("default")
-            )));
+            let rule = admission.rule.as_deref().unwrap_or("default");
+            let mut response = Response::new(R::from(if admission.too_many_in_flight {
+                format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
+            } else {
+                format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
+            }));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             super::headers::apply(response.headers_mut(), &admission);
             return Box::pin(async move { Ok(response) });
@@ -180,6 +182,12 @@ where
             }
             let mut response = future.await?;
             super::headers::apply(response.headers_mut(), &admission);
+            // In flight until the response is dropped: with its head, or,
+            // for whoever takes it from here and holds it with the body
+            // (`limiter proxy` does), when the body ends.
+            if let Some(in_flight) = admission.in_flight {
+                response.extensions_mut().insert(in_flight);
+            }
             Ok(response)
         })
     }

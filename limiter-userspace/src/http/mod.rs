@@ -89,6 +89,64 @@ pub struct Admission {
     pub quota: Option<Quota>,
     /// Pacing: hold the request this long before forwarding it.
     pub delay_ns: u64,
+    /// The request counted in flight under its rule's `concurrent` limit:
+    /// hold it until the response is over.
+    pub in_flight: Option<Arc<InFlight>>,
+    /// Refused (or, under a dry run, let through) because its key had as
+    /// many requests in flight as its rule's `concurrent` allows.
+    pub too_many_in_flight: bool,
+}
+
+impl Admission {
+    /// A decision with no meter behind it.
+    fn plain(allowed: bool, shadow: bool, rule: Option<Arc<str>>) -> Self {
+        Self {
+            allowed,
+            shadow,
+            rule,
+            quota: None,
+            delay_ns: 0,
+            in_flight: None,
+            too_many_in_flight: false,
+        }
+    }
+}
+
+/// One request counted against its key's `concurrent` limit, until this
+/// is dropped.
+pub struct InFlight(Arc<State>);
+
+impl InFlight {
+    /// Counts a request in flight, unless `max` already are.
+    fn enter(state: &Arc<State>, max: u32) -> Option<Self> {
+        let before = state.in_flight.fetch_add(1, Ordering::AcqRel);
+        if before >= u64::from(max) {
+            state.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(Arc::clone(state)))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for InFlight {}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.in_flight.load(Ordering::Relaxed);
+        write!(f, "InFlight({n} of this key)")
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -117,6 +175,9 @@ pub struct HttpCounters {
     /// Of `dropped` and `shadow`: those the rule's aggregate refused (a
     /// fleet rule's demand for more of the fleet's budget).
     pub aggregate_excess: AtomicU64,
+    /// Of `dropped` and `shadow`: those whose key had as many requests in
+    /// flight as the rule's `concurrent` allows.
+    pub in_flight_excess: AtomicU64,
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
@@ -128,6 +189,8 @@ struct State {
     logs: Mutex<[Log; 2]>,
     /// When the key was last seen (monotonic ns), for eviction.
     last_seen: AtomicU64,
+    /// Requests in flight (rules with `concurrent`).
+    in_flight: AtomicU64,
 }
 
 /// Bounds memory without handing anyone a fresh burst: past `max_keys`
@@ -399,41 +462,45 @@ impl Limiter {
         let request = &request;
         let Some(index) = index else {
             let allowed = self.rules.default == Fallback::Pass;
-            return Admission {
-                allowed,
-                shadow: false,
-                rule: None,
-                quota: None,
-                delay_ns: 0,
-            };
+            return Admission::plain(allowed, false, None);
         };
         let rule = &self.rules.rules[index];
-        let Limit::Metered { packets, bytes } = rule.limit else {
-            return Admission {
-                allowed: true,
-                shadow: false,
-                rule: Some(Arc::clone(&self.names[index])),
-                quota: None,
-                delay_ns: 0,
-            };
+        let name = || Some(Arc::clone(&self.names[index]));
+        let (packets, bytes) = match rule.limit {
+            Limit::Metered { packets, bytes } => (packets, bytes),
+            // Unlimited, but counted in flight.
+            Limit::Unlimited if rule.concurrent.is_some() => (None, None),
+            Limit::Unlimited => return Admission::plain(true, false, name()),
         };
         let monotonic = self.clock.monotonic_ns();
-        let Some(state) = self.state(index, rule, request, monotonic) else {
-            // No room for a new key: refused, as the kernel refuses one.
-            let counters = &self.counters[index];
+        let counters = &self.counters[index];
+        let excess = || {
             let counter = if rule.shadow {
                 &counters.shadow
             } else {
                 &counters.dropped
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            return Admission {
-                allowed: rule.shadow,
-                shadow: rule.shadow,
-                rule: Some(Arc::clone(&self.names[index])),
-                quota: None,
-                delay_ns: 0,
-            };
+            Admission::plain(rule.shadow, rule.shadow, name())
+        };
+        let Some(state) = self.state(index, rule, request, monotonic) else {
+            // No room for a new key: refused, as the kernel refuses one.
+            return excess();
+        };
+        // Counted in flight first: a request refused for that is charged
+        // nothing; one the meters refuse is no longer in flight.
+        let in_flight = match rule.concurrent {
+            None => None,
+            Some(max) => match InFlight::enter(&state, max) {
+                Some(entered) => Some(Arc::new(entered)),
+                None => {
+                    counters.in_flight_excess.fetch_add(1, Ordering::Relaxed);
+                    return Admission {
+                        too_many_in_flight: true,
+                        ..excess()
+                    };
+                }
+            },
         };
         let aggregate = &self.aggregates[index];
         // In `order`: the key's packets and bytes, the aggregate's.
@@ -472,7 +539,6 @@ impl Limiter {
                 verdict.outcome == Outcome::Allowed
             }
         };
-        let counters = &self.counters[index];
         if by_aggregate {
             counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
         }
@@ -485,9 +551,11 @@ impl Limiter {
         Admission {
             allowed: allowed || shadow,
             shadow,
-            rule: Some(Arc::clone(&self.names[index])),
+            rule: name(),
             quota: packets.map(|m| self.quota(rule, &m, &state, monotonic)),
             delay_ns,
+            in_flight: in_flight.filter(|_| allowed),
+            too_many_in_flight: false,
         }
     }
 

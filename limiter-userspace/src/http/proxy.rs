@@ -15,6 +15,7 @@
 //! upstream timeout has its answer cut (the connection closes); that request was already charged, since
 //! the limiter decides before forwarding.
 
+mod held;
 mod stall;
 mod upload;
 
@@ -161,13 +162,23 @@ pub async fn serve(
                         return Ok(refusal);
                     }
                     request.extensions_mut().insert(ClientAddr(peer));
-                    service.oneshot(request).await
+                    let response = service.oneshot(request).await?;
+                    Ok::<_, std::convert::Infallible>(hold_in_flight(response))
                 }
             })
         },
     )
     .await;
     Ok(())
+}
+
+/// A response whose request its rule counts in flight keeps it counted
+/// until the body has been sent (or the client has gone).
+fn hold_in_flight(mut response: Response<Body>) -> Response<Body> {
+    match response.extensions_mut().remove::<Arc<super::InFlight>>() {
+        Some(in_flight) => response.map(|body| Body::new(held::Held::new(body, in_flight))),
+        None => response,
+    }
 }
 
 /// Requests refused before the limiter sees them (and charged nothing):

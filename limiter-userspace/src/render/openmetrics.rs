@@ -290,6 +290,7 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
     let mut registry = Registry::default();
     let packets = Family::<Labels, Counter>::default();
     let bodies = Family::<Labels, Counter>::default();
+    let in_flight = Family::<Labels, Counter>::default();
     for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
         let labels = |name: &str, value: &str| {
             vec![
@@ -315,6 +316,14 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
                 .get_or_create(&labels("action", action))
                 .inc_by(value);
         }
+        if rule.concurrent.is_some() {
+            in_flight
+                .get_or_create(&vec![
+                    ("layer".to_owned(), "http".to_owned()),
+                    ("rule".to_owned(), rule.name.clone()),
+                ])
+                .inc_by(counters.in_flight_excess.load(Relaxed));
+        }
     }
     registry.register(
         "limiter_packets",
@@ -325,6 +334,11 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
         "limiter_body_over_limit_requests",
         "Admitted requests whose streaming (chunked) body went over the rule's byte limit: cut short, or counted under a dry run",
         bodies,
+    );
+    registry.register(
+        "limiter_in_flight_refused_requests",
+        "Requests refused (or let through by a dry run) because their key had as many requests in flight as the rule's `concurrent` allows",
+        in_flight,
     );
     let refused = Family::<Labels, Counter>::default();
     refused

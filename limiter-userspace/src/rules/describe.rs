@@ -81,9 +81,16 @@ pub fn describe(rule: &Rule) -> Description {
                 .collect::<Vec<_>>()
                 .join(" + ")
         },
-        limit: match rule.limit {
-            Limit::Unlimited => "unlimited".to_owned(),
-            Limit::Metered { packets, bytes } => rates(packets, bytes),
+        limit: {
+            let limit = match rule.limit {
+                Limit::Unlimited => "unlimited".to_owned(),
+                Limit::Metered { packets, bytes } => rates(packets, bytes),
+            };
+            match (rule.concurrent, rule.limit) {
+                (None, _) => limit,
+                (Some(n), Limit::Unlimited) => format!("{} in flight", count(n.into())),
+                (Some(n), _) => format!("{limit}, {} in flight", count(n.into())),
+            }
         },
         aggregate: match (rule.aggregate, rule.fleet) {
             (None, _) => "-".into(),
@@ -96,7 +103,7 @@ pub fn describe(rule: &Rule) -> Description {
             ),
         },
         action: match (rule.limit, rule.shadow) {
-            (Limit::Unlimited, _) => "-".into(),
+            (Limit::Unlimited, _) if rule.concurrent.is_none() => "-".into(),
             (_, true) => "shadow".into(),
             (_, false) => "drop".into(),
         },

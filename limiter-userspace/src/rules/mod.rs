@@ -63,6 +63,10 @@ pub struct Rule {
     pub delay: Option<Duration>,
     /// Excess is counted and passed instead of dropped.
     pub shadow: bool,
+    /// Layer 7: at most this many requests of one key in flight at once
+    /// (nginx's `limit_conn`); not in the fingerprint, since the count of
+    /// requests in flight means the same under any limit.
+    pub concurrent: Option<u32>,
     /// The aggregate's packet budget is fleet-wide (`scope: fleet`).
     pub fleet: Option<FleetShare>,
 }
@@ -83,6 +87,7 @@ impl Rule {
         self.request
             .first_field()
             .or_else(|| (self.keyed_by != [KeyPart::Source]).then_some("key"))
+            .or_else(|| self.concurrent.is_some().then_some("concurrent"))
     }
 
     /// A fleet-wide rule's whole budget: its aggregate packet rate
@@ -198,6 +203,7 @@ impl RuleSet {
                             .to_owned()
                     }
                     "key" => format!("key {} (a request's fields)", parts.join(" + ")),
+                    "concurrent" => "concurrent (requests in flight)".to_owned(),
                     field => format!("{field} (a request's field)"),
                 }
             } else {

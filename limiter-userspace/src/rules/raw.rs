@@ -48,6 +48,8 @@ pub struct RuleEntry {
     pub aggregate: Option<RateFields>,
     pub action: Option<Excess>,
     pub algorithm: Option<Algorithm>,
+    /// Layer 7: at most this many requests of one key in flight at once.
+    pub concurrent: Option<u32>,
 }
 
 /// How a limit is metered.

@@ -511,3 +511,26 @@ fn bad_layer7_fields_name_their_line_and_field() {
     );
     assert!(parse(&differ).is_ok());
 }
+
+#[test]
+fn concurrency_limits_are_layer7_and_at_least_one() {
+    let set =
+        parse("rules:\n  - { name: d, key: header:x-user, limit: unlimited, concurrent: 3 }\n")
+            .unwrap();
+    assert_eq!(set.rules[0].concurrent, Some(3));
+    assert_eq!(describe::describe(&set.rules[0]).limit, "3 in flight");
+    let alone = parse("rules:\n  - { name: d, limit: { rate: 5, unit: second }, concurrent: 3 }\n")
+        .unwrap();
+    let e = alone.kernel_compatible().unwrap_err();
+    assert!(
+        e.contains("concurrent (requests in flight) works at layer 7 only"),
+        "{e}"
+    );
+    let e = error("rules:\n  - { name: d, limit: unlimited, concurrent: 0 }\n");
+    assert!(e.contains("rules[0].concurrent: must be at least 1"), "{e}");
+    let e = error("rules:\n  - { name: d, key: path, limit: unlimited }\n");
+    assert!(
+        e.contains("rules[0].key: has no effect on an unlimited rule"),
+        "{e}"
+    );
+}

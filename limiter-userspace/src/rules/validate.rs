@@ -125,8 +125,9 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     let limit = match &raw.limit {
         raw::LimitField::Unlimited => {
             let pointless = [
-                ("key", raw.key.is_some()),
-                ("action", raw.action.is_some()),
+                // A concurrency limit counts per key.
+                ("key", raw.key.is_some() && raw.concurrent.is_none()),
+                ("action", raw.action.is_some() && raw.concurrent.is_none()),
                 ("aggregate", raw.aggregate.is_some()),
                 ("algorithm", raw.algorithm.is_some()),
             ];
@@ -190,6 +191,10 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
         fleet,
+        concurrent: match raw.concurrent {
+            Some(0) => return Err(invalid("concurrent", "must be at least 1")),
+            other => other,
+        },
     })
 }
 
