@@ -154,6 +154,25 @@ pub async fn serve_http<M, S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let slots = Slots::new(limits.max_connections);
+    serve_http_with(listener, slots, limits, tls, what, make).await;
+}
+
+/// [`serve_http`] with connection slots shared with other listeners.
+pub async fn serve_http_with<M, S, B>(
+    listener: TcpListener,
+    slots: Slots,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    what: &'static str,
+    make: M,
+) where
+    M: Fn(SocketAddr) -> S,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut errors = AcceptErrors::new(what);
     loop {
         let (stream, peer) = match listener.accept().await {

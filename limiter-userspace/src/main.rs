@@ -206,6 +206,10 @@ struct ProxyArgs {
     /// fail_open).
     #[arg(long)]
     fleet: Option<PathBuf>,
+    /// Threads serving requests, each with its own listening socket
+    /// (SO_REUSEPORT) and upstream connections; 0: one per CPU.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
 }
 
 impl ProxyArgs {
@@ -231,6 +235,7 @@ impl ProxyArgs {
                 metrics: self.metrics,
                 trusted_proxies: self.trusted_proxies,
                 tls,
+                workers: self.workers,
             },
             &self.config,
             self.fleet.as_deref(),

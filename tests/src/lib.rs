@@ -705,3 +705,22 @@ pub async fn upstream() -> std::net::SocketAddr {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }
+
+/// The machine a benchmark ran on: CPU model, CPUs, kernel.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpu}, {} CPUs, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
+}

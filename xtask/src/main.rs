@@ -48,7 +48,9 @@ enum Task {
         /// A two-minute subset (shorter floods, one round, fewer sizes).
         #[arg(long)]
         quick: bool,
-        /// XDP sections to run (cost, profile, flood, scale, memory, accuracy); all by default.
+        /// Sections to run: proxy (limiter proxy against nginx limit_req),
+        /// and the XDP ones (cost, profile, flood, scale, memory,
+        /// accuracy); all by default.
         sections: Vec<String>,
     },
     /// Mutation testing (cargo-mutants) of `limiter-common` against the
@@ -112,6 +114,31 @@ fn run() -> Result<()> {
         Task::Bench { quick, sections } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
+            let named = sections.iter().any(|s| s == "proxy");
+            // In a full run, or when named (`--quick` alone is the XDP subset).
+            let proxy = named || (sections.is_empty() && !quick);
+            let sections: Vec<String> = sections.into_iter().filter(|s| s != "proxy").collect();
+            if proxy {
+                // The proxy as an operator runs it: a release build.
+                let limiter = build(true)?;
+                step("benchmark: limiter proxy against nginx limit_req (wrk)");
+                status(
+                    cargo()
+                        .args([
+                            "bench",
+                            "--package",
+                            "limiter-tests",
+                            "--bench",
+                            "proxy",
+                            "--",
+                        ])
+                        .args(quick.then_some("--quick"))
+                        .env("LIMITER_BIN", &limiter),
+                )?;
+                if named && sections.is_empty() {
+                    return Ok(());
+                }
+            }
             // Eight builds of the program: only for a run with the profile.
             let profile = sections.is_empty() || sections.iter().any(|s| s == "profile");
             let stages = profile.then(build_profile_stages).transpose()?;

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 7] = [
+const PACKAGES: [(&str, &str); 9] = [
     ("ip", "iproute2"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
@@ -25,6 +25,10 @@ const PACKAGES: [(&str, &str); 7] = [
     ("redis-server", "redis-server"),
     // The TLS test makes its certificates with it.
     ("openssl", "openssl"),
+    // `cargo xtask bench l7`: the layer-7 peer (its service kept from
+    // starting) and the load generator.
+    ("nginx", "nginx-light"),
+    ("wrk", "wrk"),
 ];
 
 /// bpf-linker releases that build with the toolchains here.

@@ -207,7 +207,10 @@ pub fn proxy(
     )));
     let upstream = options.upstream.clone();
     let config = config.to_owned();
+    // Requests have threads of their own (the proxy's workers): this one
+    // runs the metrics, reloads and the fleet's leases.
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?
         .block_on(async move {

@@ -2,39 +2,102 @@
 //! fields (draft-ietf-httpapi-ratelimit-headers), the `X-RateLimit-*`
 //! fields many clients still read, and `Retry-After` on refusals.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::Admission;
+use super::{Admission, Limiter};
+use crate::rules::{Limit, Rule};
 
-/// Adds the fields that describe `admission` to a response's headers. The
-/// policy is named after the rule that applied. `t`, `X-RateLimit-Reset`
-/// and `Retry-After` are whole seconds, rounded up: the fields allow no
-/// less, so a client may be told to wait 1 s when its next request would
-/// conform in a millisecond.
-pub fn apply(headers: &mut HeaderMap, admission: &Admission) {
-    let Some(p) = admission.quota else {
-        return;
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// What a rule's responses always say, written once per rule.
+pub(super) struct RuleFields {
+    /// The rule's name as a Structured Field string.
+    name: String,
+    /// `RateLimit-Policy` and `X-RateLimit-Limit`, for a packet limit.
+    policy: Option<(HeaderValue, HeaderValue)>,
+}
+
+impl RuleFields {
+    pub(super) fn of(rule: &Rule) -> Self {
+        let name = sf_string(&rule.name);
+        let policy = match rule.limit {
+            Limit::Metered {
+                packets: Some(m), ..
+            } => {
+                let window = m.period.as_secs().max(1);
+                let policy = format!("{name};q={};w={window}", m.rate);
+                HeaderValue::from_str(&policy)
+                    .ok()
+                    .map(|policy| (policy, HeaderValue::from(m.rate)))
+            }
+            _ => None,
+        };
+        Self { name, policy }
+    }
+}
+
+/// The fields that describe `admission` (made by `limiter`), for its
+/// response. The policy is named after the rule that applied. `t`,
+/// `X-RateLimit-Reset` and `Retry-After` are whole seconds, rounded up:
+/// the fields allow no less, so a client may be told to wait 1 s when its
+/// next request would conform in a millisecond.
+pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
+    let mut fields = Fields::default();
+    let (Some(index), Some(p)) = (admission.rule, limiter.quota(admission)) else {
+        return fields;
     };
-    let policy = sf_string(admission.rule.as_deref().unwrap_or("default"));
-    let mut set = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::from_str(&value) {
+    let rule = &limiter.header_fields[index];
+    let Some((policy, limit)) = &rule.policy else {
+        return fields;
+    };
+    fields.0 = [
+        Some((RATELIMIT_POLICY, policy.clone())),
+        Some((
+            RATELIMIT,
+            written(format_args!(
+                "{};r={};t={}",
+                rule.name, p.remaining, p.reset_secs
+            )),
+        )),
+        Some((X_RATELIMIT_LIMIT, limit.clone())),
+        Some((X_RATELIMIT_REMAINING, HeaderValue::from(p.remaining))),
+        Some((X_RATELIMIT_RESET, HeaderValue::from(p.reset_secs))),
+        (!admission.allowed).then(|| {
+            (
+                http::header::RETRY_AFTER,
+                HeaderValue::from(p.retry_after_secs.max(1)),
+            )
+        }),
+    ];
+    fields
+}
+
+/// A response's rate-limit fields, computed when its request was judged.
+#[derive(Default)]
+pub struct Fields([Option<(HeaderName, HeaderValue)>; 6]);
+
+impl Fields {
+    pub fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0.into_iter().flatten() {
             headers.insert(name, value);
         }
-    };
-    set(
-        "ratelimit-policy",
-        format!("{policy};q={};w={}", p.quota, p.window_secs),
-    );
-    set(
-        "ratelimit",
-        format!("{policy};r={};t={}", p.remaining, p.reset_secs),
-    );
-    set("x-ratelimit-limit", p.quota.to_string());
-    set("x-ratelimit-remaining", p.remaining.to_string());
-    set("x-ratelimit-reset", p.reset_secs.to_string());
-    if !admission.allowed {
-        set("retry-after", p.retry_after_secs.max(1).to_string());
     }
+}
+
+/// A field value written without a `String` in between.
+fn written(args: std::fmt::Arguments<'_>) -> HeaderValue {
+    use std::io::Write;
+    let mut buf = [0u8; 128];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let n = match cursor.write_fmt(args) {
+        Ok(()) => cursor.position() as usize,
+        Err(_) => return HeaderValue::from_static(""),
+    };
+    HeaderValue::from_bytes(&buf[..n]).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// `name` as a Structured Field string (RFC 8941): quoted, `"` and `\`

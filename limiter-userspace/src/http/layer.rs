@@ -160,28 +160,31 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let (admission, body_charge) = self.admit(&request);
+        let limiter = self.config.limiter.load();
+        let (admission, body_charge) = self.admit(&request, &limiter);
         if let Some(charge) = body_charge {
             request.extensions_mut().insert(charge);
         }
+        let fields = super::headers::fields(&admission, &limiter);
         if !admission.allowed {
-            let rule = admission.rule.as_deref().unwrap_or("default");
+            let rule = limiter.rule_name(&admission);
             let mut response = Response::new(R::from(if admission.too_many_in_flight {
                 format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
             } else {
                 format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
             }));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            super::headers::apply(response.headers_mut(), &admission);
+            fields.apply(response.headers_mut());
             return Box::pin(async move { Ok(response) });
         }
+        drop(limiter);
         let future = self.inner.call(request);
         Box::pin(async move {
             if admission.delay_ns > 0 {
                 tokio::time::sleep(std::time::Duration::from_nanos(admission.delay_ns)).await;
             }
             let mut response = future.await?;
-            super::headers::apply(response.headers_mut(), &admission);
+            fields.apply(response.headers_mut());
             // In flight until the response is dropped: with its head, or,
             // for whoever takes it from here and holds it with the body
             // (`limiter proxy` does), when the body ends.
@@ -194,7 +197,11 @@ where
 }
 
 impl<S> RateLimit<S> {
-    fn admit<B>(&self, request: &Request<B>) -> (Admission, Option<BodyCharge>) {
+    fn admit<B>(
+        &self,
+        request: &Request<B>,
+        limiter: &Arc<Limiter>,
+    ) -> (Admission, Option<BodyCharge>) {
         let extensions = request.extensions();
         let client = extensions
             .get::<ClientAddr>()
@@ -243,7 +250,6 @@ impl<S> RateLimit<S> {
                 headers,
             }),
         };
-        let limiter = &self.config.limiter.current();
         let admission = limiter.check(&meta);
         // HTTP/1.1: a request without Content-Length has a body only if it
         // says how it is framed (Transfer-Encoding).

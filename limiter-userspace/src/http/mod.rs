@@ -9,6 +9,7 @@ pub mod client;
 mod fleet;
 pub mod forwarded;
 pub mod headers;
+mod keys;
 pub mod layer;
 pub mod proxy;
 mod reload;
@@ -46,6 +47,13 @@ use crate::rules::{
 pub trait Clock: Send + Sync {
     fn monotonic_ns(&self) -> u64;
     fn epoch_ns(&self) -> u64;
+    /// The monotonic clock as of the last tick (at most a few ms behind,
+    /// never ahead), for what needs no precision: when a key was last
+    /// seen, the fields a response carries. Meters read
+    /// [`Clock::monotonic_ns`].
+    fn coarse_ns(&self) -> u64 {
+        self.monotonic_ns()
+    }
 }
 
 /// The system's clocks.
@@ -58,6 +66,10 @@ impl Clock for SystemClock {
 
     fn epoch_ns(&self) -> u64 {
         crate::clock::realtime_ns()
+    }
+
+    fn coarse_ns(&self) -> u64 {
+        crate::clock::coarse_ns()
     }
 }
 
@@ -83,10 +95,12 @@ pub struct Admission {
     pub allowed: bool,
     /// Excess let through by a dry run.
     pub shadow: bool,
-    /// The rule that applied (`None`: the default).
-    pub rule: Option<Arc<str>>,
-    /// The rule's packet (request) limit: quota and window, for headers.
-    pub quota: Option<Quota>,
+    /// The index of the rule that applied (`None`: the default); its name
+    /// is [`Limiter::rule_name`]'s.
+    pub rule: Option<usize>,
+    /// What the rule's packet (request) limit said, for [`Limiter::quota`]:
+    /// the fields are computed only for a response that carries them.
+    quota: Option<QuotaAt>,
     /// Pacing: hold the request this long before forwarding it.
     pub delay_ns: u64,
     /// The request counted in flight under its rule's `concurrent` limit:
@@ -97,9 +111,18 @@ pub struct Admission {
     pub too_many_in_flight: bool,
 }
 
+/// A key's request meter as the request left it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QuotaAt {
+    /// GCRA: its theoretical arrival time, and when it was judged.
+    Gcra { tat: u64, now: u64 },
+    /// Windows and logs: read under their locks at once.
+    Ready(Quota),
+}
+
 impl Admission {
     /// A decision with no meter behind it.
-    fn plain(allowed: bool, shadow: bool, rule: Option<Arc<str>>) -> Self {
+    fn plain(allowed: bool, shadow: bool, rule: Option<usize>) -> Self {
         Self {
             allowed,
             shadow,
@@ -193,48 +216,14 @@ struct State {
     in_flight: AtomicU64,
 }
 
-/// Bounds memory without handing anyone a fresh burst: past `max_keys`
-/// keys, keys *at rest* (their meters whole again, so forgetting them gives
-/// nothing away: for GCRA, both theoretical arrival times passed, as the
-/// kernel's table decides; for windows and logs, unseen for as long as
-/// their counts take to expire) are forgotten,
-/// least recently seen first, down to `keep`. A key still in debt is never
-/// forgotten, as in the kernel's key table: when only such keys are left,
-/// the caller refuses the new key.
-/// Returns the earliest time a key kept could next come to rest: until
-/// then, no scan can free anything. A key whose state an upload still
-/// charges (a [`BodyMeter`] holds it) is not at rest.
-fn evict_at_rest(
-    keys: &mut HashMap<StateKey, Arc<State>>,
-    keep: usize,
-    now: u64,
-    rest_ns: &[Option<u64>],
-) -> u64 {
-    let mut next_rest = u64::MAX;
-    let mut at_rest: Vec<(u64, StateKey)> = Vec::new();
-    for (key, state) in keys.iter() {
-        let seen = state.last_seen.load(Ordering::Relaxed);
-        let rests_at = match rest_ns[key.0] {
-            // GCRA: when both TATs have passed (0: never charged).
-            None => state.cells[0]
-                .load(Ordering::Acquire)
-                .max(state.cells[1].load(Ordering::Acquire)),
-            Some(ns) => seen.saturating_add(ns),
-        };
-        if rests_at <= now && Arc::strong_count(state) == 1 {
-            at_rest.push((seen, *key));
-        } else {
-            next_rest = next_rest.min(rests_at.max(now.saturating_add(1)));
+impl State {
+    /// Seen at `now`: written only when later (the clock that says it is
+    /// coarse), so requests of one key do not all write its line.
+    fn seen(&self, now: u64) {
+        if self.last_seen.load(Ordering::Relaxed) < now {
+            self.last_seen.fetch_max(now, Ordering::Relaxed);
         }
     }
-    let n = keys.len().saturating_sub(keep).min(at_rest.len());
-    if n < at_rest.len() {
-        at_rest.select_nth_unstable_by_key(n, |(seen, _)| *seen);
-    }
-    for (_, key) in &at_rest[..n] {
-        keys.remove(key);
-    }
-    next_rest
 }
 
 /// How long a key of `rule` must go unseen before its state is what a new
@@ -317,16 +306,13 @@ pub struct Limiter {
     /// Rules most specific first, as the kernel searches them.
     order: Vec<usize>,
     names: Vec<Arc<str>>,
+    /// By rule index: what its responses always say.
+    header_fields: Vec<headers::RuleFields>,
     clock: Arc<dyn Clock>,
     /// By (rule index, key).
-    keys: Mutex<HashMap<StateKey, Arc<State>>>,
+    keys: keys::KeyStore,
     /// By rule index: see [`rest_ns`].
     rest_ns: Vec<Option<u64>>,
-    /// New keys refused because every key kept was still in debt.
-    pub key_alloc_failed: AtomicU64,
-    /// No key kept can come to rest before this (monotonic ns), as the
-    /// last scan found.
-    no_rest_before: AtomicU64,
     /// Shared with the limiters a reload makes, so keys keep their digests.
     digest: Arc<KeyDigest>,
     /// By rule index; shared with a reload's limiter for unchanged rules.
@@ -334,12 +320,16 @@ pub struct Limiter {
     pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
+    /// Made by a reload: the rules (old index to new) whose keys it shares
+    /// with the limiter before it.
+    kept: HashMap<usize, usize>,
 }
 
 impl Limiter {
     pub fn new(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
         let n = rules.rules.len();
         let rest = rules.rules.iter().map(rest_ns).collect();
+        let capacity = rules.max_keys as usize;
         Self {
             aggregates: (0..n).map(|_| Arc::default()).collect(),
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
@@ -350,13 +340,13 @@ impl Limiter {
                 .iter()
                 .map(|r| Arc::from(r.name.as_str()))
                 .collect(),
+            header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
             rules,
             clock,
-            keys: Mutex::new(HashMap::new()),
+            keys: keys::KeyStore::new(capacity),
             rest_ns: rest,
-            key_alloc_failed: AtomicU64::new(0),
-            no_rest_before: AtomicU64::new(0),
             digest: Arc::new(KeyDigest::new()),
+            kept: HashMap::new(),
         }
     }
 
@@ -366,7 +356,12 @@ impl Limiter {
 
     /// Keys with state now.
     pub fn tracked_keys(&self) -> usize {
-        self.keys.lock().expect("key map lock").len()
+        self.keys.len()
+    }
+
+    /// New keys refused so far because every key kept was still in debt.
+    pub fn key_alloc_failures(&self) -> u64 {
+        self.keys.refused.load(Ordering::Relaxed)
     }
 
     /// The rule that applies to `request`, if any. A dual-stack listener
@@ -465,14 +460,19 @@ impl Limiter {
             return Admission::plain(allowed, false, None);
         };
         let rule = &self.rules.rules[index];
-        let name = || Some(Arc::clone(&self.names[index]));
+        let name = || Some(index);
         let (packets, bytes) = match rule.limit {
             Limit::Metered { packets, bytes } => (packets, bytes),
             // Unlimited, but counted in flight.
             Limit::Unlimited if rule.concurrent.is_some() => (None, None),
             Limit::Unlimited => return Admission::plain(true, false, name()),
         };
-        let monotonic = self.clock.monotonic_ns();
+        // A fleet share's deadline is judged to the nanosecond.
+        let monotonic = if self.fleet[index].is_some() {
+            self.clock.monotonic_ns()
+        } else {
+            self.clock.coarse_ns()
+        };
         let counters = &self.counters[index];
         let excess = || {
             let counter = if rule.shadow {
@@ -552,7 +552,7 @@ impl Limiter {
             allowed: allowed || shadow,
             shadow,
             rule: name(),
-            quota: packets.map(|m| self.quota(rule, &m, &state, monotonic)),
+            quota: packets.map(|m| self.quota_at(rule, &m, &state, monotonic)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
@@ -652,7 +652,7 @@ impl Limiter {
     }
 
     /// The key's state, created on first sight if there is room (see
-    /// [`evict_at_rest`]). Keys are the rule's index and either the
+    /// [`keys::KeyStore`]). Keys are the rule's index and either the
     /// caller's key or the client address masked exactly as the kernel
     /// masks it.
     fn state(
@@ -663,36 +663,7 @@ impl Limiter {
         now: u64,
     ) -> Option<Arc<State>> {
         let key = self.key_bytes(rule, request);
-        let mut keys = self.keys.lock().expect("key map lock");
-        if let Some(state) = keys.get(&(index, key)) {
-            state.last_seen.fetch_max(now, Ordering::Relaxed);
-            return Some(Arc::clone(state));
-        }
-        let capacity = self.rules.max_keys as usize;
-        if keys.len() >= capacity {
-            // A full scan only when it may free something: a flood of new
-            // keys against a store full of keys in debt costs a compare.
-            if now < self.no_rest_before.load(Ordering::Relaxed) {
-                self.key_alloc_failed.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-            let next = evict_at_rest(&mut keys, capacity / 2, now, &self.rest_ns);
-            self.no_rest_before.store(next, Ordering::Relaxed);
-            if keys.len() >= capacity {
-                self.key_alloc_failed.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-        }
-        let state = Arc::clone(keys.entry((index, key)).or_default());
-        state.last_seen.fetch_max(now, Ordering::Relaxed);
-        // A key added since the last scan may come to rest before the keys
-        // that scan saw.
-        self.no_rest_before.fetch_min(
-            // GCRA: at rest by its state, maybe at once (a lower bound).
-            self.rest_ns[index].map_or(now, |ns| now.saturating_add(ns)),
-            Ordering::Relaxed,
-        );
-        Some(state)
+        self.keys.get_or_insert((index, key), now, &self.rest_ns)
     }
 
     /// A request's key under `rule`: the caller's key or the client address
@@ -730,24 +701,46 @@ impl Limiter {
         KeyBytes::Custom(self.digest.of(&parts[..rule.keyed_by.len()]))
     }
 
-    /// Quota, remaining and timing of a key's request meter, for headers.
-    fn quota(&self, rule: &Rule, meter: &Rate, state: &State, monotonic: u64) -> Quota {
-        let window_secs = meter.period.as_secs().max(1);
-        let secs = |ns: u64| ns.div_ceil(1_000_000_000);
-        match rule.algorithm {
-            Algorithm::Gcra => {
-                let now = monotonic;
-                let tat = AtomicCell::load(&state.cells[0]);
+    /// The rule's name in an admission (`default` for none).
+    pub fn rule_name(&self, admission: &Admission) -> &str {
+        admission.rule.map_or("default", |i| &self.names[i])
+    }
+
+    /// Quota, remaining and timing of the request meter of the key an
+    /// admission judged, for the response's fields.
+    pub fn quota(&self, admission: &Admission) -> Option<Quota> {
+        match admission.quota? {
+            QuotaAt::Ready(quota) => Some(quota),
+            QuotaAt::Gcra { tat, now } => {
+                let rule = &self.rules.rules[admission.rule?];
+                let Limit::Metered {
+                    packets: Some(meter),
+                    ..
+                } = rule.limit
+                else {
+                    return None;
+                };
                 let g = meter.gcra;
                 let used = tat.saturating_sub(now).min(g.capacity_ns);
-                Quota {
+                Some(Quota {
                     quota: meter.rate,
-                    window_secs,
+                    window_secs: meter.period.as_secs().max(1),
                     remaining: (g.capacity_ns - used) / g.emission_ns,
                     reset_secs: secs(used),
                     retry_after_secs: secs(g.wait_ns(tat, now, 1)),
-                }
+                })
             }
+        }
+    }
+
+    /// A key's request meter as it stands, for [`Limiter::quota`].
+    fn quota_at(&self, rule: &Rule, meter: &Rate, state: &State, monotonic: u64) -> QuotaAt {
+        let window_secs = meter.period.as_secs().max(1);
+        match rule.algorithm {
+            Algorithm::Gcra => QuotaAt::Gcra {
+                tat: AtomicCell::load(&state.cells[0]),
+                now: monotonic,
+            },
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
                 let log = &state.logs.lock().expect("log lock")[0];
@@ -755,7 +748,7 @@ impl Limiter {
                 let reset = log
                     .oldest()
                     .map_or(0, |t| t.saturating_add(w.length_ns).saturating_sub(now));
-                Quota {
+                QuotaAt::Ready(Quota {
                     quota: meter.rate,
                     window_secs,
                     remaining: w.limit.saturating_sub(log.total()),
@@ -765,7 +758,7 @@ impl Limiter {
                     } else {
                         secs(reset)
                     },
-                }
+                })
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let now = self.clock.epoch_ns();
@@ -780,16 +773,21 @@ impl Limiter {
                     s.current + weighted.div_ceil(u128::from(w.length_ns)) as u64
                 };
                 let reset = w.reset_ns(&s, now);
-                Quota {
+                QuotaAt::Ready(Quota {
                     quota: meter.rate,
                     window_secs,
                     remaining: w.limit.saturating_sub(used),
                     reset_secs: secs(reset),
                     retry_after_secs: if used < w.limit { 0 } else { secs(reset) },
-                }
+                })
             }
         }
     }
+}
+
+/// Nanoseconds in whole seconds, rounded up.
+fn secs(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000_000)
 }
 
 /// A header map of `fields`, in order (several of one name are kept).

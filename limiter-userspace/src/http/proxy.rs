@@ -38,7 +38,7 @@ use self::{
 };
 use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer, Reloadable};
 use crate::{
-    listen::{self, Limits},
+    listen::{self, Limits, Slots},
     render::openmetrics::Format,
 };
 
@@ -65,6 +65,9 @@ pub struct Options {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Serve TLS (HTTP/2 or HTTP/1.1 by ALPN) instead of cleartext.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Threads serving requests, each with its own listener and upstream
+    /// pool (0: one per CPU).
+    pub workers: usize,
 }
 
 /// Renders the limiter's metrics exposition, as OpenMetrics (converted to
@@ -85,17 +88,28 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-/// Serves until the listener fails; `ready` gets the bound address.
+/// Serves until a listener fails; `ready` gets the bound address.
+///
+/// Requests are served by `workers` threads, each with a runtime of its
+/// own, its own listening socket on the address (`SO_REUSEPORT`: the
+/// kernel spreads connections over them) and its own pool of upstream
+/// connections, as nginx's workers: a request is read, judged, forwarded
+/// and answered on one thread, with no hand-off between threads. They
+/// share the limiter, and the cap on connections. The metrics listener
+/// runs on the caller's runtime.
 pub async fn serve(
     options: Options,
     limiter: Arc<Reloadable>,
     render_metrics: RenderMetrics,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    let listener = TcpListener::bind(options.listen)
-        .await
+    let workers = match options.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let listeners = reuseport_listeners(options.listen, workers)
         .with_context(|| format!("listening on {}", options.listen))?;
-    let local = listener.local_addr()?;
+    let local = listeners[0].local_addr()?;
     if let Some(addr) = options.metrics {
         let metrics = TcpListener::bind(addr)
             .await
@@ -128,16 +142,72 @@ pub async fn serve(
         ));
     }
     ready(local);
+    let options = Arc::new(options);
+    let slots = Slots::new(options.max_connections);
+    let (ended, mut first_end) = tokio::sync::mpsc::unbounded_channel();
+    for (n, listener) in listeners.into_iter().enumerate() {
+        let (options, limiter, slots, ended) = (
+            Arc::clone(&options),
+            Arc::clone(&limiter),
+            slots.clone(),
+            ended.clone(),
+        );
+        std::thread::Builder::new()
+            .name(format!("proxy-{n}"))
+            .spawn(move || {
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("a worker's runtime")
+                    .and_then(|runtime| {
+                        runtime.block_on(worker(listener, local, &options, limiter, slots))
+                    });
+                let _ = ended.send(served);
+            })
+            .context("starting a worker thread")?;
+    }
+    first_end.recv().await.unwrap_or(Ok(()))
+}
+
+/// `n` listening sockets on `addr`, all on the first one's port (an
+/// `addr` with port 0 gets one port for all).
+fn reuseport_listeners(addr: SocketAddr, n: usize) -> Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut addr = addr;
+    let mut listeners = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        let listener: std::net::TcpListener = socket.into();
+        addr = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// One worker: its listener, its upstream pool, the shared limiter.
+async fn worker(
+    listener: std::net::TcpListener,
+    local: SocketAddr,
+    options: &Options,
+    limiter: Arc<Reloadable>,
+    slots: Slots,
+) -> Result<()> {
+    let listener = TcpListener::from_std(listener)?;
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
     let forward = Forward {
         client,
-        upstream: Arc::new(options.upstream),
+        upstream: Arc::new(options.upstream.clone()),
         timeout: options.upstream_timeout,
         max_body_bytes: options.max_body_bytes,
         body_timeout: options.body_timeout,
     };
     let layer = RateLimitLayer::reloadable(limiter)
-        .key_by(options.key_by)
+        .key_by(options.key_by.clone())
         .trust_proxies(options.trusted_proxies.clone())
         .port(local.port());
     let service = ServiceBuilder::new().layer(layer).service(forward);
@@ -148,8 +218,9 @@ pub async fn serve(
         ..Limits::default()
     };
     let max_body_bytes = options.max_body_bytes;
-    listen::serve_http(
+    listen::serve_http_with(
         listener,
+        slots,
         limits,
         options.tls.clone(),
         "proxy",
@@ -277,24 +348,21 @@ impl Service<Request<Incoming>> for Forward {
 impl Forward {
     async fn forward(&self, request: Request<Incoming>) -> Result<Response<Body>> {
         let (mut parts, body) = request.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut uri = Uri::builder();
-        if let Some(scheme) = self.upstream.scheme() {
-            uri = uri.scheme(scheme.clone());
-        }
-        if let Some(authority) = self.upstream.authority() {
-            uri = uri.authority(authority.clone());
-        }
-        let base = self.upstream.path().trim_end_matches('/');
-        parts.uri = uri.path_and_query(format!("{base}{path}")).build()?;
+        parts.uri = self.upstream_uri(&parts.uri)?;
         // The client may speak HTTP/2; the upstream leg is HTTP/1.1.
         parts.version = http::Version::HTTP_11;
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(ip) = peer
-            && let Ok(value) = HeaderValue::from_str(&ip.to_string())
-        {
-            parts.headers.append("x-forwarded-for", value);
+        if let Some(ip) = peer {
+            parts.headers.append("x-forwarded-for", address_value(ip));
+        }
+        if http_body::Body::is_end_stream(&body) {
+            // No body (a GET): nothing to watch but the upstream's time.
+            let request = Request::from_parts(parts, Body::empty());
+            let response = tokio::time::timeout(self.timeout, self.client.request(request))
+                .await
+                .map_err(|_| anyhow::anyhow!("the upstream did not answer in time"))??;
+            return Ok(self.answer(response));
         }
         let charge = parts.extensions.get::<BodyCharge>().cloned();
         let upload = Upload::new(body, self.max_body_bytes, charge);
@@ -349,11 +417,46 @@ impl Forward {
             (_, Some(cut)) => return Ok(cut_short(cut, self.max_body_bytes)),
             (response, None) => response?,
         };
+        Ok(self.answer(response))
+    }
+
+    /// The upstream's answer, for the client: without hop-by-hop fields,
+    /// its body watched for stalls.
+    fn answer(&self, response: Response<Incoming>) -> Response<Body> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let body = Stalling::new(body, self.timeout);
-        Ok(Response::from_parts(parts, Body::new(body)))
+        Response::from_parts(parts, Body::new(body))
     }
+
+    /// The request's target on the upstream: its path (and query) under
+    /// the upstream's, at the upstream's scheme and authority.
+    fn upstream_uri(&self, uri: &Uri) -> Result<Uri> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.upstream.scheme().cloned();
+        parts.authority = self.upstream.authority().cloned();
+        let base = self.upstream.path().trim_end_matches('/');
+        parts.path_and_query = match (base, uri.path_and_query()) {
+            // Shared, not copied.
+            ("", Some(path)) => Some(path.clone()),
+            (base, path) => Some(
+                format!("{base}{}", path.map_or("/", |p| p.as_str()))
+                    .parse()
+                    .context("the upstream path")?,
+            ),
+        };
+        Ok(Uri::from_parts(parts)?)
+    }
+}
+
+/// An address as a field value, written once.
+fn address_value(ip: std::net::IpAddr) -> HeaderValue {
+    use std::io::Write;
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cursor, "{ip}");
+    let n = cursor.position() as usize;
+    HeaderValue::from_bytes(&buf[..n]).expect("an address is a valid field value")
 }
 
 /// The answer to a request whose body the proxy stopped reading.

@@ -343,7 +343,7 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
     let refused = Family::<Labels, Counter>::default();
     refused
         .get_or_create(&vec![("layer".to_owned(), "http".to_owned())])
-        .inc_by(limiter.key_alloc_failed.load(Relaxed));
+        .inc_by(limiter.key_alloc_failures());
     registry.register(
         "limiter_key_alloc_failures",
         "Requests of new keys refused: every key kept was still in debt to its limit",

@@ -23,7 +23,10 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::generator::{self, Generator, Sources};
+use limiter_tests::{
+    generator::{self, Generator, Sources},
+    machine,
+};
 use plot::{Figure, Series};
 use receivers::{Installed, Limit, Peer};
 use serde_json::{Value, json};
@@ -419,23 +422,4 @@ fn nft_counter(lab: &Lab) -> Result<u64> {
 
 fn section(title: &str) {
     println!("\n-- {title}");
-}
-
-/// CPU model, core count and kernel, for the record.
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("model name")
-                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
-            })
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!(
-        "{cpu}, {} CPUs, Linux {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        kernel.trim()
-    )
 }

@@ -17,7 +17,9 @@ use tokio::time::{Instant, Sleep};
 pub struct Stalling {
     inner: Incoming,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Started when the body first keeps the client waiting: a body that
+    /// is there at once (most are) costs no timer.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Stalling {
@@ -25,7 +27,7 @@ impl Stalling {
         Self {
             inner,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
         }
     }
 }
@@ -44,13 +46,20 @@ impl Body for Stalling {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(Stalled)))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(Stalled)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
             Poll::Ready(frame) => {
-                let next = Instant::now() + this.idle;
-                this.timer.as_mut().reset(next);
+                if let Some(timer) = this.timer.as_mut() {
+                    timer.as_mut().reset(Instant::now() + this.idle);
+                }
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
         }
