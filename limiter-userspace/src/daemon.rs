@@ -240,12 +240,11 @@ async fn serve(
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(scrape))
             .with_state(Arc::clone(&shared));
-        tokio::spawn(listen::serve_http(
+        tokio::spawn(listen::serve_app(
             listener,
             shared.config.metrics_listener,
-            None,
             "metrics",
-            move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
+            app,
         ));
     }
     tokio::spawn(housekeeping(Arc::clone(&shared)));

@@ -130,6 +130,20 @@ impl Slots {
     }
 }
 
+/// Serves an axum app (a metrics endpoint) on `listener` under `limits`.
+pub async fn serve_app(
+    listener: TcpListener,
+    limits: Limits,
+    what: &'static str,
+    app: axum::Router,
+) {
+    let slots = Slots::new(limits.max_connections);
+    serve_http(listener, slots, limits, None, what, move |_| {
+        hyper_util::service::TowerToHyperService::new(app.clone())
+    })
+    .await;
+}
+
 /// Serves HTTP/1.1 and HTTP/2 (h2c: a client that starts with HTTP/2's
 /// preface) on `listener` for ever, with `make(peer)`'s service for each
 /// connection, under `limits`. Which one a client speaks is known from its
@@ -139,26 +153,9 @@ impl Slots {
 /// header blocks of at most `max_header_bytes`; HTTP/2 has no header
 /// deadline of its own, so an idle one is pinged and closed when it does
 /// not answer within the header timeout.
+/// At most as many connections at once as `slots` has (shared with other
+/// listeners, if cloned).
 pub async fn serve_http<M, S, B>(
-    listener: TcpListener,
-    limits: Limits,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    what: &'static str,
-    make: M,
-) where
-    M: Fn(SocketAddr) -> S,
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let slots = Slots::new(limits.max_connections);
-    serve_http_with(listener, slots, limits, tls, what, make).await;
-}
-
-/// [`serve_http`] with connection slots shared with other listeners.
-pub async fn serve_http_with<M, S, B>(
     listener: TcpListener,
     slots: Slots,
     limits: Limits,

@@ -133,13 +133,7 @@ pub async fn serve(
             max_connections: 64,
             ..Limits::default()
         };
-        tokio::spawn(listen::serve_http(
-            metrics,
-            limits,
-            None,
-            "metrics",
-            move |_| hyper_util::service::TowerToHyperService::new(app.clone()),
-        ));
+        tokio::spawn(listen::serve_app(metrics, limits, "metrics", app));
     }
     ready(local);
     let options = Arc::new(options);
@@ -218,7 +212,7 @@ async fn worker(
         ..Limits::default()
     };
     let max_body_bytes = options.max_body_bytes;
-    listen::serve_http_with(
+    listen::serve_http(
         listener,
         slots,
         limits,
