@@ -28,6 +28,18 @@ pub fn run(
         .iter()
         .map(|a| format!("{} ({:?})", a.iface, a.mode).to_lowercase())
         .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Handled before the line that says it runs (what scripts and tests
+    // wait for): a SIGINT right after it stops it cleanly.
+    let (mut interrupt, mut terminate) = {
+        let _runtime = runtime.enter();
+        (
+            signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+        )
+    };
     println!(
         "limiter: enforcing {} rules from {} on {}; maps pinned at {}",
         rules.rules.len(),
@@ -35,13 +47,7 @@ pub fn run(
         attached.join(", "),
         session.pin_dir().display()
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
-        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-        let mut terminate =
-            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
         let mut previous = session.snapshot()?;
