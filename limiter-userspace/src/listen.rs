@@ -179,6 +179,8 @@ pub async fn serve_http<M, S, B>(
                 continue;
             }
         };
+        // An answer is written whole: Nagle's algorithm could only delay it.
+        let _ = stream.set_nodelay(true);
         let Some(slot) = slots.take() else {
             tokio::spawn(refuse_http(stream));
             continue;

@@ -192,7 +192,11 @@ async fn worker(
     slots: Slots,
 ) -> Result<()> {
     let listener = TcpListener::from_std(listener)?;
-    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
+    // Each request is one write: Nagle's algorithm could only delay it.
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Body> =
+        Client::builder(TokioExecutor::new()).build(connector);
     let forward = Forward {
         client,
         upstream: Arc::new(options.upstream.clone()),
