@@ -152,9 +152,8 @@ pub async fn serve_app(
 /// HTTP/2 connection carries at most [`MAX_STREAMS`] requests at once and
 /// header blocks of at most `max_header_bytes`; HTTP/2 has no header
 /// deadline of its own, so an idle one is pinged and closed when it does
-/// not answer within the header timeout.
-/// At most as many connections at once as `slots` has (shared with other
-/// listeners, if cloned).
+/// not answer within the header timeout. At most as many connections at
+/// once as `slots` has (shared with other listeners, if cloned).
 pub async fn serve_http<M, S, B>(
     listener: TcpListener,
     slots: Slots,

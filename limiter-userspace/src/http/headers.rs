@@ -89,7 +89,7 @@ impl Fields {
 }
 
 /// A field value written without a `String` in between.
-fn written(args: std::fmt::Arguments<'_>) -> HeaderValue {
+pub(crate) fn written(args: std::fmt::Arguments<'_>) -> HeaderValue {
     use std::io::Write;
     let mut buf = [0u8; 128];
     let mut cursor = std::io::Cursor::new(&mut buf[..]);

@@ -15,7 +15,6 @@ pub mod proxy;
 mod reload;
 
 use std::{
-    collections::HashMap,
     net::IpAddr,
     sync::{
         Arc, Mutex,
@@ -305,7 +304,6 @@ pub struct Limiter {
     rules: RuleSet,
     /// Rules most specific first, as the kernel searches them.
     order: Vec<usize>,
-    names: Vec<Arc<str>>,
     /// By rule index: what its responses always say.
     header_fields: Vec<headers::RuleFields>,
     clock: Arc<dyn Clock>,
@@ -320,9 +318,6 @@ pub struct Limiter {
     pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
-    /// Made by a reload: the rules (old index to new) whose keys it shares
-    /// with the limiter before it.
-    kept: HashMap<usize, usize>,
 }
 
 impl Limiter {
@@ -335,18 +330,12 @@ impl Limiter {
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
             counters: (0..n).map(|_| Arc::default()).collect(),
             order: match_order(&rules),
-            names: rules
-                .rules
-                .iter()
-                .map(|r| Arc::from(r.name.as_str()))
-                .collect(),
             header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
             rules,
             clock,
             keys: keys::KeyStore::new(capacity),
             rest_ns: rest,
             digest: Arc::new(KeyDigest::new()),
-            kept: HashMap::new(),
         }
     }
 
@@ -460,12 +449,11 @@ impl Limiter {
             return Admission::plain(allowed, false, None);
         };
         let rule = &self.rules.rules[index];
-        let name = || Some(index);
         let (packets, bytes) = match rule.limit {
             Limit::Metered { packets, bytes } => (packets, bytes),
             // Unlimited, but counted in flight.
             Limit::Unlimited if rule.concurrent.is_some() => (None, None),
-            Limit::Unlimited => return Admission::plain(true, false, name()),
+            Limit::Unlimited => return Admission::plain(true, false, Some(index)),
         };
         // A fleet share's deadline is judged to the nanosecond.
         let monotonic = if self.fleet[index].is_some() {
@@ -481,7 +469,7 @@ impl Limiter {
                 &counters.dropped
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            Admission::plain(rule.shadow, rule.shadow, name())
+            Admission::plain(rule.shadow, rule.shadow, Some(index))
         };
         let Some(state) = self.state(index, rule, request, monotonic) else {
             // No room for a new key: refused, as the kernel refuses one.
@@ -551,7 +539,7 @@ impl Limiter {
         Admission {
             allowed: allowed || shadow,
             shadow,
-            rule: name(),
+            rule: Some(index),
             quota: packets.map(|m| self.quota_at(rule, &m, &state, monotonic)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
@@ -703,7 +691,9 @@ impl Limiter {
 
     /// The rule's name in an admission (`default` for none).
     pub fn rule_name(&self, admission: &Admission) -> &str {
-        admission.rule.map_or("default", |i| &self.names[i])
+        admission
+            .rule
+            .map_or("default", |i| &self.rules.rules[i].name)
     }
 
     /// Quota, remaining and timing of the request meter of the key an

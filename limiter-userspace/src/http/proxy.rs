@@ -352,7 +352,8 @@ impl Forward {
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         strip_hop_by_hop(&mut parts.headers);
         if let Some(ip) = peer {
-            parts.headers.append("x-forwarded-for", address_value(ip));
+            let value = super::headers::written(format_args!("{ip}"));
+            parts.headers.append("x-forwarded-for", value);
         }
         if http_body::Body::is_end_stream(&body) {
             // No body (a GET): nothing to watch but the upstream's time.
@@ -445,16 +446,6 @@ impl Forward {
         };
         Ok(Uri::from_parts(parts)?)
     }
-}
-
-/// An address as a field value, written once.
-fn address_value(ip: std::net::IpAddr) -> HeaderValue {
-    use std::io::Write;
-    let mut buf = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cursor, "{ip}");
-    let n = cursor.position() as usize;
-    HeaderValue::from_bytes(&buf[..n]).expect("an address is a valid field value")
 }
 
 /// The answer to a request whose body the proxy stopped reading.

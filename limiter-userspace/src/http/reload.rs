@@ -22,6 +22,12 @@ impl Limiter {
     /// A limiter for `rules` that keeps this one's state of the rules it
     /// shares with it (by fingerprint); (kept, new) rules.
     pub fn reloaded(&self, rules: RuleSet) -> (Limiter, usize) {
+        let (next, kept) = self.sharing_with(rules);
+        (next, kept.len())
+    }
+
+    /// [`Limiter::reloaded`], and the rules it kept (old index to new).
+    fn sharing_with(&self, rules: RuleSet) -> (Limiter, HashMap<usize, usize>) {
         let mut next = Limiter::new(rules, Arc::clone(&self.clock));
         next.digest = Arc::clone(&self.digest);
         let old: HashMap<u64, usize> = self
@@ -31,7 +37,6 @@ impl Limiter {
             .enumerate()
             .map(|(i, r)| (r.fingerprint(), i))
             .collect();
-        // Old rule index -> new rule index.
         let kept: HashMap<usize, usize> = next
             .rules
             .rules
@@ -43,16 +48,8 @@ impl Limiter {
             next.aggregates[j] = Arc::clone(&self.aggregates[i]);
             next.counters[j] = Arc::clone(&self.counters[i]);
         }
-        self.share_keys(&next, &kept);
-        next.kept = kept;
-        let n = next.kept.len();
-        (next, n)
-    }
-
-    /// Shares this limiter's key states with `next` for the rules `kept`
-    /// maps (old index to new), where `next` has none of its own yet.
-    fn share_keys(&self, next: &Limiter, kept: &HashMap<usize, usize>) {
-        self.keys.share_with(&next.keys, kept);
+        self.keys.share_with(&next.keys, &kept);
+        (next, kept)
     }
 }
 
@@ -87,12 +84,12 @@ impl Reloadable {
     pub fn reload(&self, rules: RuleSet) -> usize {
         let _one = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current.load_full();
-        let (next, kept) = old.reloaded(rules);
+        let (next, kept) = old.sharing_with(rules);
         let next = Arc::new(next);
         self.current.store(Arc::clone(&next));
         // Keys the old limiter made while the new one was being built.
-        old.share_keys(&next, &next.kept);
-        kept
+        old.keys.share_with(&next.keys, &kept);
+        kept.len()
     }
 }
 

@@ -191,7 +191,11 @@ impl Converter {
                 let file = format!("rules:\n{}{text}", self.rules.concat());
                 RuleSet::parse(&file, Path::new("rules"))
                     .map(|_| text)
-                    .map_err(|e| format!("{}: {}", e.field, e.message))
+                    .map_err(|e| {
+                        // Not taken: free for the next rule.
+                        self.names.remove(&name);
+                        format!("{}: {}", e.field, e.message)
+                    })
             });
             match rule {
                 Ok(text) => self.rules.push(text),

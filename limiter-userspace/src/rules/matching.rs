@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    Rule, RuleSet,
+    Match, Rule, RuleSet,
     request::{HttpRequest, keyable},
 };
 
@@ -92,12 +92,20 @@ pub fn first_match(
     protocol: u8,
     dest_port: Option<u16>,
 ) -> Option<usize> {
-    order.iter().copied().find(|&i| {
-        let m = &set.rules[i].matches;
-        m.source.is_none_or(|s| s.contains(&source))
-            && m.protocol.is_none_or(|p| p == protocol)
-            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
-    })
+    order
+        .iter()
+        .copied()
+        .find(|&i| set.rules[i].matches.applies(source, protocol, dest_port))
+}
+
+impl Match {
+    /// Whether a packet from `source` with this protocol and port is one
+    /// this match names.
+    fn applies(&self, source: IpAddr, protocol: u8, dest_port: Option<u16>) -> bool {
+        self.source.is_none_or(|s| s.contains(&source))
+            && self.protocol.is_none_or(|p| p == protocol)
+            && self.dest_port.is_none_or(|p| Some(p) == dest_port)
+    }
 }
 
 /// The first rule in `order` that applies to an HTTP request from `source`
@@ -111,12 +119,10 @@ pub fn first_request_match(
     dest_port: Option<u16>,
     request: Option<&HttpRequest<'_>>,
 ) -> Option<usize> {
+    const TCP: u8 = 6;
     order.iter().copied().find(|&i| {
         let rule = &set.rules[i];
-        let m = &rule.matches;
-        m.source.is_none_or(|s| s.contains(&source))
-            && m.protocol.is_none_or(|p| p == 6)
-            && m.dest_port.is_none_or(|p| Some(p) == dest_port)
+        rule.matches.applies(source, TCP, dest_port)
             && rule.request.matches(request)
             && keyable(&rule.keyed_by, request)
     })
