@@ -9,12 +9,6 @@ pub fn monotonic_ns() -> u64 {
     read(ClockId::CLOCK_MONOTONIC)
 }
 
-/// `CLOCK_MONOTONIC` as of the last tick (`CLOCK_MONOTONIC_COARSE`: a
-/// few ns to read, at most a tick behind, never ahead).
-pub fn coarse_ns() -> u64 {
-    read(ClockId::CLOCK_MONOTONIC_COARSE)
-}
-
 /// Now on `CLOCK_REALTIME`, in ns of the Unix epoch.
 pub fn realtime_ns() -> u64 {
     read(ClockId::CLOCK_REALTIME)

@@ -31,13 +31,15 @@ impl FleetMeter {
 }
 
 impl Limiter {
-    /// The aggregate request meter of rule `index` at `now`.
-    pub(super) fn aggregate_packets(&self, index: usize, now: u64) -> Option<Rate> {
+    /// The aggregate request meter of rule `index` now.
+    pub(super) fn aggregate_packets(&self, index: usize) -> Option<Rate> {
         let rule = &self.rules.rules[index];
         match &self.fleet[index] {
             None => rule.aggregate.and_then(|a| a.packets),
             Some(fleet) => {
                 let (share, until) = *fleet.share.lock().expect("fleet share lock");
+                // A share's deadline is judged to the nanosecond.
+                let now = self.clock.monotonic_ns();
                 Some(if now < until { share } else { fleet.reserve })
             }
         }

@@ -50,19 +50,24 @@ impl KeyStore {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// The key's state, created on first sight if there is room; `now` is
-    /// when it was seen, and `rest_ns` says when each rule's keys rest
-    /// (see [`KeyStore::evict_at_rest`]).
-    pub(super) fn get_or_insert(
+    /// Runs `f` on the key's state, created on first sight if there is
+    /// room (`None` when there is not; `now` is read only then). `f` runs
+    /// under the map shard's read lock, so a request meters its key without
+    /// taking a reference to it (no count to raise and drop per request),
+    /// and no eviction can take the key meanwhile; `f` must not use the
+    /// store. `rest_ns` says when each rule's keys rest (see
+    /// [`KeyStore::evict_at_rest`]).
+    pub(super) fn with<R>(
         &self,
         key: StateKey,
-        now: u64,
+        now: impl Fn() -> u64,
         rest_ns: &[Option<u64>],
-    ) -> Option<Arc<State>> {
+        f: impl FnOnce(&Arc<State>) -> R,
+    ) -> Option<R> {
         if let Some(state) = self.map.get(&key) {
-            state.seen(now);
-            return Some(Arc::clone(&state));
+            return Some(f(&state));
         }
+        let now = now();
         if self.len() >= self.capacity {
             // A full scan only when it may free something: a flood of new
             // keys against a store full of keys in debt costs a compare.
@@ -82,14 +87,6 @@ impl KeyStore {
                 return None;
             }
         }
-        let state = match self.map.entry(key) {
-            Entry::Occupied(entry) => Arc::clone(entry.get()),
-            Entry::Vacant(entry) => {
-                self.count.fetch_add(1, Ordering::Relaxed);
-                Arc::clone(entry.insert(Arc::default()).value())
-            }
-        };
-        state.seen(now);
         // A key added since the last scan may come to rest before the keys
         // that scan saw.
         self.no_rest_before.fetch_min(
@@ -97,7 +94,16 @@ impl KeyStore {
             rest_ns[key.0].map_or(now, |ns| now.saturating_add(ns)),
             Ordering::Relaxed,
         );
-        Some(state)
+        let state = match self.map.entry(key) {
+            Entry::Occupied(entry) => entry.into_ref(),
+            Entry::Vacant(entry) => {
+                self.count.fetch_add(1, Ordering::Relaxed);
+                let state = State::default();
+                state.seen(now);
+                entry.insert(Arc::new(state))
+            }
+        };
+        Some(f(&state.downgrade()))
     }
 
     /// Bounds memory without handing anyone a fresh burst: keys *at rest*
@@ -117,7 +123,7 @@ impl KeyStore {
             None => state.cells[0]
                 .load(Ordering::Acquire)
                 .max(state.cells[1].load(Ordering::Acquire)),
-            Some(ns) => state.last_seen.load(Ordering::Relaxed).saturating_add(ns),
+            Some(ns) => state.last_seen().saturating_add(ns),
         };
         let at_rest = |key: &StateKey, state: &Arc<State>| {
             rests_at(key, state) <= now && Arc::strong_count(state) == 1
@@ -127,7 +133,7 @@ impl KeyStore {
         for entry in self.map.iter() {
             let (key, state) = (entry.key(), entry.value());
             if at_rest(key, state) {
-                resting.push((state.last_seen.load(Ordering::Relaxed), *key));
+                resting.push((state.last_seen(), *key));
             } else {
                 next_rest = next_rest.min(rests_at(key, state).max(now.saturating_add(1)));
             }

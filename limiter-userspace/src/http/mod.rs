@@ -15,6 +15,7 @@ pub mod proxy;
 mod reload;
 
 use std::{
+    cell::Cell,
     net::IpAddr,
     sync::{
         Arc, Mutex,
@@ -46,13 +47,6 @@ use crate::rules::{
 pub trait Clock: Send + Sync {
     fn monotonic_ns(&self) -> u64;
     fn epoch_ns(&self) -> u64;
-    /// The monotonic clock as of the last tick (at most a few ms behind,
-    /// never ahead), for what needs no precision: when a key was last
-    /// seen, the fields a response carries. Meters read
-    /// [`Clock::monotonic_ns`].
-    fn coarse_ns(&self) -> u64 {
-        self.monotonic_ns()
-    }
 }
 
 /// The system's clocks.
@@ -65,10 +59,6 @@ impl Clock for SystemClock {
 
     fn epoch_ns(&self) -> u64 {
         crate::clock::realtime_ns()
-    }
-
-    fn coarse_ns(&self) -> u64 {
-        crate::clock::coarse_ns()
     }
 }
 
@@ -203,25 +193,43 @@ pub struct HttpCounters {
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
-/// the request meter (0) and the byte meter (1).
+/// the request meter (0) and the byte meter (1). What every request
+/// touches comes first, on the cache line of the `Arc`'s counts.
 #[derive(Default)]
+#[repr(C)]
 struct State {
     cells: [AtomicU64; 2],
-    windows: Mutex<[WindowState; 2]>,
-    logs: Mutex<[Log; 2]>,
-    /// When the key was last seen (monotonic ns), for eviction.
+    /// When the key was last seen (monotonic ns), for eviction, stored at
+    /// most once a [`SEEN_GRANULE_NS`].
     last_seen: AtomicU64,
     /// Requests in flight (rules with `concurrent`).
     in_flight: AtomicU64,
+    windows: Mutex<[WindowState; 2]>,
+    logs: Mutex<[Log; 2]>,
 }
 
+/// How far `State::last_seen` may lag: the requests of one key do not all
+/// write its cache line.
+const SEEN_GRANULE_NS: u64 = 1_000_000;
+
 impl State {
-    /// Seen at `now`: written only when later (the clock that says it is
-    /// coarse), so requests of one key do not all write its line.
+    /// Seen at `now` (monotonic ns; 0: not judged, nothing to note).
     fn seen(&self, now: u64) {
-        if self.last_seen.load(Ordering::Relaxed) < now {
+        if self
+            .last_seen
+            .load(Ordering::Relaxed)
+            .saturating_add(SEEN_GRANULE_NS)
+            <= now
+        {
             self.last_seen.fetch_max(now, Ordering::Relaxed);
         }
+    }
+
+    /// No earlier than when the key was last seen.
+    fn last_seen(&self) -> u64 {
+        self.last_seen
+            .load(Ordering::Relaxed)
+            .saturating_add(SEEN_GRANULE_NS)
     }
 }
 
@@ -311,6 +319,8 @@ pub struct Limiter {
     keys: keys::KeyStore,
     /// By rule index: see [`rest_ns`].
     rest_ns: Vec<Option<u64>>,
+    /// By rule index: the masks of its client-address keys (IPv4, IPv6).
+    key_masks: Vec<([u8; 4], [u8; 16])>,
     /// Shared with the limiters a reload makes, so keys keep their digests.
     digest: Arc<KeyDigest>,
     /// By rule index; shared with a reload's limiter for unchanged rules.
@@ -331,6 +341,7 @@ impl Limiter {
             counters: (0..n).map(|_| Arc::default()).collect(),
             order: match_order(&rules),
             header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
+            key_masks: rules.rules.iter().map(key_masks).collect(),
             rules,
             clock,
             keys: keys::KeyStore::new(capacity),
@@ -384,7 +395,17 @@ impl Limiter {
         if (bytes.is_none() && aggregate_bytes.is_none()) || rule.delay.is_some() {
             return None;
         }
-        let state = self.state(index, rule, &request, self.clock.monotonic_ns())?;
+        let key = (index, self.key_bytes(index, rule, &request));
+        let clock = &self.clock;
+        let state = self.keys.with(
+            key,
+            || clock.monotonic_ns(),
+            &self.rest_ns,
+            |state| {
+                state.seen(clock.monotonic_ns());
+                Arc::clone(state)
+            },
+        )?;
         let max_cost = [bytes, aggregate_bytes]
             .into_iter()
             .flatten()
@@ -411,17 +432,13 @@ impl Limiter {
         let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
         rates[order::KEY_BYTES] = bytes;
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
-        let monotonic = self.clock.monotonic_ns();
+        let aggregate = &self.aggregates[meter.index];
+        let judged_at = Cell::new(0);
+        let verdict = self.meter(rule, &meter.state, aggregate, &rates, &|_| n, &judged_at);
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
-        meter
-            .state
-            .last_seen
-            .fetch_max(monotonic, Ordering::Relaxed);
-        let aggregate = &self.aggregates[meter.index];
-        self.meter(rule, &meter.state, aggregate, &rates, &|_| n)
-            .outcome
-            == Outcome::Allowed
+        meter.state.seen(judged_at.get());
+        verdict.outcome == Outcome::Allowed
     }
 
     /// Counts a streaming body refused by [`Limiter::charge_body`] (once a
@@ -443,49 +460,61 @@ impl Limiter {
     /// Meters one request and decides.
     pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
         let (request, index) = self.rule_of(request);
-        let request = &request;
         let Some(index) = index else {
             let allowed = self.rules.default == Fallback::Pass;
             return Admission::plain(allowed, false, None);
         };
         let rule = &self.rules.rules[index];
+        if matches!(rule.limit, Limit::Unlimited) && rule.concurrent.is_none() {
+            return Admission::plain(true, false, Some(index));
+        }
+        let key = (index, self.key_bytes(index, rule, &request));
+        let clock = &self.clock;
+        self.keys
+            .with(
+                key,
+                || clock.monotonic_ns(),
+                &self.rest_ns,
+                |state| self.decide(index, &request, state),
+            )
+            // No room for a new key: refused, as the kernel refuses one.
+            .unwrap_or_else(|| self.excess(index))
+    }
+
+    /// Counts a request refused (or, under a dry run, let through) and
+    /// says so.
+    fn excess(&self, index: usize) -> Admission {
+        let rule = &self.rules.rules[index];
+        let counters = &self.counters[index];
+        let counter = if rule.shadow {
+            &counters.shadow
+        } else {
+            &counters.dropped
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Admission::plain(rule.shadow, rule.shadow, Some(index))
+    }
+
+    /// [`Limiter::check`] once the request's key state is found.
+    fn decide(&self, index: usize, request: &RequestMeta<'_>, state: &Arc<State>) -> Admission {
+        let rule = &self.rules.rules[index];
         let (packets, bytes) = match rule.limit {
             Limit::Metered { packets, bytes } => (packets, bytes),
             // Unlimited, but counted in flight.
-            Limit::Unlimited if rule.concurrent.is_some() => (None, None),
-            Limit::Unlimited => return Admission::plain(true, false, Some(index)),
-        };
-        // A fleet share's deadline is judged to the nanosecond.
-        let monotonic = if self.fleet[index].is_some() {
-            self.clock.monotonic_ns()
-        } else {
-            self.clock.coarse_ns()
+            Limit::Unlimited => (None, None),
         };
         let counters = &self.counters[index];
-        let excess = || {
-            let counter = if rule.shadow {
-                &counters.shadow
-            } else {
-                &counters.dropped
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            Admission::plain(rule.shadow, rule.shadow, Some(index))
-        };
-        let Some(state) = self.state(index, rule, request, monotonic) else {
-            // No room for a new key: refused, as the kernel refuses one.
-            return excess();
-        };
         // Counted in flight first: a request refused for that is charged
         // nothing; one the meters refuse is no longer in flight.
         let in_flight = match rule.concurrent {
             None => None,
-            Some(max) => match InFlight::enter(&state, max) {
+            Some(max) => match InFlight::enter(state, max) {
                 Some(entered) => Some(Arc::new(entered)),
                 None => {
                     counters.in_flight_excess.fetch_add(1, Ordering::Relaxed);
                     return Admission {
                         too_many_in_flight: true,
-                        ..excess()
+                        ..self.excess(index)
                     };
                 }
             },
@@ -495,7 +524,7 @@ impl Limiter {
         let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
         rates[order::KEY_PACKETS] = packets;
         rates[order::KEY_BYTES] = bytes;
-        rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index, monotonic);
+        rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index);
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         let cost = |i: usize| {
             if order::charges_bytes(i) {
@@ -506,12 +535,14 @@ impl Limiter {
         };
         let mut delay_ns = 0;
         let mut by_aggregate = false;
+        let judged_at = Cell::new(0);
         let allowed = match (rule.algorithm, rule.delay) {
             (Algorithm::Gcra, Some(delay)) => {
                 // Validation allows pacing only on a lone packet meter.
                 let max = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
                 let gcra = packets.as_ref().map(|m| m.gcra).unwrap_or_default();
                 let now = self.clock.monotonic_ns();
+                judged_at.set(now);
                 match acquire_delayed(&state.cells[0], &gcra, now, 1, max) {
                     Some(wait) => {
                         delay_ns = wait;
@@ -521,12 +552,14 @@ impl Limiter {
                 }
             }
             _ => {
-                let verdict = self.meter(rule, &state, aggregate, &rates, &cost);
+                let verdict = self.meter(rule, state, aggregate, &rates, &cost, &judged_at);
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
                 verdict.outcome == Outcome::Allowed
             }
         };
+        let now = judged_at.get();
+        state.seen(now);
         if by_aggregate {
             counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
         }
@@ -540,7 +573,7 @@ impl Limiter {
             allowed: allowed || shadow,
             shadow,
             rule: Some(index),
-            quota: packets.map(|m| self.quota_at(rule, &m, &state, monotonic)),
+            quota: packets.map(|m| self.quota_at(rule, &m, state, now)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
@@ -557,6 +590,7 @@ impl Limiter {
         aggregate: &State,
         rates: &[Option<Rate>; order::METERS],
         cost: &dyn Fn(usize) -> u64,
+        judged_at: &Cell<u64>,
     ) -> Verdict {
         // Each state keeps its packet meter, then its byte meter.
         let state_of = |i: usize| {
@@ -595,6 +629,7 @@ impl Limiter {
                         }
                     }
                 }
+                judged_at.set(self.clock.monotonic_ns());
                 Verdict {
                     outcome: if refused.is_none() {
                         Outcome::Allowed
@@ -610,10 +645,14 @@ impl Limiter {
                         .as_ref()
                         .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, cost(i)))
                 });
-                // The clock read as each meter is judged, not `monotonic`
-                // (read before the key map's lock, maybe long ago).
+                // The clock read as each meter is judged (after the key
+                // map's lock, and again after a lost compare-and-swap).
                 let clock = &self.clock;
-                acquire_all(charges, || clock.monotonic_ns())
+                acquire_all(charges, || {
+                    let now = clock.monotonic_ns();
+                    judged_at.set(now);
+                    now
+                })
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let sliding = rule.algorithm == Algorithm::SlidingWindow;
@@ -634,34 +673,20 @@ impl Limiter {
                     let state = states[i].take().expect("each state once");
                     windows[i].as_ref().map(|w| (state, w, cost(i)))
                 });
+                judged_at.set(self.clock.monotonic_ns());
                 windows_all(charges, now, sliding)
             }
         }
     }
 
-    /// The key's state, created on first sight if there is room (see
-    /// [`keys::KeyStore`]). Keys are the rule's index and either the
-    /// caller's key or the client address masked exactly as the kernel
-    /// masks it.
-    fn state(
-        &self,
-        index: usize,
-        rule: &Rule,
-        request: &RequestMeta<'_>,
-        now: u64,
-    ) -> Option<Arc<State>> {
-        let key = self.key_bytes(rule, request);
-        self.keys.get_or_insert((index, key), now, &self.rest_ns)
-    }
-
     /// A request's key under `rule`: the caller's key or the client address
     /// masked exactly as the kernel masks it, and the request's fields the
     /// rule is keyed by besides.
-    fn key_bytes(&self, rule: &Rule, request: &RequestMeta<'_>) -> KeyBytes {
+    fn key_bytes(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>) -> KeyBytes {
         let source = || match request.key {
             Some(key) => KeyBytes::Custom(self.digest.of(&[key])),
             None => {
-                let mask = key_masks(rule);
+                let mask = &self.key_masks[index];
                 let flow = match request.client {
                     IpAddr::V4(a) => FlowKey::v4(0, a.octets(), mask.0),
                     IpAddr::V6(a) => FlowKey::v6(0, a.octets(), mask.1),
