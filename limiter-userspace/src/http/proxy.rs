@@ -23,7 +23,9 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use axum::body::Body;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, header,
+};
 use hyper::body::Incoming;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -76,16 +78,16 @@ pub type RenderMetrics = Arc<dyn Fn(&Limiter) -> String + Send + Sync>;
 
 /// Hop-by-hop fields, which a proxy must not forward (RFC 9110 7.6.1),
 /// besides those the `Connection` field names.
-const HOP_BY_HOP: [&str; 9] = [
-    "proxy-connection",
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 9] = [
+    HeaderName::from_static("proxy-connection"),
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Serves until a listener fails; `ready` gets the bound address.
@@ -299,16 +301,20 @@ fn too_large(max: u64) -> Response<Body> {
 }
 
 /// Removes the hop-by-hop fields, those the `Connection` field names first.
+/// Most messages carry none but `Connection` itself: one pass over their
+/// names says so, without hashing each hop-by-hop name into the map.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
+    let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().map(String::as_str).chain(HOP_BY_HOP) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) && named.is_empty() {
+        return;
+    }
+    for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
 }
