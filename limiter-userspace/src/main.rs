@@ -2,13 +2,6 @@
 
 mod commands;
 
-/// The proxy allocates and frees a few small buffers per request (hyper's
-/// messages, header maps); mimalloc's per-thread free lists serve them
-/// without the locks and consolidation of glibc's malloc, which took 6% of
-/// the proxy's CPU under load.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
@@ -16,6 +9,13 @@ use limiter::{
     control::DEFAULT_SOCKET,
     kernel::{Mode, pins::DEFAULT_PIN_DIR},
 };
+
+/// The proxy allocates and frees a few small buffers per request (hyper's
+/// messages, header maps); mimalloc's per-thread free lists serve them
+/// without the locks and consolidation of glibc's malloc, which took 6% of
+/// the proxy's CPU under load.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(

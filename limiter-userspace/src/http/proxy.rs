@@ -301,9 +301,13 @@ fn too_large(max: u64) -> Response<Body> {
 }
 
 /// Removes the hop-by-hop fields, those the `Connection` field names first.
-/// Most messages carry none but `Connection` itself: one pass over their
-/// names says so, without hashing each hop-by-hop name into the map.
+/// Many messages carry none (and without `Connection`, none is named): one
+/// pass over their names says so, without hashing each hop-by-hop name
+/// into the map.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -311,9 +315,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) && named.is_empty() {
-        return;
-    }
     for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
