@@ -143,7 +143,7 @@ pub struct GlobalConfig {
     /// How many blocks the tries hold: 0 skips the lookup.
     pub blocks: u32,
     /// Moves on every change to the blocks. A key remembers the epoch at
-    /// which its source was last found unblocked (`KeyState::block_epoch`),
+    /// which its source was last found unblocked (`keytable::Slot::block_epoch`),
     /// so a tracked source costs no trie lookup until the blocks change.
     pub block_epoch: u32,
     /// Buckets of the key table (`KEYS`, a power of two), set at load.
@@ -431,26 +431,43 @@ impl FlowKey {
     }
 }
 
-/// Per-key state for the packet meter (index 0) and the byte meter (1),
-/// and what the key passed and dropped (atomic adds; read by `limiter
-/// top`). The same layout holds a rule's aggregate state in `AGGREGATES`.
+/// A rule's aggregate state in `AGGREGATES`: its packet meter (index 0)
+/// and its byte meter (1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KeyState {
+pub struct AggregateState {
     /// GCRA: `[TAT, -, -]` in ns of `CLOCK_MONOTONIC`, updated lock-free
     /// with compare-and-swap. Windows: `[start, previous, current]`
     /// ([`crate::window::WindowState`]), changed together under `lock`.
     pub meters: [[u64; 3]; 2],
     /// Window algorithms only: 0 free, 1 held (taken with compare-and-swap).
     pub lock: u32,
-    /// `GlobalConfig::block_epoch` when this key's source was last found
-    /// unblocked, plus one (0: never checked). Full-address keys only.
-    pub block_epoch: u32,
-    /// What the key passed and dropped, for `limiter top`: plain adds, so
-    /// two CPUs counting the same key at once may lose an increment; the
-    /// exact totals are the per-CPU rule counters.
-    pub passed_packets: u64,
-    pub dropped_packets: u64,
+    pub _reserved: u32,
+}
+
+/// A tracked key's state, 32 bytes (a [`crate::keytable::Slot`] holds it
+/// beside its key): every algorithm's in three words.
+///
+/// GCRA: `meters = [packets TAT, bytes TAT, 0]`, ns of `CLOCK_MONOTONIC`,
+/// updated lock-free with compare-and-swap.
+///
+/// Windows: `meters = [start, packets, bytes]`: the start of the current
+/// window (epoch ns; one per key, as a rule has one unit for both meters),
+/// then each meter's counts packed as `previous << 32 | current`
+/// ([`crate::keytable::window_state`]). Bit 31 of the packets word is the
+/// lock under which all three change together
+/// ([`crate::keytable::WINDOW_LOCK`]): a key's counts stay below 2^31,
+/// which rule validation guarantees ([`crate::keytable::MAX_WINDOW_LIMIT`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyState {
+    pub meters: [u64; 3],
+    /// What the key passed and dropped, for `limiter top`: plain wrapping
+    /// adds (two CPUs counting the same key at once may lose an increment;
+    /// `top` reads differences), the exact totals are the per-CPU rule
+    /// counters.
+    pub passed_packets: u32,
+    pub dropped_packets: u32,
 }
 
 /// Per-rule counters, one per CPU: each CPU only writes its own copy, so
@@ -543,7 +560,8 @@ const _: () = {
     assert!(core::mem::size_of::<Candidates>() == 8 + 8 * MAX_CANDIDATES);
     assert!(core::mem::size_of::<FlowKey>() == 20);
     assert!(core::mem::size_of::<FragmentKey>() == 32);
-    assert!(core::mem::size_of::<KeyState>() == 72);
+    assert!(core::mem::size_of::<KeyState>() == 32);
+    assert!(core::mem::size_of::<AggregateState>() == 56);
     assert!(core::mem::size_of::<RuleCounters>() == 80);
     assert!(core::mem::size_of::<GlobalCounters>() == 88);
 };
@@ -560,6 +578,7 @@ mod pod {
     unsafe impl aya::Pod for super::Block {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::KeyState {}
+    unsafe impl aya::Pod for super::AggregateState {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
 }

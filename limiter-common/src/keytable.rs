@@ -16,8 +16,16 @@
 //! key would start with anyway), never one still in debt. When a bucket has
 //! neither, the new key is refused and counted (`key_alloc_failed`): the
 //! table never forgets a limited source to make room.
+//!
+//! A key costs 60 bytes: its 4-byte tag, and a 56-byte [`Slot`] (the key,
+//! 20; the block epoch it was last checked at, 4; and a [`KeyState`] of
+//! three words that holds any algorithm's state: two TATs for GCRA, or a
+//! window start and two pairs of 31-bit counts for the windows).
 
-use crate::abi::{FlowKey, KeyState, RuleConfig, algorithm, rule_flag};
+use crate::{
+    abi::{FlowKey, KeyState, RuleConfig, algorithm, rule_flag},
+    window::WindowState,
+};
 
 /// Slots per bucket: their tags fill half a cache line.
 pub const WAYS: usize = 8;
@@ -35,16 +43,45 @@ pub mod tag {
 /// A bucket's tags: which key (by hash) each of its slots holds.
 pub type Tags = [u32; WAYS];
 
-/// One key and its state. `_reserved` keeps the state 8-byte aligned.
+/// One key and its state: 56 bytes, and with its tag 60 bytes a key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
     pub key: FlowKey,
-    pub _reserved: u32,
+    /// `GlobalConfig::block_epoch` when this key's source was last found
+    /// unblocked, plus one (0: never checked). Full-address keys only.
+    pub block_epoch: u32,
     pub state: KeyState,
 }
 
-const _: () = assert!(core::mem::size_of::<Slot>() == 96);
+const _: () = assert!(core::mem::size_of::<Slot>() == 56);
+
+/// Bit 31 of a window key's packets word (`KeyState::meters[1]`): held
+/// while a CPU changes the key's windows.
+pub const WINDOW_LOCK: u64 = 1 << 31;
+
+/// The most a key's window may count (packets or bytes per window): its
+/// counts are 31-bit halves of a word whose bit 31 is the lock.
+pub const MAX_WINDOW_LIMIT: u64 = (1 << 31) - 1;
+
+/// A window key's meter (`1` packets, `2` bytes) as the window code
+/// sees it. (Without the lock bit.)
+#[inline(always)]
+pub fn window_state(state: &KeyState, meter: usize) -> WindowState {
+    let counts = state.meters[meter] & !WINDOW_LOCK;
+    WindowState {
+        start: state.meters[0],
+        previous: counts >> 32,
+        current: counts & 0xffff_ffff,
+    }
+}
+
+/// A meter's counts packed as [`KeyState`] keeps them (the lock bit
+/// clear); both are at most [`MAX_WINDOW_LIMIT`].
+#[inline(always)]
+pub fn pack_counts(window: &WindowState) -> u64 {
+    (window.previous << 32) | (window.current & MAX_WINDOW_LIMIT)
+}
 
 /// The index in `KEYS` of way `way` of bucket `bucket`.
 #[inline(always)]
@@ -106,11 +143,11 @@ pub fn tag_of(hash: u64) -> u32 {
 /// Since when `state`, kept under `rule`, has been *at rest* at `now`:
 /// what a new key would start with, so its slot may go to another key
 /// without giving anyone budget. `None` while it is not: a GCRA TAT after
-/// `now` (a key in debt), or a count in a window still open (for a sliding
-/// window, the one after too). (A held window lock also means not at rest:
-/// the caller checks it, as it may hold it itself.) Times are ns of
-/// `CLOCK_MONOTONIC`; windows, kept in epoch ns, take `realtime_offset_ns`.
-/// The slot at rest the longest is the one to reuse, as an LRU would.
+/// `now` (a key in debt), a count in a window still open (for a sliding
+/// window, the one after too), or a window key's lock held. Times are ns
+/// of `CLOCK_MONOTONIC`; windows, kept in epoch ns, take
+/// `realtime_offset_ns`. The slot at rest the longest is the one to
+/// reuse, as an LRU would.
 #[inline(always)]
 pub fn at_rest_since(
     state: &KeyState,
@@ -118,37 +155,55 @@ pub fn at_rest_since(
     now: u64,
     realtime_offset_ns: u64,
 ) -> Option<u64> {
+    at_rest(state, rule, now, realtime_offset_ns, false)
+}
+
+/// [`at_rest_since`] for a caller that holds the key's window lock itself.
+#[inline(always)]
+pub fn at_rest_since_locked(
+    state: &KeyState,
+    rule: &RuleConfig,
+    now: u64,
+    realtime_offset_ns: u64,
+) -> Option<u64> {
+    at_rest(state, rule, now, realtime_offset_ns, true)
+}
+
+/// One branch on the algorithm, which the kernel's verifier follows once
+/// per way of a bucket.
+#[inline(always)]
+fn at_rest(
+    state: &KeyState,
+    rule: &RuleConfig,
+    now: u64,
+    realtime_offset_ns: u64,
+    lock_held: bool,
+) -> Option<u64> {
+    let [first, packets, bytes] = state.meters;
     if rule.algorithm == algorithm::GCRA {
-        let tat = state.meters[0][0].max(state.meters[1][0]);
+        let tat = first.max(packets);
         return (tat <= now).then_some(tat);
+    }
+    if packets & WINDOW_LOCK != 0 && !lock_held {
+        return None;
     }
     let spans = if rule.algorithm == algorithm::SLIDING_WINDOW {
         2
     } else {
         1
     };
-    // When a window meter stopped counting (0: it counted nothing).
-    #[inline(always)]
-    fn expiry(in_force: bool, length_ns: u64, slots: &[u64; 3], spans: u64) -> u64 {
-        let [start, previous, current] = *slots;
-        if !in_force || (previous == 0 && current == 0) {
-            0
-        } else {
-            start.saturating_add(spans * length_ns)
-        }
-    }
-    let expired = expiry(
-        rule.flags & rule_flag::LIMIT_PACKETS != 0,
-        rule.packets.window.length_ns,
-        &state.meters[0],
-        spans,
-    )
-    .max(expiry(
-        rule.flags & rule_flag::LIMIT_BYTES != 0,
-        rule.bytes.window.length_ns,
-        &state.meters[1],
-        spans,
-    ));
+    // Both meters share the rule's unit, so their window length.
+    let length_ns = if rule.flags & rule_flag::LIMIT_PACKETS != 0 {
+        rule.packets.window.length_ns
+    } else {
+        rule.bytes.window.length_ns
+    };
+    // When the windows stopped counting (0: they counted nothing).
+    let expired = if (packets & !WINDOW_LOCK) | bytes != 0 {
+        first.saturating_add(spans * length_ns)
+    } else {
+        0
+    };
     let expired = expired.saturating_sub(realtime_offset_ns);
     (expired <= now).then_some(expired)
 }
@@ -230,13 +285,20 @@ mod tests {
         let rule = gcra_rule();
         let mut state = KeyState::default();
         assert_eq!(at_rest_since(&state, &rule, 1_000, 0), Some(0));
-        state.meters[0][0] = 1_001;
+        state.meters[0] = 1_001;
         assert_eq!(at_rest_since(&state, &rule, 1_000, 0), None);
         assert_eq!(at_rest_since(&state, &rule, 1_001, 0), Some(1_001));
-        state.meters[1][0] = 2_000;
+        state.meters[1] = 2_000;
         assert_eq!(at_rest_since(&state, &rule, 1_500, 0), None);
         assert_eq!(at_rest_since(&state, &rule, 2_500, 0), Some(2_000));
-        state.meters[1][0] = 0;
+        // A TAT with bit 31 set is a time, not a lock.
+        state.meters[1] = WINDOW_LOCK | 1_000;
+        assert_eq!(at_rest_since(&state, &rule, WINDOW_LOCK, 0), None);
+        assert_eq!(
+            at_rest_since(&state, &rule, WINDOW_LOCK | 1_000, 0),
+            Some(WINDOW_LOCK | 1_000)
+        );
+        state.meters[1] = 0;
         assert_eq!(at_rest_since(&state, &rule, 5_000, 0), Some(1_001));
     }
 
@@ -249,16 +311,54 @@ mod tests {
             ..RuleConfig::default()
         };
         rule.packets.window = window;
-        let mut state = KeyState::default();
-        state.meters[0] = [5_000, 0, 3];
+        let mut state = KeyState {
+            meters: [5_000, 3, 0],
+            ..KeyState::default()
+        };
         // Realtime = monotonic + 4_000: the window ends at 6_000, monotonic 2_000.
         assert_eq!(at_rest_since(&state, &rule, 1_999, 4_000), None);
         assert_eq!(at_rest_since(&state, &rule, 2_000, 4_000), Some(2_000));
         rule.algorithm = algorithm::SLIDING_WINDOW;
         assert_eq!(at_rest_since(&state, &rule, 2_000, 4_000), None);
         assert_eq!(at_rest_since(&state, &rule, 3_000, 4_000), Some(3_000));
-        // Nothing counted: at rest whatever the window.
-        state.meters[0] = [5_000, 0, 0];
+        // Counted in the window before only (sliding), or bytes only.
+        state.meters = [5_000, 3 << 32, 0];
+        assert_eq!(at_rest_since(&state, &rule, 2_999, 4_000), None);
+        state.meters = [5_000, 0, 1];
+        assert_eq!(at_rest_since(&state, &rule, 2_999, 4_000), None);
+        // Nothing counted: at rest whatever the window; but not while a
+        // CPU holds its lock, unless the caller is that CPU.
+        state.meters = [5_000, 0, 0];
         assert_eq!(at_rest_since(&state, &rule, 0, 4_000), Some(0));
+        state.meters = [5_000, WINDOW_LOCK, 0];
+        assert_eq!(at_rest_since(&state, &rule, 0, 4_000), None);
+        assert_eq!(at_rest_since_locked(&state, &rule, 0, 4_000), Some(0));
+    }
+
+    #[test]
+    fn window_counts_round_trip_without_the_lock() {
+        let state = KeyState {
+            meters: [
+                7_000,
+                (5 << 32) | WINDOW_LOCK | 9,
+                (MAX_WINDOW_LIMIT << 32) | MAX_WINDOW_LIMIT,
+            ],
+            ..KeyState::default()
+        };
+        let packets = window_state(&state, 1);
+        assert_eq!(
+            packets,
+            WindowState {
+                start: 7_000,
+                previous: 5,
+                current: 9
+            }
+        );
+        assert_eq!(pack_counts(&packets), (5 << 32) | 9);
+        let bytes = window_state(&state, 2);
+        assert_eq!(bytes.previous, MAX_WINDOW_LIMIT);
+        assert_eq!(bytes.current, MAX_WINDOW_LIMIT);
+        assert_eq!(pack_counts(&bytes), state.meters[2]);
+        assert_eq!(pack_counts(&bytes) & WINDOW_LOCK, 0);
     }
 }

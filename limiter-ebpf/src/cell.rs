@@ -33,7 +33,7 @@ pub fn add_shared(counter: *mut u64, n: u64) {
 
 /// How often taking a held lock is retried. The holder is another CPU in
 /// the middle of a few dozen instructions (XDP does not sleep or migrate).
-const LOCK_ATTEMPTS: usize = 64;
+pub const LOCK_ATTEMPTS: usize = 64;
 
 /// Takes a lock word (0 free, 1 held); `false` if it stayed held.
 #[inline(always)]

@@ -1,11 +1,14 @@
 //! The key table (`limiter_common::keytable`): finding a key's state, and
 //! claiming a slot for a new key.
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg};
+use core::{
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg},
+    ptr::NonNull,
+};
 
 use limiter_common::{
-    abi::{FlowKey, GlobalConfig, GlobalCounters, KeyState, algorithm, rule_slot},
-    keytable::{self, Slot, Tags, WAYS, slot_index, tag},
+    abi::{FlowKey, GlobalConfig, GlobalCounters, algorithm, rule_slot},
+    keytable::{self, Slot, Tags, WAYS, WINDOW_LOCK, slot_index, tag},
 };
 
 use crate::maps::{KEY_TAGS, KEYS, RULES};
@@ -19,9 +22,12 @@ fn place(config: &GlobalConfig, key: &FlowKey) -> Option<(u32, *mut Tags, u32)> 
     Some((bucket, tags, keytable::tag_of(hash)))
 }
 
-/// The key's state, if the table holds the key.
+/// The key's slot, if the table holds the key. (`NonNull`, so `None` is a
+/// null pointer: an `Option` of a raw pointer would carry an undefined
+/// word when `None`, which the compiler may spill and the verifier then
+/// refuses to read.)
 #[inline(always)]
-pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<*mut KeyState> {
+pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
     let (bucket, tags, tag) = place(config, key)?;
     for way in 0..WAYS {
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
@@ -31,14 +37,14 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<*mut KeyState> {
         if let Some(slot) = KEYS.get_ptr_mut(slot_index(bucket, way))
             && unsafe { same_key(&(*slot).key, key) }
         {
-            return Some(unsafe { &raw mut (*slot).state });
+            return NonNull::new(slot);
         }
     }
     None
 }
 
 /// A slot for `key` in its bucket, reset to a new key's state: a free one,
-/// else the one at rest the longest (counted in `key_evictions`); `None`
+/// else one at rest (counted in `key_evictions`); `None`
 /// when every slot holds a key still in debt, or is being claimed, or
 /// another CPU changed the chosen slot first.
 ///
@@ -56,7 +62,7 @@ pub fn claim(
     key: &FlowKey,
     now: u64,
     global: &mut GlobalCounters,
-) -> *mut KeyState {
+) -> *mut Slot {
     claim_slot(config, generation, key, now, global).unwrap_or_default()
 }
 
@@ -67,7 +73,7 @@ fn claim_slot(
     key: &FlowKey,
     now: u64,
     global: &mut GlobalCounters,
-) -> Option<*mut KeyState> {
+) -> Option<*mut Slot> {
     let (bucket, tags, tag) = place(config, key)?;
     let mut chosen = WAYS;
     let mut chosen_tag = tag::FREE;
@@ -83,7 +89,6 @@ fn claim_slot(
             continue;
         }
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
-            && unsafe { core::ptr::read_volatile(&raw const (*slot).state.lock) } == 0
             && let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() }))
             && let Some(since) = keytable::at_rest_since(
                 unsafe { &(*slot).state },
@@ -120,7 +125,8 @@ fn claim_slot(
     unsafe {
         (*slot).key.rule = key.rule;
         (*slot).key.addr = key.addr;
-        // Zeroes the lock `seize` took too.
+        (*slot).block_epoch = 0;
+        // Zeroes the window lock `seize` took too.
         core::ptr::write_bytes(&raw mut (*slot).state, 0, 1);
         // A full barrier: a CPU that sees the tag sees the key written.
         atomic_xchg::<u32, { AtomicOrdering::SeqCst }>(tag_ptr, tag);
@@ -128,52 +134,59 @@ fn claim_slot(
     if chosen_tag != tag::FREE {
         global.key_evictions += 1;
     }
-    Some(unsafe { &raw mut (*slot).state })
+    Some(slot)
 }
 
 /// Takes an occupied slot's state from any CPU still metering its old key
-/// (found before the claim): takes its window lock, checks again that it
-/// is at rest, and for GCRA swaps each TAT for `u64::MAX`, so a charge in
-/// flight fails its compare-and-swap and then finds no budget. `false`
-/// (and the state as it was) if anything moved meanwhile.
+/// (found before the claim): for windows, takes the key's window lock and
+/// checks again that it is at rest; for GCRA, swaps each TAT for
+/// `u64::MAX`, so a charge in flight fails its compare-and-swap and then
+/// finds no budget. `false` (and the state as it was) if anything moved
+/// meanwhile. (No other CPU can seize it at once: the tag is `CLAIMED`.)
 #[inline(always)]
 fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> bool {
     let state = unsafe { &raw mut (*slot).state };
-    let lock = unsafe { &raw mut (*state).lock };
-    let (_, locked) = unsafe {
-        atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(lock, 0, 1)
-    };
-    if !locked {
-        return false;
-    }
-    let release = || unsafe {
-        atomic_xchg::<u32, { AtomicOrdering::Release }>(lock, 0);
-    };
     let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() })) else {
-        release();
         return false;
     };
     if rule.algorithm != algorithm::GCRA {
         // Windows change only under the lock: at rest now, at rest until
-        // the caller zeroes them.
-        let at_rest =
-            keytable::at_rest_since(unsafe { &*state }, rule, now, config.realtime_offset_ns);
+        // the caller zeroes them (which releases the lock).
+        let lock = unsafe { &raw mut (*state).meters[1] };
+        let seen = unsafe { core::ptr::read_volatile(lock) };
+        if seen & WINDOW_LOCK != 0 {
+            return false;
+        }
+        let (_, locked) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+                lock,
+                seen,
+                seen | WINDOW_LOCK,
+            )
+        };
+        if !locked {
+            return false;
+        }
+        let at_rest = keytable::at_rest_since_locked(
+            unsafe { &*state },
+            rule,
+            now,
+            config.realtime_offset_ns,
+        );
         if at_rest.is_none() {
-            release();
+            unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(lock, seen) };
         }
         return at_rest.is_some();
     }
-    // GCRA charges without the lock: at rest means every TAT at or before
+    // GCRA charges without a lock: at rest means every TAT at or before
     // now, which each swap checks against the value it replaces.
-    let packets = unsafe { &raw mut (*state).meters[0][0] };
-    let bytes = unsafe { &raw mut (*state).meters[1][0] };
+    let packets = unsafe { &raw mut (*state).meters[0] };
+    let bytes = unsafe { &raw mut (*state).meters[1] };
     let Some(packets_tat) = poison(packets, now) else {
-        release();
         return false;
     };
     if poison(bytes, now).is_none() {
         unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat) };
-        release();
         return false;
     }
     true

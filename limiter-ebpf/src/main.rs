@@ -19,11 +19,12 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, maps::lpm_trie::Key, programs:
 use cell::{MapCell, add_shared, lock, unlock};
 use limiter_common::{
     abi::{
-        Block, Candidates, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters, KeyState,
-        PrefixKey, RuleConfig, RuleCounters, action, algorithm, counter_slot, global_flag,
-        rule_flag, rule_slot, v4_table,
+        AggregateState, Block, Candidates, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters,
+        KeyState, PrefixKey, RuleConfig, RuleCounters, action, algorithm, counter_slot,
+        global_flag, rule_flag, rule_slot, v4_table,
     },
     gcra::{Decision, Gcra},
+    keytable::{Slot, WINDOW_LOCK, pack_counts, window_state},
     meter::{
         Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, refund, windows_all,
     },
@@ -31,7 +32,7 @@ use limiter_common::{
 };
 use maps::{
     ADMISSIONS, AGGREGATES, BLOCKED_V4, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6,
-    RULE_STATS, RULES, V4_L16, V4_L24, V4_L32, V4_LISTS,
+    RULE_STATS, RULES, V4_L16, V4_L24, V4_L32, V4_LISTS, WINDOW_SCRATCH,
 };
 use parse::{Packet, Source};
 
@@ -142,20 +143,21 @@ fn limit(
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
     };
-    let state = if metered {
+    let slot = if metered {
         keys::find(config, &key)
     } else {
         None
     };
     if profile::stop_after(profile::KEY_FOUND) {
-        return profile::verdict(state.map_or(0, |s| s as u64));
+        return profile::verdict(slot.map_or(0, |s| s.as_ptr() as u64));
     }
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
     // a block may cover apart); 0 means never, hence the + 1.
-    let block_cache = state.filter(|_| whole_address_key(rule, packet));
+    let block_cache = slot.filter(|_| whole_address_key(rule, packet));
     let epoch = config.block_epoch.wrapping_add(1);
-    if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { (*s).block_epoch } != epoch) {
+    if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { s.as_ref().block_epoch } != epoch)
+    {
         if blocked(packet) {
             global.blocked += 1;
             return if global_shadow {
@@ -164,8 +166,8 @@ fn limit(
                 action::DROP
             };
         }
-        if let Some(state) = block_cache {
-            unsafe { (*state).block_epoch = epoch };
+        if let Some(slot) = block_cache {
+            unsafe { (*slot.as_ptr()).block_epoch = epoch };
         }
     }
     if profile::stop_after(profile::BLOCK_CHECKED) {
@@ -187,21 +189,22 @@ fn limit(
                 refused_by: 0,
             }
         } else {
-            let state = match state {
-                Some(state) => Ok(state),
+            let slot = match slot {
+                Some(slot) => Ok(slot.as_ptr()),
                 None => new_key(
                     config, generation, global, rule_id, rule, &key, counters, now, len,
                 ),
             };
-            match state {
-                Ok(state) => {
+            match slot {
+                Ok(slot) => {
+                    let state = unsafe { &raw mut (*slot).state };
                     let verdict = meter(config, rule_id, rule, state, now, len);
                     // For `limiter top`; see `KeyState::passed_packets`.
                     let state = unsafe { &mut *state };
                     if verdict.outcome == Outcome::Allowed {
-                        state.passed_packets += 1;
+                        state.passed_packets = state.passed_packets.wrapping_add(1);
                     } else {
-                        state.dropped_packets += 1;
+                        state.dropped_packets = state.dropped_packets.wrapping_add(1);
                     }
                     verdict
                 }
@@ -346,7 +349,7 @@ fn new_key(
     counters: &mut RuleCounters,
     now: u64,
     len: u64,
-) -> Result<*mut KeyState, Verdict> {
+) -> Result<*mut Slot, Verdict> {
     let refused = |refused_by| {
         Err(Verdict {
             outcome: Outcome::Denied,
@@ -359,7 +362,11 @@ fn new_key(
         let has = |flag: u32| rule.flags & flag != 0;
         let deny = |gcra: &Gcra, tat: u64, cost: u64| gcra.check(tat, now, cost) == Decision::Deny;
         if has(rule_flag::AGGREGATE_PACKETS)
-            && deny(&rule.aggregate_packets_at(now).gcra, aggregate.meters[0][0], 1)
+            && deny(
+                &rule.aggregate_packets_at(now).gcra,
+                aggregate.meters[0][0],
+                1,
+            )
         {
             return refused(order::AGGREGATE_PACKETS);
         }
@@ -401,11 +408,72 @@ fn meter(
             refused_by: 0,
         };
     };
-    if rule.algorithm == algorithm::GCRA {
-        meter_gcra(rule, state, aggregate, now, len)
+    let verdict = if rule.algorithm == algorithm::GCRA {
+        meter_gcra_call(rule, state, aggregate, now, len)
     } else {
-        meter_windows(config, rule, state, aggregate, now, len)
+        let packet = PacketCharge {
+            now,
+            realtime_offset_ns: config.realtime_offset_ns,
+            len,
+        };
+        meter_windows_call(rule, state, aggregate, &packet)
+    };
+    Verdict {
+        outcome: match verdict & 0xff {
+            0 => Outcome::Allowed,
+            1 => Outcome::Denied,
+            _ => Outcome::Contended,
+        },
+        refused_by: (verdict >> 8) as usize,
     }
+}
+
+/// A verdict in one word, as a subprogram returns it: the outcome in the
+/// low byte, `refused_by` above it.
+#[inline(always)]
+fn verdict_word(verdict: Verdict) -> u64 {
+    let outcome = match verdict.outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::Contended => 2,
+    };
+    outcome | ((verdict.refused_by as u64) << 8)
+}
+
+/// [`meter_gcra`] as a BPF subprogram, for its stack frame (see
+/// [`meter_windows_call`]).
+#[inline(never)]
+fn meter_gcra_call(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    now: u64,
+    len: u64,
+) -> u64 {
+    verdict_word(meter_gcra(rule, state, aggregate, now, len))
+}
+
+/// A packet's time and length, for [`meter_windows_call`].
+#[derive(Clone, Copy)]
+struct PacketCharge {
+    now: u64,
+    /// `GlobalConfig::realtime_offset_ns`: windows are kept in epoch ns.
+    realtime_offset_ns: u64,
+    len: u64,
+}
+
+/// [`meter_windows`] as a BPF subprogram: each meter's stack frame is its
+/// own, not added to the program's (the verifier allows 512 bytes along
+/// a chain of calls); a subprogram takes five arguments and returns one
+/// word ([`verdict_word`]).
+#[inline(never)]
+fn meter_windows_call(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    packet: &PacketCharge,
+) -> u64 {
+    verdict_word(meter_windows(rule, state, aggregate, packet))
 }
 
 /// GCRA: lock-free, one compare-and-swap per meter.
@@ -413,7 +481,7 @@ fn meter(
 fn meter_gcra(
     rule: &RuleConfig,
     state: *mut KeyState,
-    aggregate: *mut KeyState,
+    aggregate: *mut AggregateState,
     now: u64,
     len: u64,
 ) -> Verdict {
@@ -427,8 +495,8 @@ fn meter_gcra(
     );
     let cells = unsafe {
         [
-            MapCell(&raw mut (*state).meters[0][0]),
-            MapCell(&raw mut (*state).meters[1][0]),
+            MapCell(&raw mut (*state).meters[0]),
+            MapCell(&raw mut (*state).meters[1]),
             MapCell(&raw mut (*aggregate).meters[0][0]),
             MapCell(&raw mut (*aggregate).meters[1][0]),
         ]
@@ -455,44 +523,53 @@ fn meter_gcra(
     acquire_all(charges, now)
 }
 
-/// Windows: a window's three fields change together, so the key's state
-/// (then the aggregate's, always in that order) is locked while checked.
+/// Windows: a window's fields change together, so the key's state (then
+/// the aggregate's, always in that order) is locked while checked. The
+/// key's windows are unpacked (`KeyState`), checked and packed back.
 #[inline(always)]
 fn meter_windows(
-    config: &GlobalConfig,
     rule: &RuleConfig,
     state: *mut KeyState,
-    aggregate: *mut KeyState,
-    now: u64,
-    len: u64,
+    aggregate: *mut AggregateState,
+    packet: &PacketCharge,
 ) -> Verdict {
+    let PacketCharge {
+        now,
+        realtime_offset_ns,
+        len,
+    } = *packet;
     let contended = Verdict {
         outcome: Outcome::Contended,
         refused_by: 0,
     };
     let has_aggregate =
         rule.flags & (rule_flag::AGGREGATE_PACKETS | rule_flag::AGGREGATE_BYTES) != 0;
-    let key_lock = unsafe { &raw mut (*state).lock };
+    let Some(scratch) = WINDOW_SCRATCH.get_ptr_mut(0) else {
+        return contended;
+    };
+    let key_lock = unsafe { &raw mut (*state).meters[1] };
     let aggregate_lock = unsafe { &raw mut (*aggregate).lock };
-    if !lock(key_lock) {
+    let Some(held) = lock_window(key_lock) else {
         return contended;
-    }
+    };
     if has_aggregate && !lock(aggregate_lock) {
-        unlock(key_lock);
+        unlock_window(key_lock, held);
         return contended;
     }
+    let _ = held;
     let aggregate_packets_window = &rule.aggregate_packets_at(now).window;
-    let now = now.wrapping_add(config.realtime_offset_ns);
-    let (key_meters, aggregate_meters) =
-        unsafe { (&mut (*state).meters, &mut (*aggregate).meters) };
-    let [key_packets, key_bytes] = key_meters;
+    let now = now.wrapping_add(realtime_offset_ns);
+    let (key, aggregate_meters, [key_packets, key_bytes]) =
+        unsafe { (&mut *state, &mut (*aggregate).meters, &mut *scratch) };
+    *key_packets = window_state(key, 1);
+    *key_bytes = window_state(key, 2);
     let [aggregate_packets, aggregate_bytes] = aggregate_meters;
     let has = |flag: u32| rule.flags & flag != 0;
     let mut charges: [WindowCharge<'_>; order::METERS] = [const { None }; order::METERS];
-    charges[order::KEY_PACKETS] = has(rule_flag::LIMIT_PACKETS)
-        .then(|| (WindowState::in_slots(key_packets), &rule.packets.window, 1));
-    charges[order::KEY_BYTES] = has(rule_flag::LIMIT_BYTES)
-        .then(|| (WindowState::in_slots(key_bytes), &rule.bytes.window, len));
+    charges[order::KEY_PACKETS] =
+        has(rule_flag::LIMIT_PACKETS).then_some((&mut *key_packets, &rule.packets.window, 1));
+    charges[order::KEY_BYTES] =
+        has(rule_flag::LIMIT_BYTES).then_some((&mut *key_bytes, &rule.bytes.window, len));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then(|| {
         (
             WindowState::in_slots(aggregate_packets),
@@ -511,8 +588,41 @@ fn meter_windows(
     if has_aggregate {
         unlock(aggregate_lock);
     }
-    unlock(key_lock);
+    // Written back whatever the verdict (a refusal changed nothing, so this
+    // rewrites what was there): fewer values live across the check. The
+    // meters in force rolled from one start alike; one not in force kept
+    // the start it had, never a later one.
+    key.meters[0] = key_packets.start.max(key_bytes.start);
+    key.meters[2] = pack_counts(key_bytes);
+    unlock_window(key_lock, pack_counts(key_packets));
     verdict
+}
+
+/// Takes a window key's lock (bit [`WINDOW_LOCK`] of its packets word);
+/// the word as it was (its counts), or `None` if it stayed held.
+#[inline(always)]
+fn lock_window(word: *mut u64) -> Option<u64> {
+    for _ in 0..cell::LOCK_ATTEMPTS {
+        let seen = unsafe { core::ptr::read_volatile(word) } & !WINDOW_LOCK;
+        let cell = MapCell(word);
+        if limiter_common::meter::AtomicCell::compare_exchange(&cell, seen, seen | WINDOW_LOCK)
+            .is_ok()
+        {
+            return Some(seen);
+        }
+    }
+    None
+}
+
+/// Releases a window key's lock, storing its packets word `counts` (the
+/// lock bit clear); the exchange orders the state's writes before it.
+#[inline(always)]
+fn unlock_window(word: *mut u64, counts: u64) {
+    unsafe {
+        core::intrinsics::atomic_xchg::<u64, { core::intrinsics::AtomicOrdering::Release }>(
+            word, counts,
+        )
+    };
 }
 
 mod clock {

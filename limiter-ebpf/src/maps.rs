@@ -9,12 +9,13 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, FirstFragment, FragmentKey,
-        GENERATIONS, GlobalConfig, GlobalCounters, KeyState, MAX_BLOCKS, MAX_FRAGMENTED_DATAGRAMS,
-        MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
-        v4_table,
+        AggregateState, BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, FirstFragment,
+        FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, MAX_BLOCKS,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
+        RuleConfig, RuleCounters, v4_table,
     },
     keytable::{Slot, Tags, WAYS, buckets_for},
+    window::WindowState,
 };
 
 /// Settings for every packet (index 0), including the active generation.
@@ -55,7 +56,7 @@ pub static KEYS: Array<Slot> =
 
 /// Per-rule aggregate GCRA state, by rule id (hierarchical limits).
 #[map]
-pub static AGGREGATES: Array<KeyState> = Array::pinned(MAX_RULES, 0);
+pub static AGGREGATES: Array<AggregateState> = Array::pinned(MAX_RULES, 0);
 
 /// Which IPv4 /16s a block covers, in part or whole (a bit each; see
 /// `abi::BLOCKED_V4_WORDS`), written by userspace through a mapping.
@@ -94,3 +95,10 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0)
 #[cfg(feature = "test-clock")]
 #[map]
 pub static CLOCK: Array<u64> = Array::pinned(1, 0);
+
+/// Scratch for a window key's two meters, unpacked from their packed
+/// words while its lock is held (`meter_windows`): per CPU, and XDP runs
+/// to the end on its CPU, so no other packet sees it meanwhile. A map
+/// value rather than the stack, which the program has all but used up.
+#[map]
+pub static WINDOW_SCRATCH: PerCpuArray<[WindowState; 2]> = PerCpuArray::with_max_entries(1, 0);

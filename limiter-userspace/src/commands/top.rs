@@ -33,6 +33,15 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
     let maps = Maps::open_pinned(pin_dir)?;
     let (config, rules) = (&maps.config, &maps.rules);
     let mut previous: HashMap<FlowKey, KeyState> = maps.keys.dump().into_iter().collect();
+    // A key's counters are 32-bit (`KeyState::passed_packets`): its totals
+    // are summed here from one reading to the next.
+    let mut totals: HashMap<FlowKey, (u64, u64)> = previous
+        .iter()
+        .map(|(key, state)| {
+            let counts = (state.passed_packets.into(), state.dropped_packets.into());
+            (*key, counts)
+        })
+        .collect();
     let mut at = Instant::now();
     loop {
         thread::sleep(interval);
@@ -52,17 +61,18 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
             .map(|(key, state)| {
                 let before = previous.get(key).copied().unwrap_or_default();
                 let rule = names.get(&key.rule_id());
+                let passed = counted_since(before.passed_packets, state.passed_packets);
+                let dropped = counted_since(before.dropped_packets, state.dropped_packets);
+                let total = totals.entry(*key).or_default();
+                total.0 += passed;
+                total.1 += dropped;
                 Row {
                     source: source(key, rule),
                     rule: rule.map_or(format!("#{} (removed)", key.rule_id()), name),
-                    dropped_per_sec: state.dropped_packets.saturating_sub(before.dropped_packets)
-                        as f64
-                        / elapsed,
-                    passed_per_sec: state.passed_packets.saturating_sub(before.passed_packets)
-                        as f64
-                        / elapsed,
-                    dropped_total: state.dropped_packets,
-                    passed_total: state.passed_packets,
+                    dropped_per_sec: dropped as f64 / elapsed,
+                    passed_per_sec: passed as f64 / elapsed,
+                    dropped_total: total.1,
+                    passed_total: total.0,
                 }
             })
             .collect();
@@ -118,6 +128,7 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
         if once {
             return Ok(());
         }
+        totals.retain(|key, _| now.contains_key(key));
         previous = now;
     }
 }
@@ -143,5 +154,31 @@ fn source(key: &FlowKey, rule: Option<&RuleConfig>) -> String {
         addr.to_string()
     } else {
         format!("{addr}/{bits}")
+    }
+}
+
+/// What a key's 32-bit counter counted between two readings: the wrapping
+/// difference, unless that is implausible for one interval (more than
+/// 2^31), which means the key was forgotten and created again: then all
+/// it counted since.
+fn counted_since(before: u32, now: u32) -> u64 {
+    let difference = now.wrapping_sub(before);
+    if difference > 1 << 31 {
+        now.into()
+    } else {
+        difference.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counted_since;
+
+    #[test]
+    fn counters_wrap_and_keys_come_back() {
+        assert_eq!(counted_since(10, 25), 15);
+        assert_eq!(counted_since(u32::MAX - 4, 5), 10);
+        // Created again with 7 counted: not 2^32 - 93.
+        assert_eq!(counted_since(100, 7), 7);
     }
 }

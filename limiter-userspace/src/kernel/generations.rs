@@ -4,8 +4,8 @@
 
 use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
 use limiter_common::abi::{
-    Candidates, KeyState, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters, counter_slot,
-    map_name, rule_slot, v4_table,
+    AggregateState, Candidates, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
+    counter_slot, map_name, rule_slot, v4_table,
 };
 
 use super::{Datapath, KernelError, maps::map_error};
@@ -113,7 +113,7 @@ impl Datapath {
     pub fn reset_rule_state(&mut self, id: u32) -> Result<(), KernelError> {
         self.maps
             .aggregates
-            .set(id, KeyState::default(), 0)
+            .set(id, AggregateState::default(), 0)
             .map_err(map_error(map_name::AGGREGATES))?;
         self.maps
             .admissions

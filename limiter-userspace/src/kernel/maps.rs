@@ -13,7 +13,7 @@ use aya::{
 use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
 use limiter_common::{
     abi::{
-        Block, Candidates, GlobalConfig, GlobalCounters, KeyState, PrefixKey, RuleConfig,
+        AggregateState, Block, Candidates, GlobalConfig, GlobalCounters, PrefixKey, RuleConfig,
         RuleCounters, map_name, v4_table,
     },
     keytable::{WAYS, buckets_for},
@@ -37,7 +37,7 @@ pub struct Maps {
     /// The per-key state table, memory-mapped.
     pub keys: KeyTable,
     /// Per rule id: the state of its aggregate limit.
-    pub aggregates: Array<MapData, KeyState>,
+    pub aggregates: Array<MapData, AggregateState>,
     pub blocks_v4: LpmTrie<MapData, [u8; 4], Block>,
     /// A bit per IPv4 /16 that a block covers, mapped.
     pub blocked_v4: Mapped<u64>,

@@ -111,7 +111,12 @@ impl Datapath {
     /// from a map).
     pub fn open_object(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Self, KernelError> {
         let mut ebpf = object::load(object, pin_dir, max_keys)?;
-        let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_owned()).collect();
+        // The maps the load pinned (a scratch map is not pinned).
+        let names: Vec<String> = ebpf
+            .maps()
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| pin_dir.join(name).exists())
+            .collect();
         let held = repin::Held::maps(pin_dir, &names)?;
         let maps = Maps::take(&mut ebpf)?;
         let mut datapath = Self {

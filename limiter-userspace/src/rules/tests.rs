@@ -249,6 +249,19 @@ fn window_algorithms() {
         "rules:\n  - { name: a, algorithm: sliding_window, limit: { rate: 1000000, unit: day } }\n",
     );
     assert!(e.contains("rules[0].limit.rate: 2 × rate × unit"), "{e}");
+    // A key's window counts are 31-bit; a rule's aggregate is not bounded so.
+    let e = error(
+        "rules:\n  - { name: a, algorithm: fixed_window, limit: { rate: 10, bytes: 2147483648, unit: 3s } }\n",
+    );
+    assert!(
+        e.contains("rules[0].limit.bytes: 2147483648: a window counts at most 2147483647 per key"),
+        "{e}"
+    );
+    RuleSet::parse(
+        "rules:\n  - { name: a, algorithm: fixed_window, limit: { rate: 10, bytes: 2147483647, unit: 3s }, aggregate: { rate: 10, bytes: 2500000000, unit: 3s } }\n",
+        Path::new("t.yaml"),
+    )
+    .unwrap();
     let e = error("rules:\n  - { name: a, algorithm: leaky, limit: { rate: 1, unit: day } }\n");
     assert!(
         e.contains("rules[0].algorithm: unknown variant `leaky`"),

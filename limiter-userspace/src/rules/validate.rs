@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use limiter_common::{
     abi::{DEFAULT_MAX_KEYS, MAX_CANDIDATES, MAX_KEYS, MAX_RULES, RULE_NAME_LEN},
     gcra::Gcra,
+    keytable::MAX_WINDOW_LIMIT,
     window::Window,
 };
 
@@ -138,6 +139,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         }
         raw::LimitField::Rates(rates) => {
             let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            key_window_fits(&m).map_err(|(f, m)| (format!("limit.{f}"), m))?;
             Limit::Metered {
                 packets: m.packets,
                 bytes: m.bytes,
@@ -313,6 +315,26 @@ fn default_new_keys(max_keys: u32) -> Rate {
             .expect("max_keys per minute is within GCRA's range"),
         window: Window::default(),
     }
+}
+
+/// A key's window counts are 31-bit (`keytable::MAX_WINDOW_LIMIT`: 60
+/// bytes a key); a rule's aggregate has no such bound.
+fn key_window_fits(rates: &Rates) -> Result<(), Invalid> {
+    for (field, rate) in [("rate", &rates.packets), ("bytes", &rates.bytes)] {
+        if let Some(rate) = rate
+            && rate.window.length_ns != 0
+            && rate.rate > MAX_WINDOW_LIMIT
+        {
+            return Err(invalid(
+                field,
+                format!(
+                    "{}: a window counts at most {} per key; use a shorter unit, or gcra",
+                    rate.rate, MAX_WINDOW_LIMIT
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn validate_rates(rates: &raw::RateFields, algorithm: Algorithm) -> Result<Rates, Invalid> {

@@ -12,6 +12,7 @@ use aya::{
     programs::{Xdp, xdp::XdpMode},
 };
 use limiter::{
+    engine::Engine,
     kernel::Mode,
     lab::{Lab, RX_IFACE},
     rules::RuleSet,
@@ -54,9 +55,18 @@ impl Peer {
 
 /// An installed peer; dropping it removes it.
 pub enum Installed {
-    Xdp { _program: Ebpf },
+    Xdp {
+        _program: Ebpf,
+    },
     Limiter(Box<Session>),
-    Netfilter { _pass: Ebpf, iptables: bool },
+    /// A build of the limiter given as an object (a cut of the profile).
+    Engine {
+        _engine: Box<Engine>,
+    },
+    Netfilter {
+        _pass: Ebpf,
+        iptables: bool,
+    },
 }
 
 /// How the benchmark's own rule limits each source of 198.0.0.0/8.
@@ -193,6 +203,26 @@ pub fn install(lab: &Lab, peer: Peer, max_keys: u32, limit: Limit) -> Result<Ins
     }
 }
 
+/// Where [`install_object`] pins its maps.
+const OBJECT_PINS: &str = "/sys/fs/bpf/limiter-bench-object";
+
+/// The limiter built as `object` (a cut of the profile) with the bench's
+/// rules and blocks, as [`Peer::Limiter`] is installed.
+pub fn install_object(lab: &Lab, object: &[u8]) -> Result<Installed> {
+    let _ = std::fs::remove_dir_all(OBJECT_PINS);
+    let rules = RuleSet::parse(&rule_file(CAPACITY, Limit::Peers), Path::new("bench.yaml"))?;
+    let mut engine = Engine::open_object(object, Path::new(OBJECT_PINS), rules.max_keys)?;
+    engine.apply(rules)?;
+    for block in BLOCKS {
+        engine.block(block.parse()?, None)?;
+    }
+    lab.rx
+        .enter(|| engine.attach(RX_IFACE, Mode::Native, false))??;
+    Ok(Installed::Engine {
+        _engine: Box::new(engine),
+    })
+}
+
 /// Removes a netfilter peer's rules (the XDP ones go with their guard).
 pub fn remove(lab: &Lab, installed: Installed) -> Result<()> {
     if let Installed::Netfilter { iptables, .. } = &installed {
@@ -204,6 +234,10 @@ pub fn remove(lab: &Lab, installed: Installed) -> Result<()> {
             lab.rx.exec("nft", &["delete", "table", "inet", "bench"])?;
         }
     }
+    let object = matches!(installed, Installed::Engine { .. });
     drop(installed);
+    if object {
+        let _ = std::fs::remove_dir_all(OBJECT_PINS);
+    }
     Ok(())
 }
