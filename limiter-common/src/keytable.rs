@@ -144,10 +144,14 @@ pub fn tag_of(hash: u64) -> u32 {
 /// what a new key would start with, so its slot may go to another key
 /// without giving anyone budget. `None` while it is not: a GCRA TAT after
 /// `now` (a key in debt), a count in a window still open (for a sliding
-/// window, the one after too), or a window key's lock held. Times are ns
-/// of `CLOCK_MONOTONIC`; windows, kept in epoch ns, take
+/// window, the one after too), or a window key's lock held (a caller that
+/// holds it passes a copy with the lock bit clear). Times are ns of
+/// `CLOCK_MONOTONIC`; windows, kept in epoch ns, take
 /// `realtime_offset_ns`. The slot at rest the longest is the one to
 /// reuse, as an LRU would.
+///
+/// One branch on the algorithm, which the kernel's verifier follows once
+/// per way of a bucket.
 #[inline(always)]
 pub fn at_rest_since(
     state: &KeyState,
@@ -155,36 +159,12 @@ pub fn at_rest_since(
     now: u64,
     realtime_offset_ns: u64,
 ) -> Option<u64> {
-    at_rest(state, rule, now, realtime_offset_ns, false)
-}
-
-/// [`at_rest_since`] for a caller that holds the key's window lock itself.
-#[inline(always)]
-pub fn at_rest_since_locked(
-    state: &KeyState,
-    rule: &RuleConfig,
-    now: u64,
-    realtime_offset_ns: u64,
-) -> Option<u64> {
-    at_rest(state, rule, now, realtime_offset_ns, true)
-}
-
-/// One branch on the algorithm, which the kernel's verifier follows once
-/// per way of a bucket.
-#[inline(always)]
-fn at_rest(
-    state: &KeyState,
-    rule: &RuleConfig,
-    now: u64,
-    realtime_offset_ns: u64,
-    lock_held: bool,
-) -> Option<u64> {
     let [first, packets, bytes] = state.meters;
     if rule.algorithm == algorithm::GCRA {
         let tat = first.max(packets);
         return (tat <= now).then_some(tat);
     }
-    if packets & WINDOW_LOCK != 0 && !lock_held {
+    if packets & WINDOW_LOCK != 0 {
         return None;
     }
     let spans = if rule.algorithm == algorithm::SLIDING_WINDOW {
@@ -332,7 +312,6 @@ mod tests {
         assert_eq!(at_rest_since(&state, &rule, 0, 4_000), Some(0));
         state.meters = [5_000, WINDOW_LOCK, 0];
         assert_eq!(at_rest_since(&state, &rule, 0, 4_000), None);
-        assert_eq!(at_rest_since_locked(&state, &rule, 0, 4_000), Some(0));
     }
 
     #[test]

@@ -167,12 +167,11 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
         if !locked {
             return false;
         }
-        let at_rest = keytable::at_rest_since_locked(
-            unsafe { &*state },
-            rule,
-            now,
-            config.realtime_offset_ns,
-        );
+        // As it is under the lock we hold, with the lock bit clear.
+        let mut unlocked = unsafe { *state };
+        unlocked.meters[1] = seen;
+        let at_rest =
+            keytable::at_rest_since(&unlocked, rule, now, config.realtime_offset_ns);
         if at_rest.is_none() {
             unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(lock, seen) };
         }

@@ -124,3 +124,35 @@ rules:
         XDP_DROP
     );
 }
+
+/// Window keys (whose lock is a bit of their packed counts): a key that
+/// counted in a window still open is never evicted; once its window is
+/// over, a newcomer takes its slot (the claim takes the key's lock, checks
+/// again, and starts the newcomer's counts from zero).
+#[test]
+fn window_keys_are_evicted_only_once_their_window_is_over() {
+    let hourly_window = "
+max_keys: 8
+new_keys: { rate: 1000000, unit: second, burst: 1000000 }
+rules:
+  - { name: hourly, match: { source: 198.18.0.0/16 }, algorithm: fixed_window, limit: { rate: 1, unit: hour } }
+";
+    let mut dp = loaded_object(&test_clock_object(), hourly_window);
+    for n in 1..=8 {
+        assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
+    }
+    // Each has counted its 1 of 1 in a window still open.
+    assert_eq!(send(&mut dp, source(3), T0 + 1), XDP_DROP);
+    assert_eq!(send(&mut dp, source(9), T0 + 2), XDP_DROP);
+    let s = snapshot(&dp);
+    assert_eq!(s.global.key_alloc_failed, 1);
+    assert_eq!(s.global.key_evictions, 0);
+    assert_eq!(tracked(&dp), (1..=8).collect::<Vec<_>>());
+    // Two hours on, every window is over: the ninth takes a slot, counted
+    // from zero (its first packet passes, its second is refused).
+    assert_eq!(send(&mut dp, source(9), T0 + 2 * HOUR), XDP_PASS);
+    assert_eq!(send(&mut dp, source(9), T0 + 2 * HOUR + 1), XDP_DROP);
+    assert_eq!(snapshot(&dp).global.key_evictions, 1);
+    assert!(tracked(&dp).contains(&9));
+    assert_eq!(dp.maps().keys.count(), 8);
+}
