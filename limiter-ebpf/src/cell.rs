@@ -2,7 +2,7 @@
 //! shared between CPUs.
 
 use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
-use limiter_common::meter::AtomicCell;
+use limiter_common::{keytable::WINDOW_LOCK, meter::AtomicCell};
 
 /// A `u64` inside a map value, updated with the BPF `cmpxchg` instruction.
 pub struct MapCell(pub *mut u64);
@@ -33,7 +33,7 @@ pub fn add_shared(counter: *mut u64, n: u64) {
 
 /// How often taking a held lock is retried. The holder is another CPU in
 /// the middle of a few dozen instructions (XDP does not sleep or migrate).
-pub const LOCK_ATTEMPTS: usize = 64;
+const LOCK_ATTEMPTS: usize = 64;
 
 /// Takes a lock word (0 free, 1 held); `false` if it stayed held.
 #[inline(always)]
@@ -56,4 +56,31 @@ pub fn lock(word: *mut u32) -> bool {
 #[inline(always)]
 pub fn unlock(word: *mut u32) {
     unsafe { atomic_xchg::<u32, { AtomicOrdering::Release }>(word, 0) };
+}
+
+/// Takes a window key's lock (bit [`WINDOW_LOCK`] of its packets word);
+/// the word as it was (its counts), or `None` if it stayed held.
+#[inline(always)]
+pub fn lock_window(word: *mut u64) -> Option<u64> {
+    for _ in 0..LOCK_ATTEMPTS {
+        let seen = unsafe { core::ptr::read_volatile(word) } & !WINDOW_LOCK;
+        let (_, taken) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
+                word,
+                seen,
+                seen | WINDOW_LOCK,
+            )
+        };
+        if taken {
+            return Some(seen);
+        }
+    }
+    None
+}
+
+/// Releases a window key's lock, storing its packets word `counts` (the
+/// lock bit clear); the exchange orders the state's writes before it.
+#[inline(always)]
+pub fn unlock_window(word: *mut u64, counts: u64) {
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(word, counts) };
 }

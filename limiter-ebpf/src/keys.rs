@@ -44,7 +44,7 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
 }
 
 /// A slot for `key` in its bucket, reset to a new key's state: a free one,
-/// else one at rest (counted in `key_evictions`); `None`
+/// else the one at rest the longest (counted in `key_evictions`); `None`
 /// when every slot holds a key still in debt, or is being claimed, or
 /// another CPU changed the chosen slot first.
 ///
@@ -170,8 +170,7 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
         // As it is under the lock we hold, with the lock bit clear.
         let mut unlocked = unsafe { *state };
         unlocked.meters[1] = seen;
-        let at_rest =
-            keytable::at_rest_since(&unlocked, rule, now, config.realtime_offset_ns);
+        let at_rest = keytable::at_rest_since(&unlocked, rule, now, config.realtime_offset_ns);
         if at_rest.is_none() {
             unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(lock, seen) };
         }

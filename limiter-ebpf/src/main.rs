@@ -16,7 +16,7 @@ mod profile;
 mod runtime;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, maps::lpm_trie::Key, programs::XdpContext};
-use cell::{MapCell, add_shared, lock, unlock};
+use cell::{MapCell, add_shared, lock, lock_window, unlock, unlock_window};
 use limiter_common::{
     abi::{
         AggregateState, Block, Candidates, DEFAULT_RULE, FlowKey, GlobalConfig, GlobalCounters,
@@ -24,7 +24,7 @@ use limiter_common::{
         global_flag, rule_flag, rule_slot, v4_table,
     },
     gcra::{Decision, Gcra},
-    keytable::{Slot, WINDOW_LOCK, pack_counts, window_state},
+    keytable::{Slot, pack_counts, window_state},
     meter::{
         Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, refund, windows_all,
     },
@@ -556,7 +556,6 @@ fn meter_windows(
         unlock_window(key_lock, held);
         return contended;
     }
-    let _ = held;
     let aggregate_packets_window = &rule.aggregate_packets_at(now).window;
     let now = now.wrapping_add(realtime_offset_ns);
     let (key, aggregate_meters, [key_packets, key_bytes]) =
@@ -596,33 +595,6 @@ fn meter_windows(
     key.meters[2] = pack_counts(key_bytes);
     unlock_window(key_lock, pack_counts(key_packets));
     verdict
-}
-
-/// Takes a window key's lock (bit [`WINDOW_LOCK`] of its packets word);
-/// the word as it was (its counts), or `None` if it stayed held.
-#[inline(always)]
-fn lock_window(word: *mut u64) -> Option<u64> {
-    for _ in 0..cell::LOCK_ATTEMPTS {
-        let seen = unsafe { core::ptr::read_volatile(word) } & !WINDOW_LOCK;
-        let cell = MapCell(word);
-        if limiter_common::meter::AtomicCell::compare_exchange(&cell, seen, seen | WINDOW_LOCK)
-            .is_ok()
-        {
-            return Some(seen);
-        }
-    }
-    None
-}
-
-/// Releases a window key's lock, storing its packets word `counts` (the
-/// lock bit clear); the exchange orders the state's writes before it.
-#[inline(always)]
-fn unlock_window(word: *mut u64, counts: u64) {
-    unsafe {
-        core::intrinsics::atomic_xchg::<u64, { core::intrinsics::AtomicOrdering::Release }>(
-            word, counts,
-        )
-    };
 }
 
 mod clock {

@@ -18,12 +18,18 @@ const HOUR: u64 = 3_600_000_000_000;
 /// Far from 0, where a TAT of 0 would look like "at rest since boot".
 const T0: u64 = 1_000_000_000_000;
 
-const RULES: &str = "
-max_keys: 8
-new_keys: { rate: 1000000, unit: second, burst: 1000000 }
-rules:
-  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
-";
+/// One bucket of 8 slots, and key creations unbounded.
+macro_rules! one_bucket {
+    ($rules:literal) => {
+        concat!(
+            "max_keys: 8\nnew_keys: { rate: 1000000, unit: second, burst: 1000000 }\nrules:\n",
+            $rules
+        )
+    };
+}
+
+const RULES: &str = one_bucket!("  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+");
 
 fn source(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 0, n)
@@ -93,13 +99,9 @@ fn keys_in_debt_are_never_evicted_and_the_longest_at_rest_goes_first() {
 
 #[test]
 fn a_removed_rules_keys_are_forgotten_and_the_others_kept() {
-    let two_rules = "
-max_keys: 8
-new_keys: { rate: 1000000, unit: second, burst: 1000000 }
-rules:
-  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+    let two_rules = one_bucket!("  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
   - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
-";
+");
     let mut dp = loaded_object(&test_clock_object(), two_rules);
     for n in 1..=5 {
         assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
@@ -108,12 +110,8 @@ rules:
         assert_eq!(send(&mut dp, Ipv4Addr::new(198, 19, 0, n), T0), XDP_PASS);
     }
     assert_eq!(dp.maps().keys.count(), 7);
-    let only_other = "
-max_keys: 8
-new_keys: { rate: 1000000, unit: second, burst: 1000000 }
-rules:
-  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
-";
+    let only_other = one_bucket!("  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+");
     dp.engine
         .apply(rules(only_other))
         .expect("applying the rule set without `hourly`");
@@ -131,12 +129,8 @@ rules:
 /// again, and starts the newcomer's counts from zero).
 #[test]
 fn window_keys_are_evicted_only_once_their_window_is_over() {
-    let hourly_window = "
-max_keys: 8
-new_keys: { rate: 1000000, unit: second, burst: 1000000 }
-rules:
-  - { name: hourly, match: { source: 198.18.0.0/16 }, algorithm: fixed_window, limit: { rate: 1, unit: hour } }
-";
+    let hourly_window = one_bucket!("  - { name: hourly, match: { source: 198.18.0.0/16 }, algorithm: fixed_window, limit: { rate: 1, unit: hour } }
+");
     let mut dp = loaded_object(&test_clock_object(), hourly_window);
     for n in 1..=8 {
         assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
