@@ -16,6 +16,7 @@ pub mod map_name {
     pub const LPM_V6: &str = "LPM_V6";
     pub const KEYS: &str = "KEYS";
     pub const KEY_TAGS: &str = "KEY_TAGS";
+    pub const KEY_FILTER: &str = "KEY_FILTER";
     pub const AGGREGATES: &str = "AGGREGATES";
     pub const BLOCKS_V4: &str = "BLOCKS_V4";
     pub const BLOCKED_V4: &str = "BLOCKED_V4";
@@ -148,7 +149,9 @@ pub struct GlobalConfig {
     pub block_epoch: u32,
     /// Buckets of the key table (`KEYS`, a power of two), set at load.
     pub key_buckets: u32,
-    pub _pad: u32,
+    /// Which half (0 or 1) of the key table's presence filter lookups read
+    /// (`keytable::filter_words`); the other is the one being rebuilt.
+    pub key_filter: u32,
     /// The key table's hash seed ([`crate::keytable::hash`]): random, set
     /// when the table is created, kept with it.
     pub key_seed: u64,

@@ -17,7 +17,12 @@
 //! neither, the new key is refused and counted (`key_alloc_failed`): the
 //! table never forgets a limited source to make room.
 //!
-//! A key costs 60 bytes: its 4-byte tag, and a 56-byte [`Slot`] (the key,
+//! A third map, `KEY_FILTER`, is a presence filter in front of the tags
+//! ([`filter_words`]): a source the table does not hold, as a forged one,
+//! is mostly turned away by one load from it, without reading the tags.
+//!
+//! A key costs 60.5 bytes: its 4-byte tag, its half byte of filter, and a
+//! 56-byte [`Slot`] (the key,
 //! 20; the block epoch it was last checked at, 4; and a [`KeyState`] of
 //! three words that holds any algorithm's state: two TATs for GCRA, or a
 //! window start and two pairs of 31-bit counts for the windows).
@@ -132,6 +137,35 @@ pub fn hash(key: &FlowKey, seed: u64) -> u64 {
 #[inline(always)]
 pub fn bucket_of(hash: u64, buckets: u32) -> u32 {
     (hash as u32) & buckets.wrapping_sub(1)
+}
+
+/// Bits of each half of the presence filter per slot of the table: at a
+/// full table, a bit in 1 - e^-0.5 = 39% of the filter is set; with the
+/// few keys a fresh flood leaves, almost none.
+pub const FILTER_BITS_PER_SLOT: u32 = 2;
+
+/// 64-bit words in each half of the presence filter (`KEY_FILTER`) of a
+/// table of `buckets` (a power of two, so is this).
+///
+/// The filter answers "is this key surely absent?" before the tags are
+/// read: a bit per hash, set in both halves whenever a key is stored, so
+/// a bit clear in the active half means no slot holds the key. It is a
+/// sixteenth of the size of the tags, so a forged source, which the table
+/// never holds, costs a load from a small array instead of a cache and TLB
+/// miss in the large one. Bits of keys gone since are cleared by
+/// rebuilding the inactive half from the table, then switching to it
+/// (`GlobalConfig::key_filter`).
+pub const fn filter_words(buckets: u32) -> u32 {
+    let words = buckets.saturating_mul(WAYS as u32 * FILTER_BITS_PER_SLOT) / 64;
+    if words == 0 { 1 } else { words }
+}
+
+/// A hash's bit in a filter half of `words` words: (word, mask). Bits of
+/// the hash above the bucket's, so keys of one bucket spread.
+#[inline(always)]
+pub fn filter_bit(hash: u64, words: u32) -> (u32, u64) {
+    let bit = ((hash >> 24) as u32) & (words.wrapping_mul(64).wrapping_sub(1));
+    (bit / 64, 1 << (bit % 64))
 }
 
 /// The tag of a hash: its high half, marked as a key.
@@ -250,6 +284,41 @@ mod tests {
                 "{prefix:?}: {empty} empty buckets"
             );
         }
+    }
+
+    /// Guards the filter's size and bit choice: 2 bits a slot per half,
+    /// every bit in range, and distinct keys of one bucket (the keys that
+    /// share a bucket's tags) spread over the filter.
+    #[test]
+    fn filter_bits_are_in_range_and_spread() {
+        assert_eq!(filter_words(1), 1);
+        assert_eq!(filter_words(4), 1);
+        assert_eq!(filter_words(1 << 17), 1 << 15);
+        assert_eq!(
+            u64::from(filter_words(1 << 17)) * 64,
+            u64::from(FILTER_BITS_PER_SLOT) * (1 << 17) * WAYS as u64
+        );
+        let (buckets, words) = (1u32 << 10, filter_words(1 << 10));
+        let mut seen = vec![0u64; words as usize];
+        let mut in_bucket_zero = 0;
+        for n in 0..1u32 << 16 {
+            let key = FlowKey::v4(1, n.to_be_bytes(), [255; 4]);
+            let h = hash(&key, 5);
+            let (word, bit) = filter_bit(h, words);
+            assert!(word < words && bit.count_ones() == 1);
+            if bucket_of(h, buckets) == 0 {
+                in_bucket_zero += 1;
+                seen[word as usize] |= bit;
+            }
+        }
+        // ~64 keys of one bucket: nearly as many distinct bits (a bit per
+        // key would collide ~0.5 times among 64 in 16,384 bits).
+        let distinct: u32 = seen.iter().map(|w| w.count_ones()).sum();
+        assert!(in_bucket_zero > 30);
+        assert!(
+            distinct + 3 >= in_bucket_zero,
+            "{distinct} of {in_bucket_zero}"
+        );
     }
 
     fn gcra_rule() -> RuleConfig {

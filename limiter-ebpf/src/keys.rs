@@ -2,21 +2,20 @@
 //! claiming a slot for a new key.
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_or, atomic_xchg},
     ptr::NonNull,
 };
 
 use limiter_common::{
     abi::{FlowKey, GlobalConfig, GlobalCounters, algorithm, rule_slot},
-    keytable::{self, Slot, Tags, WAYS, WINDOW_LOCK, slot_index, tag},
+    keytable::{self, Slot, Tags, WAYS, WINDOW_LOCK, filter_words, slot_index, tag},
 };
 
-use crate::maps::{KEY_TAGS, KEYS, RULES};
+use crate::maps::{KEY_FILTER, KEY_TAGS, KEYS, RULES};
 
 /// The key's bucket: its index and its tags; and the key's tag.
 #[inline(always)]
-fn place(config: &GlobalConfig, key: &FlowKey) -> Option<(u32, *mut Tags, u32)> {
-    let hash = keytable::hash(key, config.key_seed);
+fn place(config: &GlobalConfig, hash: u64) -> Option<(u32, *mut Tags, u32)> {
     let bucket = keytable::bucket_of(hash, config.key_buckets);
     let tags = KEY_TAGS.get_ptr_mut(bucket)?;
     Some((bucket, tags, keytable::tag_of(hash)))
@@ -28,7 +27,11 @@ fn place(config: &GlobalConfig, key: &FlowKey) -> Option<(u32, *mut Tags, u32)> 
 /// refuses to read.)
 #[inline(always)]
 pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
-    let (bucket, tags, tag) = place(config, key)?;
+    let hash = keytable::hash(key, config.key_seed);
+    if !may_hold(config, hash) {
+        return None;
+    }
+    let (bucket, tags, tag) = place(config, hash)?;
     for way in 0..WAYS {
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
         if seen != tag {
@@ -41,6 +44,34 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
         }
     }
     None
+}
+
+/// Whether the table may hold the key of `hash`: its bit in the active
+/// half of the presence filter (`keytable::filter_words`). A source never
+/// stored, which is what a forged source is, costs this one small load
+/// instead of a miss in the tags.
+#[inline(always)]
+fn may_hold(config: &GlobalConfig, hash: u64) -> bool {
+    let words = filter_words(config.key_buckets);
+    let (word, bit) = keytable::filter_bit(hash, words);
+    let half = if config.key_filter != 0 { words } else { 0 };
+    KEY_FILTER
+        .get(half + word)
+        .is_none_or(|bits| unsafe { core::ptr::read_volatile(bits) } & bit != 0)
+}
+
+/// Sets the bit of `hash` in both halves of the filter, after the key's
+/// tag is published: a rebuild that read the slot before it was published
+/// cleared its half before that read, so this comes after the clearing.
+#[inline(always)]
+fn remember(config: &GlobalConfig, hash: u64) {
+    let words = filter_words(config.key_buckets);
+    let (word, bit) = keytable::filter_bit(hash, words);
+    for half in [0, words] {
+        if let Some(bits) = KEY_FILTER.get_ptr_mut(half + word) {
+            unsafe { atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(bits, bit) };
+        }
+    }
 }
 
 /// A slot for `key` in its bucket, reset to a new key's state: a free one,
@@ -74,7 +105,8 @@ fn claim_slot(
     now: u64,
     global: &mut GlobalCounters,
 ) -> Option<*mut Slot> {
-    let (bucket, tags, tag) = place(config, key)?;
+    let hash = keytable::hash(key, config.key_seed);
+    let (bucket, tags, tag) = place(config, hash)?;
     let mut chosen = WAYS;
     let mut chosen_tag = tag::FREE;
     let mut oldest = u64::MAX;
@@ -131,6 +163,7 @@ fn claim_slot(
         // A full barrier: a CPU that sees the tag sees the key written.
         atomic_xchg::<u32, { AtomicOrdering::SeqCst }>(tag_ptr, tag);
     }
+    remember(config, hash);
     if chosen_tag != tag::FREE {
         global.key_evictions += 1;
     }

@@ -14,7 +14,7 @@ use limiter_common::{
         MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
         RuleConfig, RuleCounters, v4_table,
     },
-    keytable::{Slot, Tags, WAYS, buckets_for},
+    keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
     window::WindowState,
 };
 
@@ -53,6 +53,15 @@ pub static KEY_TAGS: Array<Tags> = Array::pinned(buckets_for(DEFAULT_MAX_KEYS), 
 #[map]
 pub static KEYS: Array<Slot> =
     Array::pinned(buckets_for(DEFAULT_MAX_KEYS) * WAYS as u32, BPF_F_MMAPABLE);
+
+/// The key table's presence filter (`keytable::filter_words`): two
+/// halves of that many words, sized with the table at load; memory-mappable,
+/// so userspace rebuilds a half in place.
+#[map]
+pub static KEY_FILTER: Array<u64> = Array::pinned(
+    2 * filter_words(buckets_for(DEFAULT_MAX_KEYS)),
+    BPF_F_MMAPABLE,
+);
 
 /// Per-rule aggregate GCRA state, by rule id (hierarchical limits).
 #[map]

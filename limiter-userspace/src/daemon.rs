@@ -402,6 +402,9 @@ async fn housekeeping(shared: Arc<Shared>) {
             if ticks % 5 == 1 {
                 let n = engine.datapath().maps().keys.count();
                 work.tracked_keys.store(n as u64, Ordering::Relaxed);
+                if let Err(e) = engine.datapath_mut().refresh_key_filter(false) {
+                    tracing::warn!("rebuilding the key table's filter: {e:#}");
+                }
             }
         })
         .await;

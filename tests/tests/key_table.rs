@@ -150,3 +150,99 @@ fn window_keys_are_evicted_only_once_their_window_is_over() {
     assert!(tracked(&dp).contains(&9));
     assert_eq!(dp.maps().keys.count(), 8);
 }
+
+/// The distinct bits the held keys set in a filter half, and the bits set
+/// in the active half.
+fn filter_bits(dp: &Loaded) -> (usize, u64) {
+    let config = dp.config().expect("config");
+    let words = limiter_common::keytable::filter_words(dp.maps().keys.buckets());
+    let mut bits: Vec<(u32, u64)> = dp
+        .maps()
+        .keys
+        .dump()
+        .iter()
+        .map(|(key, _)| {
+            let hash = limiter_common::keytable::hash(key, config.key_seed);
+            limiter_common::keytable::filter_bit(hash, words)
+        })
+        .collect();
+    bits.sort_unstable();
+    bits.dedup();
+    (bits.len(), dp.maps().keys.filter_fill(config.key_filter).0)
+}
+
+/// The presence filter in front of the tags: every key the kernel stores
+/// sets its bit; a rebuild (each half in turn) keeps exactly the bits of
+/// the keys held, so a limited source stays found and limited (no fresh
+/// burst), and the bits of forgotten keys go; the daemon's periodic check
+/// rebuilds only when such bits are in the way.
+#[test]
+fn the_key_filter_keeps_every_held_key_and_forgets_the_rest() {
+    let two_rules = one_bucket!("  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+");
+    let mut dp = loaded_object(&test_clock_object(), two_rules);
+    for n in 1..=5 {
+        assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
+    }
+    for n in 1..=2 {
+        assert_eq!(send(&mut dp, Ipv4Addr::new(198, 19, 0, n), T0), XDP_PASS);
+    }
+    let (expected, set) = filter_bits(&dp);
+    assert!(expected >= 2, "7 keys in a 64-bit half set {expected} bits");
+    assert_eq!(set, expected as u64, "the kernel set each stored key's bit");
+    // Nothing is stale: the periodic check leaves the filter alone.
+    let datapath = dp.engine.datapath_mut();
+    assert!(!datapath.refresh_key_filter(false).expect("check"));
+    for round in 0..3 {
+        let before = dp.config().expect("config").key_filter;
+        dp.engine
+            .datapath_mut()
+            .refresh_key_filter(true)
+            .expect("rebuild");
+        assert_ne!(dp.config().expect("config").key_filter, before);
+        assert_eq!(
+            filter_bits(&dp),
+            (expected, expected as u64),
+            "round {round}"
+        );
+        // Still found: still in debt, and no key created twice.
+        for n in 1..=5 {
+            assert_eq!(send(&mut dp, source(n), T0 + 1 + round), XDP_DROP);
+        }
+        assert_eq!(dp.maps().keys.count(), 7);
+        assert_eq!(snapshot(&dp).rule("hourly").expect("rule").new_keys, 5);
+    }
+
+    let only_other = one_bucket!("  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+");
+    dp.engine
+        .apply(rules(only_other))
+        .expect("applying the rule set without `hourly`");
+    assert_eq!(dp.maps().keys.count(), 2);
+    let (kept, set) = filter_bits(&dp);
+    assert!(set > kept as u64, "forgotten keys' bits are still set");
+    // Five keys gone of a 64-bit half: the check sees the stale bits.
+    assert!(
+        dp.engine
+            .datapath_mut()
+            .refresh_key_filter(false)
+            .expect("check")
+    );
+    assert_eq!(filter_bits(&dp), (kept, kept as u64));
+    assert!(
+        !dp.engine
+            .datapath_mut()
+            .refresh_key_filter(false)
+            .expect("check")
+    );
+    assert_eq!(
+        send(&mut dp, Ipv4Addr::new(198, 19, 0, 1), T0 + 10),
+        XDP_DROP
+    );
+    // A new source is stored, and found from its second packet on.
+    let newcomer = Ipv4Addr::new(198, 19, 0, 77);
+    assert_eq!(send(&mut dp, newcomer, T0 + 10), XDP_PASS);
+    assert_eq!(send(&mut dp, newcomer, T0 + 11), XDP_DROP);
+    assert_eq!(dp.maps().keys.count(), 3);
+}

@@ -1,10 +1,17 @@
 //! `limiter run`: enforce until told to stop.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use limiter::{kernel::Mode, render::text, rules::RuleSet, session::Session};
 use tokio::signal::unix::{SignalKind, signal};
+
+/// How often the key table's filter is checked for bits of keys gone
+/// (`Datapath::refresh_key_filter`), as the daemon does.
+const FILTER_CHECK: Duration = Duration::from_secs(5);
 
 pub fn run(
     ifaces: &[String],
@@ -22,7 +29,7 @@ pub fn run(
             rule.name
         );
     }
-    let session = Session::start(&rules, ifaces, mode, pin_dir)?;
+    let mut session = Session::start(&rules, ifaces, mode, pin_dir)?;
     let attached: Vec<String> = session
         .attachments
         .iter()
@@ -51,12 +58,19 @@ pub fn run(
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
         let mut previous = session.snapshot()?;
+        let mut filter_checked = Instant::now();
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
                     let now = session.snapshot()?;
                     println!("{}", text::summary_line(&previous, &now, interval));
                     previous = now;
+                    if filter_checked.elapsed() >= FILTER_CHECK {
+                        filter_checked = Instant::now();
+                        if let Err(e) = session.engine_mut().datapath_mut().refresh_key_filter(false) {
+                            tracing::warn!("rebuilding the key table's filter: {e:#}");
+                        }
+                    }
                 }
                 _ = interrupt.recv() => break,
                 _ = terminate.recv() => break,

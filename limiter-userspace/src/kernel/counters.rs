@@ -45,8 +45,8 @@ pub struct InterfaceStats {
 pub struct KeyMapSize {
     /// Slots: the most keys it holds (see `limiter_common::keytable`).
     pub capacity: u64,
-    /// Kernel memory charged for it (`memlock` in the fdinfo of its two
-    /// maps, tags and slots): the whole table, allocated when it is created.
+    /// Kernel memory charged for it (`memlock` in the fdinfo of its three
+    /// maps, tags, slots and filter): the whole table, allocated when it is created.
     pub memory_bytes: u64,
 }
 

@@ -3,14 +3,15 @@
 //! system call and no copy of the whole map, and forgetting a rule's keys
 //! frees their slots one tag at a time (a compare-and-swap on the word the
 //! kernel claims slots with), never rewriting a bucket the kernel is
-//! updating.
+//! updating. The table's presence filter is rebuilt here too (see
+//! [`KeyTable::rebuild_filter`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use aya::maps::{Map, MapData, MapError};
 use limiter_common::{
     abi::{FlowKey, KeyState},
-    keytable::{Slot, Tags, WAYS, slot_index, tag},
+    keytable::{self, Slot, Tags, WAYS, filter_words, slot_index, tag},
 };
 
 use super::mapped::Mapped;
@@ -19,27 +20,83 @@ use super::mapped::Mapped;
 pub struct KeyTable {
     tags: Mapped<Tags>,
     slots: Mapped<Slot>,
+    /// Both halves of the presence filter, one after the other.
+    filter: Mapped<u64>,
 }
 
 impl KeyTable {
-    /// The table of the maps `KEY_TAGS` and `KEYS`.
-    pub fn new(tags: Map, slots: Map) -> Result<Self, MapError> {
+    /// The table of the maps `KEY_TAGS`, `KEYS` and `KEY_FILTER`.
+    pub fn new(tags: Map, slots: Map, filter: Map) -> Result<Self, MapError> {
         let table = Self {
             tags: Mapped::new(tags)?,
             slots: Mapped::new(slots)?,
+            filter: Mapped::new(filter)?,
         };
-        if table.slots.len() != table.tags.len() * WAYS {
-            return Err(MapError::InvalidValueSize {
-                size: table.slots.len(),
-                expected: table.tags.len() * WAYS,
-            });
-        }
+        let sized = |size: usize, expected: usize| {
+            if size == expected {
+                Ok(())
+            } else {
+                // Maps of different tables: pins of two loads mixed.
+                Err(MapError::InvalidValueSize { size, expected })
+            }
+        };
+        sized(table.slots.len(), table.tags.len() * WAYS)?;
+        sized(table.filter.len(), 2 * table.filter_words())?;
         Ok(table)
     }
 
-    /// The table's two maps, tags and slots (for their kernel accounting).
-    pub fn maps(&self) -> [&MapData; 2] {
-        [self.tags.map(), self.slots.map()]
+    /// The table's maps, tags, slots and filter (for their kernel
+    /// accounting).
+    pub fn maps(&self) -> [&MapData; 3] {
+        [self.tags.map(), self.slots.map(), self.filter.map()]
+    }
+
+    /// Words in each half of the filter.
+    fn filter_words(&self) -> usize {
+        filter_words(self.buckets()) as usize
+    }
+
+    fn filter_word(&self, index: usize) -> &AtomicU64 {
+        // SAFETY: an aligned u64 of the mapping, which the kernel also
+        // changes atomically.
+        unsafe { AtomicU64::from_ptr(self.filter.at(index)) }
+    }
+
+    /// How many bits of filter half `half` are set, and how many it has.
+    pub fn filter_fill(&self, half: u32) -> (u64, u64) {
+        let words = self.filter_words();
+        let start = if half != 0 { words } else { 0 };
+        let set = (start..start + words)
+            .map(|i| u64::from(self.filter_word(i).load(Ordering::Relaxed).count_ones()))
+            .sum();
+        (set, words as u64 * 64)
+    }
+
+    /// Rebuilds the filter half the kernel does not read (the one that is
+    /// not `active`) from the keys the table holds, hashed with `seed`,
+    /// and returns it: the caller then makes it the active half.
+    ///
+    /// Sound while the kernel stores keys: it sets a new key's bit in both
+    /// halves after publishing the key's tag. Clearing comes first, then a
+    /// full fence, then the scan; so a key this scan missed (its tag not yet
+    /// published when read) sets its own bit after the clearing.
+    pub fn rebuild_filter(&self, seed: u64, active: u32) -> u32 {
+        let rebuilt = u32::from(active == 0);
+        let words = self.filter_words();
+        let start = if rebuilt != 0 { words } else { 0 };
+        for i in start..start + words {
+            self.filter_word(i).store(0, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        let words = words as u32;
+        self.for_each_key(|bucket, way, _| {
+            let hash = keytable::hash(&self.slot(bucket, way).key, seed);
+            let (word, bit) = keytable::filter_bit(hash, words);
+            self.filter_word(start + word as usize)
+                .fetch_or(bit, Ordering::Relaxed);
+        });
+        fence(Ordering::SeqCst);
+        rebuilt
     }
 
     /// Buckets in the table.

@@ -97,12 +97,15 @@ impl Maps {
             v4_l32: mapped(open, map_name::V4_L32)?,
             v4_lists: handle(open, map_name::V4_LISTS)?,
             lpm_v6: handle(open, map_name::LPM_V6)?,
-            keys: KeyTable::new(open(map_name::KEY_TAGS)?, open(map_name::KEYS)?).map_err(
-                |source| KernelError::Map {
-                    name: map_name::KEYS.to_owned(),
-                    source,
-                },
-            )?,
+            keys: KeyTable::new(
+                open(map_name::KEY_TAGS)?,
+                open(map_name::KEYS)?,
+                open(map_name::KEY_FILTER)?,
+            )
+            .map_err(|source| KernelError::Map {
+                name: map_name::KEYS.to_owned(),
+                source,
+            })?,
             aggregates: handle(open, map_name::AGGREGATES)?,
             blocks_v4: handle(open, map_name::BLOCKS_V4)?,
             blocked_v4: mapped(open, map_name::BLOCKED_V4)?,
@@ -196,7 +199,7 @@ pub(super) fn check_pinned(
                     pinned.max_entries()
                 );
             }
-        } else if name == map_name::KEY_TAGS {
+        } else if name == map_name::KEY_TAGS || name == map_name::KEY_FILTER {
             // Sized with KEYS.
         } else if pinned.max_entries() != map.max_entries() {
             return Err(mismatch(

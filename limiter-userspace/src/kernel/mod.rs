@@ -126,6 +126,9 @@ impl Datapath {
             held,
         };
         datapath.describe_key_table()?;
+        // Complete for the keys of a table adopted from pins (an older
+        // build kept no filter).
+        datapath.refresh_key_filter(true)?;
         datapath.write_v4_coverage()?;
         Ok(datapath)
     }
@@ -147,6 +150,27 @@ impl Datapath {
             config.key_seed = u64::from_ne_bytes(seed) | 1;
         }
         self.set_config(config)
+    }
+
+    /// Rebuilds the key table's presence filter and switches the kernel to
+    /// it, when `always` or when bits of keys gone since (evicted,
+    /// forgotten) set over 1/32 of it beyond what the keys held now
+    /// explain; whether it did. Cheap when it does not: a scan of the tags
+    /// and a count of the active half's bits.
+    pub fn refresh_key_filter(&mut self, always: bool) -> Result<bool, KernelError> {
+        let mut config = self.config()?;
+        let table = &self.maps.keys;
+        if !always {
+            let (set, bits) = table.filter_fill(config.key_filter);
+            let keys = table.count() as f64;
+            let explained = bits as f64 * (1.0 - (-keys / bits as f64).exp());
+            if (set as f64) <= explained + bits as f64 / 32.0 {
+                return Ok(false);
+            }
+        }
+        config.key_filter = table.rebuild_filter(config.key_seed, config.key_filter);
+        self.set_config(config)?;
+        Ok(true)
     }
 
     pub fn pin_dir(&self) -> &Path {

@@ -11,7 +11,7 @@ use aya::{
 };
 use limiter_common::{
     abi::map_name,
-    keytable::{WAYS, buckets_for},
+    keytable::{WAYS, buckets_for, filter_words},
 };
 use nix::errno::Errno;
 
@@ -34,10 +34,12 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
     // placed are not state to adopt.
     super::pins::private_dir(pin_dir)?;
     super::maps::check_pinned(object, pin_dir, max_keys)?;
+    let buckets = table_buckets(pin_dir, max_keys);
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(pin_dir)
-        .map_max_entries(map_name::KEY_TAGS, buckets_for(max_keys))
-        .map_max_entries(map_name::KEYS, buckets_for(max_keys) * WAYS as u32)
+        .map_max_entries(map_name::KEY_TAGS, buckets)
+        .map_max_entries(map_name::KEYS, buckets * WAYS as u32)
+        .map_max_entries(map_name::KEY_FILTER, 2 * filter_words(buckets))
         .load(object)
         .map_err(|e| match &e {
             aya::EbpfError::MapError(MapError::CreateError { io_error, .. })
@@ -67,6 +69,16 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
         other => KernelError::Load(Box::new(aya::EbpfError::ProgramError(other))),
     })?;
     Ok(ebpf)
+}
+
+/// Buckets of the key table: those of a table pinned under `pin_dir`,
+/// whose maps are reused whatever `max_keys` now says (so a map of the
+/// table that is new, as the filter is to pins of an older build, is sized
+/// to match), or else enough for `max_keys`.
+fn table_buckets(pin_dir: &Path, max_keys: u32) -> u32 {
+    aya::maps::MapInfo::from_pin(pin_dir.join(map_name::KEYS))
+        .map(|info| info.max_entries() / WAYS as u32)
+        .unwrap_or_else(|_| buckets_for(max_keys))
 }
 
 /// The line of a verifier log that says why it refused: the last one

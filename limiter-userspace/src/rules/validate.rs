@@ -33,7 +33,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
     if max_keys > MAX_KEYS {
         return Err(invalid(
             "max_keys",
-            format!("{max_keys} keys; at most {MAX_KEYS} (60 bytes of kernel memory each)"),
+            format!("{max_keys} keys; at most {MAX_KEYS} (60.5 bytes of kernel memory each)"),
         ));
     }
     if file.rules.len() >= MAX_RULES as usize {

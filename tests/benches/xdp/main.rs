@@ -228,7 +228,35 @@ fn main() -> Result<()> {
                 })).collect::<Vec<_>>(),
             }));
         }
+        section(&format!(
+            "flood: {}, into a table already full (a long flood's steady state), {} s, {} round(s)",
+            Sources::Random.describe(),
+            plan.duration.as_secs(),
+            plan.rounds
+        ));
+        let mut full = Vec::new();
+        for _ in 0..plan.rounds {
+            let installed =
+                receivers::install(&lab, Peer::XdpDrop, receivers::CAPACITY, Limit::Peers)?;
+            let floor = generator.flood(&lab, Sources::Random, plan.duration)?;
+            receivers::remove(&lab, installed)?;
+            let (run, filled) = flood_full_table(&lab, &mut generator, &plan)?;
+            println!(
+                "   XDP_DROP {:.2} Mpps; limiter {:.2} Mpps = {:.2} of XDP_DROP ({} keys held, {:.0}% of the filter set; {:.1}% of the frames passed)",
+                floor.mpps(),
+                run.mpps(),
+                run.mpps() / floor.mpps(),
+                filled.keys,
+                filled.filter * 100.0,
+                filled.passed * 100.0
+            );
+            full.push(
+                json!({"floor_mpps": floor.mpps(), "limiter_mpps": run.mpps(),
+                "keys": filled.keys, "filter_set": filled.filter, "passed": filled.passed}),
+            );
+        }
         results["floods"] = Value::Array(floods);
+        results["flood_full_table"] = Value::Array(full);
     }
 
     if wanted("scale") {
@@ -317,6 +345,59 @@ fn main() -> Result<()> {
         plots.display()
     );
     Ok(())
+}
+
+/// How full the key table was for [`flood_full_table`].
+struct Filled {
+    keys: usize,
+    /// The fraction of the active filter half's bits set.
+    filter: f64,
+    /// The fraction of the flood's frames passed: those whose forged
+    /// source is one the table holds (within its limit) go up the stack.
+    passed: f64,
+}
+
+/// The forged flood against a limiter whose table is already full of
+/// keys at rest, as after minutes of a flood (each admitted forged source
+/// holds a slot): the table filled first with 2^20 sources at an
+/// unbounded key-creation budget, then the bench's rule file (the same
+/// rule, keys kept, the default budget) before the flood. A forged frame
+/// then finds its filter bit set as often as the filter is full.
+fn flood_full_table(
+    lab: &Lab,
+    generator: &mut Generator,
+    plan: &Plan,
+) -> Result<(generator::Run, Filled)> {
+    let mut installed =
+        receivers::install(lab, Peer::Limiter, receivers::CAPACITY, Limit::PeersFilling)?;
+    let Installed::Limiter(session) = &mut installed else {
+        anyhow::bail!("the limiter peer is a session");
+    };
+    let sources = Sources::Cycle(receivers::CAPACITY);
+    generator.send(lab, sources, 2 * u64::from(receivers::CAPACITY))?;
+    let rules = limiter::rules::RuleSet::parse(
+        &receivers::rule_file(receivers::CAPACITY, Limit::Peers),
+        Path::new("bench.yaml"),
+    )?;
+    session.engine_mut().apply(rules)?;
+    let datapath = session.engine().datapath();
+    let config = datapath.config()?;
+    let (set, bits) = datapath.maps().keys.filter_fill(config.key_filter);
+    let keys = datapath.maps().keys.count();
+    let passed = || -> Result<u64> {
+        let snapshot = session.snapshot()?;
+        let rule = snapshot.rules.iter().find(|r| r.name == "bench");
+        Ok(rule.context("bench rule")?.counters.passed_packets)
+    };
+    let before = passed()?;
+    let run = generator.flood(lab, Sources::Random, plan.duration)?;
+    let filled = Filled {
+        keys,
+        filter: set as f64 / bits as f64,
+        passed: (passed()? - before) as f64 / run.generated as f64,
+    };
+    receivers::remove(lab, installed)?;
+    Ok((run, filled))
 }
 
 /// The rate each cut of the program sustains under the forged flood (best

@@ -36,7 +36,8 @@ pub fn limiter_bytes_per_key(pins: &Path) -> Result<f64> {
     };
     let (slots_bytes, slots) = fdinfo("KEYS")?;
     let (tags_bytes, _) = fdinfo("KEY_TAGS")?;
-    Ok((slots_bytes + tags_bytes) / slots)
+    let (filter_bytes, _) = fdinfo("KEY_FILTER")?;
+    Ok((slots_bytes + tags_bytes + filter_bytes) / slots)
 }
 
 /// (live objects, bytes of slab pages) of a slab cache.

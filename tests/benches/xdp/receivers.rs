@@ -74,6 +74,10 @@ pub enum Installed {
 pub enum Limit {
     /// The peers' limit: 1,000 pps, burst 100.
     Peers,
+    /// The peers' limit with key creations unbounded: to fill the table
+    /// before a measurement, which then applies [`Limit::Peers`] (the same
+    /// rule, so its keys stay).
+    PeersFilling,
     /// One packet an hour, with key creations unbounded: after its first
     /// frame every source is over its limit, so a scale run measures the
     /// lookup and the drop of tracked keys, not the stack behind.
@@ -89,6 +93,10 @@ pub fn rule_file(max_keys: u32, limit: Limit) -> String {
         Limit::Peers => (
             format!("{{ rate: {RATE}, unit: second, burst: {BURST} }}"),
             String::new(),
+        ),
+        Limit::PeersFilling => (
+            format!("{{ rate: {RATE}, unit: second, burst: {BURST} }}"),
+            "new_keys: { rate: 100000000, unit: second }\n".to_owned(),
         ),
         Limit::OnePerHour => (
             "{ rate: 1, unit: hour, burst: 1 }".to_owned(),
