@@ -220,7 +220,11 @@ pub struct RuleConfig {
     pub v6_key_mask: [u8; 16],
     /// [`algorithm`] of every meter of the rule.
     pub algorithm: u32,
-    pub _pad: u32,
+    /// Identifies the rule's keys (algorithm, match and key, not limits):
+    /// a reload keeps the id and the keys, their state carried over to the
+    /// new limits, of a rule whose limits alone changed. 0: written by a
+    /// build that kept none.
+    pub identity: u32,
     /// Meter for packets (cost 1 per packet).
     pub packets: MeterConfig,
     /// Meter for bytes (cost = frame length, Ethernet header included).

@@ -142,6 +142,25 @@ impl Gcra {
         Some(if back > now { back } else { now })
     }
 
+    /// State `tat`, kept under this meter, carried over at `now` to `new`
+    /// (the rule's limit changed, its keys kept): the same fraction of the
+    /// burst in use, rounded up, so the key never has more of the new
+    /// burst than it had of the old. A TAT at or before `now` (a full
+    /// bucket) stays as it is.
+    pub fn carried(&self, tat: u64, now: u64, new: &Gcra) -> u64 {
+        if tat <= now {
+            return tat;
+        }
+        let debt = u128::from(tat - now);
+        let carried = if self.capacity_ns == 0 {
+            // A closed meter in debt: all of the new burst in use.
+            u128::from(new.capacity_ns)
+        } else {
+            (debt * u128::from(new.capacity_ns)).div_ceil(u128::from(self.capacity_ns))
+        };
+        now.saturating_add(u64::try_from(carried).unwrap_or(u64::MAX))
+    }
+
     /// How long until a request of `cost` would conform, given state `tat`.
     /// `u64::MAX` when it never will (the cost exceeds the burst).
     pub fn wait_ns(&self, tat: u64, now: u64, cost: u64) -> u64 {
@@ -157,6 +176,64 @@ impl Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Admitted at once from `tat` at `now` (each request of cost 1).
+    fn admitted_at_once(g: &Gcra, mut tat: u64, now: u64) -> u64 {
+        let mut n = 0;
+        while let Decision::Allow { new_tat } = g.check(tat, now, 1) {
+            tat = new_tat;
+            n += 1;
+        }
+        n
+    }
+
+    /// Guards a limit change: the fraction of the burst in use is kept,
+    /// rounded against the key, and a full bucket stays full.
+    #[test]
+    fn a_changed_limit_keeps_the_fraction_of_the_burst_in_use() {
+        const S: u64 = 1_000_000_000;
+        let now = 1_000 * S;
+        let old = Gcra::new(10, S, 10).unwrap();
+        // Half the burst spent: 5 of 10 left.
+        let tat = now + S / 2;
+        assert_eq!(admitted_at_once(&old, tat, now), 5);
+        let lower = Gcra::new(1, S, 2).unwrap();
+        let carried = old.carried(tat, now, &lower);
+        assert_eq!(carried, now + S);
+        assert_eq!(admitted_at_once(&lower, carried, now), 1);
+        let higher = Gcra::new(100, S, 100).unwrap();
+        assert_eq!(
+            admitted_at_once(&higher, old.carried(tat, now, &higher), now),
+            50
+        );
+        // A key with its whole burst spent has none of the new one.
+        let spent = now + old.capacity_ns;
+        assert_eq!(admitted_at_once(&old, spent, now), 0);
+        for new in [lower, higher, Gcra::new(3, S, 7).unwrap()] {
+            assert_eq!(
+                admitted_at_once(&new, old.carried(spent, now, &new), now),
+                0
+            );
+        }
+        // At rest, it stays at rest; a sliver of debt rounds up.
+        assert_eq!(old.carried(now - 5, now, &lower), now - 5);
+        let thirds = Gcra {
+            emission_ns: 1,
+            capacity_ns: 3,
+            burst: 3,
+        };
+        let halves = Gcra {
+            emission_ns: 1,
+            capacity_ns: 2,
+            burst: 2,
+        };
+        assert_eq!(thirds.carried(now + 1, now, &halves), now + 1);
+        // A closed meter in debt hands on a spent burst.
+        assert_eq!(
+            Gcra::CLOSED.carried(now + 1, now, &lower),
+            now + lower.capacity_ns
+        );
+    }
 
     const SEC: u64 = 1_000_000_000;
 

@@ -80,6 +80,7 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
     let mut config = RuleConfig {
         name: name_bytes(&rule.name),
         fingerprint: rule.fingerprint(),
+        identity: rule.identity(),
         v4_key_mask,
         v6_key_mask,
         admission: new_keys.gcra,

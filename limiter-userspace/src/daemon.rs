@@ -191,6 +191,11 @@ pub fn run(config_path: &Path) -> Result<()> {
     }
     if adopting {
         tracing::info!("adopted the state pinned at {}", config.pin_dir.display());
+        // The program replaced may have been a build that kept no filter:
+        // keys it stored until the swap have no bit. Once packets still in
+        // it are done, rebuild.
+        std::thread::sleep(crate::engine::GRACE);
+        engine.datapath_mut().refresh_key_filter(true)?;
     }
     let control = control::server::bind(&config.socket)?;
     tracing::info!("control socket {} (root only)", config.socket.display());
@@ -331,10 +336,11 @@ async fn apply(shared: &Arc<Shared>, text: String, origin: String) -> Result<Cha
 
 fn log_change(origin: &str, change: &Change) {
     tracing::info!(
-        "applied {origin}: added {:?}, removed {:?}, modified {:?}, unchanged {:?}",
+        "applied {origin}: added {:?}, removed {:?}, modified {:?}, limits changed (state carried over) {:?}, unchanged {:?}",
         change.added,
         change.removed,
         change.modified,
+        change.carried,
         change.unchanged
     );
 }

@@ -24,7 +24,7 @@ use crate::{
 /// How long after a generation flip the old generation may still be read
 /// by packets already in the program (XDP runs take microseconds; this is
 /// a wide margin). Only after it is the old generation touched again.
-const GRACE: Duration = Duration::from_millis(20);
+pub const GRACE: Duration = Duration::from_millis(20);
 
 /// What a rule-set change did, by rule name.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -32,10 +32,14 @@ pub struct Change {
     pub generation: u32,
     pub added: Vec<String>,
     pub removed: Vec<String>,
-    /// Match, key or limits changed: new buckets.
+    /// Algorithm, match or key changed: new buckets.
     pub modified: Vec<String>,
     /// Only the name's action changed, or nothing: buckets kept.
     pub unchanged: Vec<String>,
+    /// Limits changed, match and key not: keys kept, their state carried
+    /// over to the new limits.
+    #[serde(default)]
+    pub carried: Vec<String>,
     /// Keys of removed or modified rules deleted from the state map.
     pub forgotten_keys: usize,
 }
@@ -103,7 +107,9 @@ impl Engine {
     /// Switches to `set`: writes it into the inactive generation, flips,
     /// and forgets the keys of rules that are gone. Rules whose
     /// fingerprint is unchanged keep their id, so their buckets, aggregate
-    /// state and counters carry over.
+    /// state and counters carry over; so do rules whose limits alone
+    /// changed, their state carried over to the new limits (the same
+    /// fraction of the burst in use; window counts kept).
     pub fn apply(&mut self, set: RuleSet) -> Result<Change> {
         set.kernel_compatible().map_err(anyhow::Error::msg)?;
         let mut config = self.datapath.config()?;
@@ -127,6 +133,27 @@ impl Engine {
             .iter()
             .map(|rule| reusable.get_mut(&rule.fingerprint()).and_then(Vec::pop))
             .collect();
+        // Then a rule whose limits alone changed keeps the id, and the
+        // keys, of the old rule with its identity: its state is carried
+        // over to the new limits below.
+        let mut same_keys: HashMap<u32, Vec<(u32, RuleConfig)>> = HashMap::new();
+        for (id, rule) in &old {
+            if rule.identity != 0 && !ids.contains(&Some(*id)) {
+                same_keys
+                    .entry(rule.identity)
+                    .or_default()
+                    .push((*id, *rule));
+            }
+        }
+        let mut carried: Vec<(u32, RuleConfig)> = Vec::new();
+        for (slot, rule) in ids.iter_mut().zip(&set.rules) {
+            if slot.is_none()
+                && let Some((id, old_rule)) = same_keys.get_mut(&rule.identity()).and_then(Vec::pop)
+            {
+                *slot = Some(id);
+                carried.push((id, old_rule));
+            }
+        }
         let mut taken: Vec<u32> = old.iter().map(|(id, _)| *id).collect();
         let mut cursor = config.next_rule_id.clamp(1, MAX_RULES - 1);
         let mut fresh = Vec::new();
@@ -160,6 +187,16 @@ impl Engine {
         let mut tables = compile::build(&set, &ids, next as u8);
         self.carry_fleet_shares(&set, &mut tables, &ids);
         self.datapath.write_generation(next, &tables)?;
+        let now = self.datapath.clock_ns();
+        let mut carrying = Vec::new();
+        for (id, old_rule) in &carried {
+            if let Some((_, new_rule)) = tables.rules.iter().find(|(i, _)| i == id) {
+                carrying.push(
+                    self.datapath
+                        .carry_rule_state(*id, old_rule, new_rule, now)?,
+                );
+            }
+        }
         faults::crash_point("written");
         config.generation = next;
         config.malformed_action = tables.malformed_action;
@@ -168,6 +205,9 @@ impl Engine {
         self.datapath.set_config(config)?;
         std::thread::sleep(GRACE);
         faults::crash_point("flipped");
+        for carrying in &carrying {
+            self.datapath.finish_carrying(carrying)?;
+        }
 
         let freed: Vec<u32> = old
             .iter()
@@ -175,7 +215,20 @@ impl Engine {
             .filter(|id| !ids.contains(id))
             .collect();
         let forgotten_keys = self.datapath.sweep_keys(&freed)?;
-        let change = diff(&old, &set, &ids, next, forgotten_keys);
+        let mut change = diff(&old, &set, &ids, next, forgotten_keys);
+        change.carried = set
+            .rules
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| carried.iter().any(|(c, _)| c == *id))
+            .map(|(rule, _)| rule.name.clone())
+            .collect();
+        change
+            .unchanged
+            .retain(|name| !change.carried.contains(name));
+        change
+            .modified
+            .retain(|name| !change.carried.contains(name));
         self.applied = Some((set, ids));
         Ok(change)
     }

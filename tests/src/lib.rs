@@ -724,3 +724,16 @@ pub fn machine() -> String {
         kernel.trim()
     )
 }
+
+/// A layer-7 clock the test sets: monotonic and epoch time alike.
+#[derive(Default)]
+pub struct TestClock(pub std::sync::atomic::AtomicU64);
+
+impl limiter::http::Clock for TestClock {
+    fn monotonic_ns(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn epoch_ns(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}

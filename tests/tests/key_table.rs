@@ -178,18 +178,25 @@ fn filter_bits(dp: &Loaded) -> (usize, u64) {
 /// rebuilds only when such bits are in the way.
 #[test]
 fn the_key_filter_keeps_every_held_key_and_forgets_the_rest() {
-    let two_rules = one_bucket!("  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+    // 32 buckets: each half of the filter is 8 words, so a half's offset
+    // (8) and its index (1) differ.
+    let two_rules =
+        "max_keys: 256\nnew_keys: { rate: 1000000, unit: second, burst: 1000000 }\nrules:
+  - { name: hourly, match: { source: 198.18.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
   - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
-");
+";
     let mut dp = loaded_object(&test_clock_object(), two_rules);
-    for n in 1..=5 {
+    for n in 1..=40 {
         assert_eq!(send(&mut dp, source(n), T0), XDP_PASS);
     }
     for n in 1..=2 {
         assert_eq!(send(&mut dp, Ipv4Addr::new(198, 19, 0, n), T0), XDP_PASS);
     }
     let (expected, set) = filter_bits(&dp);
-    assert!(expected >= 2, "7 keys in a 64-bit half set {expected} bits");
+    assert!(
+        expected >= 35,
+        "42 keys in a 512-bit half set {expected} bits"
+    );
     assert_eq!(set, expected as u64, "the kernel set each stored key's bit");
     // Nothing is stale: the periodic check leaves the filter alone.
     let datapath = dp.engine.datapath_mut();
@@ -207,22 +214,24 @@ fn the_key_filter_keeps_every_held_key_and_forgets_the_rest() {
             "round {round}"
         );
         // Still found: still in debt, and no key created twice.
-        for n in 1..=5 {
+        for n in 1..=40 {
             assert_eq!(send(&mut dp, source(n), T0 + 1 + round), XDP_DROP);
         }
-        assert_eq!(dp.maps().keys.count(), 7);
-        assert_eq!(snapshot(&dp).rule("hourly").expect("rule").new_keys, 5);
+        assert_eq!(dp.maps().keys.count(), 42);
+        assert_eq!(snapshot(&dp).rule("hourly").expect("rule").new_keys, 40);
     }
 
-    let only_other = one_bucket!("  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
-");
+    let only_other =
+        "max_keys: 256\nnew_keys: { rate: 1000000, unit: second, burst: 1000000 }\nrules:
+  - { name: other, match: { source: 198.19.0.0/16 }, limit: { rate: 1, unit: hour, burst: 1 } }
+";
     dp.engine
         .apply(rules(only_other))
         .expect("applying the rule set without `hourly`");
     assert_eq!(dp.maps().keys.count(), 2);
     let (kept, set) = filter_bits(&dp);
     assert!(set > kept as u64, "forgotten keys' bits are still set");
-    // Five keys gone of a 64-bit half: the check sees the stale bits.
+    // 40 keys gone, their bits over 1/32 of the half: the check rebuilds.
     assert!(
         dp.engine
             .datapath_mut()

@@ -5,10 +5,7 @@
 
 use std::{
     net::{SocketAddr, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -16,21 +13,10 @@ use axum::{Router, body::Body, routing::any};
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use limiter::http::{Clock, CostBy, KeyBy, Limiter, RateLimitLayer};
-use limiter_tests::{TempDir, exchange, proxy, reference, rules, status, traces::corpus};
-
-/// A clock the test sets before each request.
-#[derive(Default)]
-struct TestClock(AtomicU64);
-
-impl Clock for TestClock {
-    fn monotonic_ns(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-    fn epoch_ns(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+use limiter::http::{CostBy, KeyBy, Limiter, RateLimitLayer, Reloadable};
+use limiter_tests::{
+    TempDir, TestClock, exchange, proxy, reference, rules, status, traces::corpus,
+};
 
 /// Serves `router` behind the layer on a loopback port.
 async fn serve(layer: RateLimitLayer) -> SocketAddr {
@@ -57,11 +43,11 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
     for trace in corpus() {
         let clock = Arc::new(TestClock::default());
-        let limiter = Arc::new(Limiter::new(
+        let limiter = Arc::new(Reloadable::new(Arc::new(Limiter::new(
             rules(&trace.spec.rule_file("")),
             clock.clone(),
-        ));
-        let layer = RateLimitLayer::new(limiter)
+        ))));
+        let layer = RateLimitLayer::reloadable(Arc::clone(&limiter))
             .key_by(KeyBy::Header(HeaderName::from_static("x-key")))
             .cost_by(CostBy::Custom(Arc::new(|parts| {
                 parts
@@ -72,7 +58,13 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
             })));
         let addr = serve(layer).await;
         let mut got = Vec::new();
-        for a in &trace.arrivals {
+        let mut changes = trace.changes.iter().peekable();
+        for (i, a) in trace.arrivals.iter().enumerate() {
+            while let Some(change) = changes.next_if(|c| c.at <= i) {
+                clock.0.store(change.t, Ordering::SeqCst);
+                assert_eq!(limiter.reload(rules(&change.spec.rule_file(""))), 1);
+                limiter.settle();
+            }
             clock.0.store(a.t, Ordering::SeqCst);
             let request = Request::get(format!("http://{addr}/"))
                 .header("x-key", a.key.to_string())
@@ -556,8 +548,9 @@ where
 /// Guards rule reloads in `limiter proxy`: on SIGHUP, a rule file that
 /// adds a rule keeps the buckets of the rules it leaves alone (a client
 /// two requests into a burst of 3 gets one more, then 429); an invalid
-/// file changes nothing; with `--watch`, a file changed on disk is read,
-/// and a changed rule starts afresh.
+/// file changes nothing; with `--watch`, a file changed on disk is read:
+/// a rule whose limit alone changed keeps its keys' state, one with a new
+/// key starts afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloading_the_proxys_rules_keeps_the_buckets() {
     let upstream = format!("http://{}", limiter_tests::upstream().await);
@@ -602,7 +595,8 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
         std::thread::sleep(Duration::from_millis(500));
         assert_eq!(status(&get()), "429", "an invalid file changed something");
         assert!(scrape().contains("rule=\"other\""));
-        // Changed on disk, read without a signal: `api` changed starts afresh.
+        // Changed on disk, read without a signal: `api`'s limit alone
+        // changed keeps its keys, the spent burst spent.
         std::fs::write(&config, format!("rules:\n{}", api(5))).unwrap();
         wait_for(
             &|| {
@@ -612,10 +606,17 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
             },
             "the changed file was not read",
         );
-        assert_eq!(status(&get()), "200", "a changed rule starts afresh");
+        assert_eq!(status(&get()), "429", "a new limit handed out a fresh burst");
         assert!(
             !scrape().contains("rule=\"other\""),
             "a removed rule is still counted"
+        );
+        // A new key is a new rule: it starts afresh.
+        let by_24 = "  - { name: api, match: { source: 127.0.0.0/8 }, key: source/24, limit: { rate: 5, unit: minute, burst: 3 } }\n";
+        std::fs::write(&config, format!("rules:\n{by_24}")).unwrap();
+        wait_for(
+            &|| status(&get()) == "200",
+            "a rule with a new key did not start afresh",
         );
     })
     .await

@@ -67,10 +67,11 @@ pub fn rules_apply(file: &Path, socket: &Path, json: bool) -> Result<()> {
         ("added", &change.added),
         ("removed", &change.removed),
         ("modified (new buckets)", &change.modified),
+        ("new limits (state carried)", &change.carried),
         ("unchanged (buckets kept)", &change.unchanged),
     ] {
         if !names.is_empty() {
-            println!("  {what:<26} {}", names.join(", "));
+            println!("  {what:<27} {}", names.join(", "));
         }
     }
     if change.forgotten_keys > 0 {

@@ -153,6 +153,15 @@ impl KeyStore {
 
     /// Shares the states of the rules `kept` maps (this store's rule index
     /// to `next`'s) with `next`, where it has none of its own yet.
+    /// The states of rule `rule`'s keys.
+    pub(super) fn states_of(&self, rule: usize) -> Vec<Arc<State>> {
+        self.map
+            .iter()
+            .filter(|entry| entry.key().0 == rule)
+            .map(|entry| Arc::clone(entry.value()))
+            .collect()
+    }
+
     pub(super) fn share_with(&self, next: &KeyStore, kept: &HashMap<usize, usize>) {
         for entry in self.map.iter() {
             let ((i, key), state) = (*entry.key(), entry.value());

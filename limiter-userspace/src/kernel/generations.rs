@@ -5,10 +5,10 @@
 use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
 use limiter_common::abi::{
     AggregateState, Candidates, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
-    counter_slot, map_name, rule_slot, v4_table,
+    algorithm, counter_slot, map_name, rule_flag, rule_slot, v4_table,
 };
 
-use super::{Datapath, KernelError, maps::map_error};
+use super::{Datapath, KernelError, keys::Carried, maps::map_error};
 use crate::compile::{Tables, v4_table::V4Table};
 
 impl Datapath {
@@ -139,6 +139,93 @@ impl Datapath {
         Ok(())
     }
 
+    /// Carries rule `id`'s GCRA state (its keys' and its aggregate's) from
+    /// limits `old` over to `new`, before `new` is in force: every TAT
+    /// moves to the later of its own and its carried value
+    /// (`Gcra::carried`), so no key has more budget than either limit
+    /// allows meanwhile; [`Datapath::finish_carrying`], once the new limits
+    /// are in force, takes back what that added. Windows keep their counts:
+    /// nothing to do. A meter in force on one side only starts or stays as
+    /// it is; fleet-wide aggregates, whose share restarts anyway, are left.
+    pub fn carry_rule_state(
+        &mut self,
+        id: u32,
+        old: &RuleConfig,
+        new: &RuleConfig,
+        now: u64,
+    ) -> Result<Carrying, KernelError> {
+        let mut carrying = Carrying {
+            id,
+            keys: Vec::new(),
+            aggregate: [0; 2],
+        };
+        if old.algorithm != algorithm::GCRA || new.algorithm != algorithm::GCRA {
+            return Ok(carrying);
+        }
+        let both = |flag: u32| old.flags & new.flags & flag != 0;
+        let key_meters = [
+            both(rule_flag::LIMIT_PACKETS).then_some((&old.packets.gcra, &new.packets.gcra)),
+            both(rule_flag::LIMIT_BYTES).then_some((&old.bytes.gcra, &new.bytes.gcra)),
+        ];
+        carrying.keys = self.maps.keys.carry(id, |meter, tat| {
+            key_meters[meter].map(|(from, to)| from.carried(tat, now, to))
+        });
+        if old.fleet_until_ns != 0 || new.fleet_until_ns != 0 {
+            return Ok(carrying);
+        }
+        let aggregate_meters = [
+            both(rule_flag::AGGREGATE_PACKETS)
+                .then_some((&old.aggregate_packets.gcra, &new.aggregate_packets.gcra)),
+            both(rule_flag::AGGREGATE_BYTES)
+                .then_some((&old.aggregate_bytes.gcra, &new.aggregate_bytes.gcra)),
+        ];
+        if aggregate_meters.iter().all(Option::is_none) {
+            return Ok(carrying);
+        }
+        // A map update, not a compare-and-swap: a charge the kernel makes
+        // between this read and write (microseconds) is lost.
+        let mut state = self.aggregate(id)?;
+        for (meter, carry) in aggregate_meters.iter().enumerate() {
+            if let Some((from, to)) = carry {
+                let tat = state.meters[meter][0];
+                let carried = from.carried(tat, now, to);
+                carrying.aggregate[meter] = tat.saturating_sub(carried);
+                state.meters[meter][0] = tat.max(carried);
+            }
+        }
+        self.set_aggregate(id, state)?;
+        Ok(carrying)
+    }
+
+    /// Takes back what [`Datapath::carry_rule_state`] added beyond the
+    /// carried values, now that the new limits are in force.
+    pub fn finish_carrying(&mut self, carrying: &Carrying) -> Result<(), KernelError> {
+        self.maps.keys.take_back(&carrying.keys);
+        if carrying.aggregate != [0; 2] {
+            let mut state = self.aggregate(carrying.id)?;
+            for (meter, excess) in carrying.aggregate.iter().enumerate() {
+                let tat = &mut state.meters[meter][0];
+                *tat = tat.saturating_sub(*excess);
+            }
+            self.set_aggregate(carrying.id, state)?;
+        }
+        Ok(())
+    }
+
+    fn aggregate(&self, id: u32) -> Result<AggregateState, KernelError> {
+        self.maps
+            .aggregates
+            .get(&id, 0)
+            .map_err(map_error(map_name::AGGREGATES))
+    }
+
+    fn set_aggregate(&mut self, id: u32, state: AggregateState) -> Result<(), KernelError> {
+        self.maps
+            .aggregates
+            .set(id, state, 0)
+            .map_err(map_error(map_name::AGGREGATES))
+    }
+
     /// Deletes every key of the given rule ids; returns how many.
     pub fn forget_keys(&mut self, ids: &[u32]) -> Result<usize, KernelError> {
         Ok(self.maps.keys.forget(ids))
@@ -172,4 +259,12 @@ where
         trie.remove(&key).map_err(map_error(name))?;
     }
     Ok(())
+}
+
+/// A rule's state on its way to new limits ([`Datapath::carry_rule_state`]).
+pub struct Carrying {
+    id: u32,
+    keys: Vec<Carried>,
+    /// Per aggregate meter, what its TAT went past its carried value.
+    aggregate: [u64; 2],
 }

@@ -89,12 +89,22 @@ impl KeyTable {
         }
         fence(Ordering::SeqCst);
         let words = words as u32;
-        self.for_each_key(|bucket, way, _| {
-            let hash = keytable::hash(&self.slot(bucket, way).key, seed);
-            let (word, bit) = keytable::filter_bit(hash, words);
-            self.filter_word(start + word as usize)
-                .fetch_or(bit, Ordering::Relaxed);
-        });
+        for bucket in 0..self.tags.len() {
+            for way in 0..WAYS {
+                // A slot being claimed too: a claim that gives up restores
+                // the old key's tag without setting its bit, and the old
+                // key is still in the slot until a claim succeeds (if it
+                // did, this bit is merely one too many).
+                let seen = self.tag(bucket, way).load(Ordering::Acquire);
+                if seen & tag::KEY == 0 && seen != tag::CLAIMED {
+                    continue;
+                }
+                let hash = keytable::hash(&self.slot(bucket, way).key, seed);
+                let (word, bit) = keytable::filter_bit(hash, words);
+                self.filter_word(start + word as usize)
+                    .fetch_or(bit, Ordering::Relaxed);
+            }
+        }
         fence(Ordering::SeqCst);
         rebuilt
     }
@@ -172,4 +182,77 @@ impl KeyTable {
         });
         n
     }
+
+    /// Carries the GCRA state of rule `id`'s keys over to new limits,
+    /// before they are in force: each TAT of meter `m` (0 packets, 1 bytes)
+    /// for which `carry(m, tat)` gives a value moves to the later of the
+    /// two, so the key has no more budget under the old limits or the new
+    /// than either allows. Returns what each TAT went past its carried
+    /// value, for [`KeyTable::take_back`] once the new limits are in force.
+    /// A compare-and-swap on the word the kernel charges with, so no charge
+    /// is lost; a slot being claimed (its TAT swapped for `u64::MAX`) is
+    /// left alone.
+    pub fn carry(&self, id: u32, carry: impl Fn(usize, u64) -> Option<u64>) -> Vec<Carried> {
+        let mut out = Vec::new();
+        self.for_each_key(|bucket, way, _| {
+            let slot = self.slot(bucket, way);
+            if slot.key.rule_id() != id {
+                return;
+            }
+            let index = slot_index(bucket as u32, way) as usize;
+            let mut excess = [0u64; 2];
+            for (meter, excess) in excess.iter_mut().enumerate() {
+                let word = self.meter_word(index, meter);
+                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                    let carried = carry(meter, tat).filter(|_| tat != u64::MAX)?;
+                    *excess = tat.saturating_sub(carried);
+                    Some(tat.max(carried))
+                });
+            }
+            if excess != [0, 0] {
+                out.push(Carried {
+                    index,
+                    key: slot.key,
+                    excess,
+                });
+            }
+        });
+        out
+    }
+
+    /// Takes back what [`KeyTable::carry`] added beyond the carried values,
+    /// from keys still in their slots.
+    pub fn take_back(&self, carried: &[Carried]) {
+        for c in carried {
+            let bucket = c.index / WAYS;
+            if self.tag(bucket, c.index % WAYS).load(Ordering::Acquire) & tag::KEY == 0
+                || self.slots.get(c.index).key != c.key
+            {
+                continue;
+            }
+            for (meter, &excess) in c.excess.iter().enumerate() {
+                if excess == 0 {
+                    continue;
+                }
+                let word = self.meter_word(c.index, meter);
+                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                    (tat != u64::MAX).then(|| tat.saturating_sub(excess))
+                });
+            }
+        }
+    }
+
+    fn meter_word(&self, index: usize, meter: usize) -> &AtomicU64 {
+        // SAFETY: an aligned u64 of the mapping, which the kernel changes
+        // with compare-and-swap too.
+        unsafe { AtomicU64::from_ptr(&raw mut (*self.slots.at(index)).state.meters[meter]) }
+    }
+}
+
+/// A key whose state [`KeyTable::carry`] moved past its carried value.
+pub struct Carried {
+    index: usize,
+    key: FlowKey,
+    /// Per meter, how far.
+    excess: [u64; 2],
 }

@@ -98,6 +98,8 @@ pub struct Datapath {
     pin_dir: PathBuf,
     /// References that keep maps and links alive without their pins.
     held: repin::Held,
+    /// When the key filter last switched halves (see `refresh_key_filter`).
+    filter_switched: Option<std::time::Instant>,
 }
 
 impl Datapath {
@@ -124,6 +126,7 @@ impl Datapath {
             maps,
             pin_dir: pin_dir.to_owned(),
             held,
+            filter_switched: None,
         };
         datapath.describe_key_table()?;
         // Complete for the keys of a table adopted from pins (an older
@@ -168,9 +171,28 @@ impl Datapath {
                 return Ok(false);
             }
         }
+        // The half about to be cleared was the active one until the last
+        // switch: packets that read the switch before it are long done
+        // after a grace period.
+        if let Some(wait) = self
+            .filter_switched
+            .and_then(|at| crate::engine::GRACE.checked_sub(at.elapsed()))
+        {
+            std::thread::sleep(wait);
+        }
         config.key_filter = table.rebuild_filter(config.key_seed, config.key_filter);
         self.set_config(config)?;
+        self.filter_switched = Some(std::time::Instant::now());
         Ok(true)
+    }
+
+    /// The program's clock, in ns of `CLOCK_MONOTONIC` (a test build's:
+    /// the time its test set), for state userspace computes beside it.
+    pub fn clock_ns(&self) -> u64 {
+        match &self.maps.test_clock {
+            Some(clock) => clock.get(&0, 0).unwrap_or(0),
+            None => crate::clock::monotonic_ns(),
+        }
     }
 
     pub fn pin_dir(&self) -> &Path {

@@ -1,5 +1,6 @@
 //! What identifies a rule's buckets: a reload keeps the buckets (the
-//! kernel's rule id) of a rule whose fingerprint did not change.
+//! kernel's rule id) of a rule whose fingerprint did not change, and the
+//! keys of one whose identity (its keys without its limits) did not.
 
 use super::{Limit, Rate, Rates, Rule};
 
@@ -23,30 +24,59 @@ impl Rule {
             Limit::Unlimited => "unlimited".to_owned(),
             Limit::Metered { packets, bytes } => rates(&Some(Rates { packets, bytes })),
         };
-        let m = &self.matches;
         // A local rule's text is what it was before fleets existed, so an
         // upgrade keeps every bucket.
         let fleet = self.fleet.map_or(String::new(), |f| {
             format!("|fleet/{}/{}", f.partitions, f.reserve)
         });
-        // Likewise a rule without layer-7 fields.
-        let layer7 = if self.layer7_field().is_some() {
-            format!("|l7/{:?}/{:?}", self.request, self.keyed_by)
-        } else {
-            String::new()
-        };
         let text = format!(
-            "{:?}|{}|{}|{}|{}/{}|{limit}|{}{fleet}{layer7}",
+            "{}|{limit}|{}{fleet}{}",
+            self.keys_text(),
+            rates(&self.aggregate),
+            self.layer7_text(),
+        );
+        fnv1a(&text)
+    }
+
+    /// Identifies what the rule's keys are (algorithm, match and key, not
+    /// limits, name or action): a rule whose fingerprint changed but whose
+    /// identity did not keeps its id and its keys, their state carried
+    /// over to the new limits (`Gcra::carried`). Never 0, which is what a
+    /// rule written by a build that kept no identity holds.
+    pub fn identity(&self) -> u32 {
+        let text = format!("identity|{}{}", self.keys_text(), self.layer7_text());
+        let hash = fnv1a(&text);
+        ((hash >> 32) as u32 ^ hash as u32) | 1
+    }
+
+    /// The algorithm, the match and the key, as both texts write them.
+    fn keys_text(&self) -> String {
+        let m = &self.matches;
+        format!(
+            "{:?}|{}|{}|{}|{}/{}",
             self.algorithm,
             m.source.map_or("*".to_owned(), |s| s.to_string()),
             m.protocol.map_or("*".to_owned(), |p| p.to_string()),
             m.dest_port.map_or("*".to_owned(), |p| p.to_string()),
             self.key.v4,
             self.key.v6,
-            rates(&self.aggregate),
-        );
-        text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        })
+        )
     }
+
+    /// The layer-7 match and key; nothing for a rule without them, so its
+    /// text is what it was before layer 7 existed.
+    fn layer7_text(&self) -> String {
+        if self.layer7_field().is_some() {
+            format!("|l7/{:?}/{:?}", self.request, self.keyed_by)
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// FNV-1a of `text`: the same in every build.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }

@@ -209,6 +209,26 @@ fn aggregates_and_fingerprints() {
     assert_eq!(renamed.rules[0].fingerprint(), set.rules[0].fingerprint());
     let changed = parse(&text.replace("rate: 100000", "rate: 99999")).unwrap();
     assert_ne!(changed.rules[0].fingerprint(), set.rules[0].fingerprint());
+    // Limits do not change the identity (the keys' meaning); the
+    // algorithm, match and key do.
+    let identity = |text: &str| parse(text).unwrap().rules[0].identity();
+    assert_eq!(identity(text), renamed.rules[0].identity());
+    assert_eq!(identity(text), changed.rules[0].identity());
+    assert_eq!(
+        identity(text),
+        identity(&text.replace("rate: 1000,", "rate: 5,"))
+    );
+    let base = "rules:\n  - { name: a, match: { source: 10.0.0.0/8 }, limit: { rate: 9, unit: second } }\n";
+    for other in [
+        base.replace("name: a,", "name: a, key: source/24,"),
+        base.replace("10.0.0.0/8 }", "10.0.0.0/8, protocol: udp }"),
+        base.replace("name: a,", "name: a, algorithm: fixed_window,"),
+    ] {
+        assert_ne!(identity(&other), identity(base), "{other}");
+    }
+    // The text a fingerprint hashes is what earlier builds hashed: pinned
+    // rules keep their ids across an upgrade.
+    assert_eq!(set.rules[0].fingerprint(), 7_282_489_196_954_970_698);
     let e =
         error("rules:\n  - { name: a, limit: unlimited, aggregate: { rate: 1, unit: second } }\n");
     assert!(

@@ -115,11 +115,37 @@ pub struct Arrival {
     pub cost: u64,
 }
 
+/// The rule's limits replaced at time `t`, before arrival `at` (same
+/// algorithm, match and key): every meter's state is carried over. GCRA:
+/// the level of the bucket at `t` scaled by the new capacity over the old
+/// one, rounded up (the same fraction of the burst in use); windows and
+/// logs keep their counts. A meter in force on one side only starts, or
+/// stays, as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitChange {
+    pub at: usize,
+    pub t: u64,
+    pub spec: Spec,
+}
+
 #[derive(Clone, Debug)]
 pub struct Trace {
     pub name: String,
     pub spec: Spec,
     pub arrivals: Vec<Arrival>,
+    /// In arrival order.
+    pub changes: Vec<LimitChange>,
+}
+
+impl Trace {
+    /// The rule in force at arrival `i`.
+    pub fn spec_at(&self, i: usize) -> Spec {
+        self.changes
+            .iter()
+            .take_while(|c| c.at <= i)
+            .last()
+            .map_or(self.spec, |c| c.spec)
+    }
 }
 
 /// The aggregate's meters are kept under this key.
@@ -127,21 +153,28 @@ const AGGREGATE: Option<u8> = None;
 
 /// The verdict for every arrival of a trace.
 pub fn verdicts(trace: &Trace) -> Vec<bool> {
-    let spec = trace.spec;
-    // State per (scope, meter index within the scope).
-    let mut states: HashMap<(Option<u8>, usize), State> = HashMap::new();
+    // State per (scope, whether the meter charges bytes).
+    let mut states: HashMap<(Option<u8>, bool), State> = HashMap::new();
+    let mut spec = trace.spec;
+    let mut changes = trace.changes.iter().peekable();
     trace
         .arrivals
         .iter()
-        .map(|a| {
+        .enumerate()
+        .map(|(i, a)| {
+            while let Some(change) = changes.next_if(|c| c.at <= i) {
+                carry(&mut states, &spec, &change.spec, change.t);
+                spec = change.spec;
+            }
             let scopes = [(Some(a.key), Some(spec.limit)), (AGGREGATE, spec.aggregate)];
+            let algo = spec.algo;
             let charges: Vec<_> = scopes
                 .iter()
                 .filter_map(|&(scope, limit)| Some((scope, limit?)))
                 .flat_map(|(scope, limit)| {
-                    limit.meters().enumerate().map(move |(i, (meter, bytes))| {
+                    limit.meters().map(move |(meter, bytes)| {
                         let cost = if bytes { a.cost } else { 1 };
-                        ((scope, i), limit.period_ns, meter, cost)
+                        ((scope, bytes), limit.period_ns, meter, cost)
                     })
                 })
                 .collect();
@@ -150,7 +183,7 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
                 .map(|&(id, period_ns, meter, cost)| {
                     states
                         .entry(id)
-                        .or_insert_with(|| State::new(spec.algo))
+                        .or_insert_with(|| State::new(algo))
                         .offer(&meter, period_ns, a.t, cost)
                 })
                 .collect();
@@ -163,6 +196,32 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
             true
         })
         .collect()
+}
+
+/// A scope's meter of `spec` that charges bytes (or requests): (period,
+/// meter).
+fn meter_of(spec: &Spec, scope: Option<u8>, bytes: bool) -> Option<(u64, Meter)> {
+    let limit = if scope == AGGREGATE {
+        spec.aggregate?
+    } else {
+        spec.limit
+    };
+    let meter = if bytes { limit.bytes } else { limit.requests };
+    meter.map(|m| (limit.period_ns, m))
+}
+
+/// Carries every bucket from `old`'s meters to `new`'s at `t`.
+fn carry(states: &mut HashMap<(Option<u8>, bool), State>, old: &Spec, new: &Spec, t: u64) {
+    for (&(scope, bytes), state) in states.iter_mut() {
+        let (Some(from), Some(to), State::Bucket(bucket)) = (
+            meter_of(old, scope, bytes),
+            meter_of(new, scope, bytes),
+            &*state,
+        ) else {
+            continue;
+        };
+        *state = State::Bucket(bucket.carried(from, to, t));
+    }
 }
 
 /// One meter's state; `offer` returns the state after admitting a request,
@@ -203,6 +262,27 @@ struct Bucket {
 }
 
 impl Bucket {
+    /// `B·T` in ns of the meter (`T` rounded up).
+    fn capacity((period_ns, meter): (u64, Meter)) -> i128 {
+        let rate = i128::from(meter.rate);
+        i128::from(meter.burst) * ((i128::from(period_ns) + rate - 1) / rate)
+    }
+
+    /// The bucket under new limits at `t`: its level then, scaled by the
+    /// capacities, rounded up.
+    fn carried(&self, from: (u64, Meter), to: (u64, Meter), t: u64) -> Self {
+        let Some(last) = self.last else {
+            return self.clone();
+        };
+        let now = i128::from(t);
+        let level = (self.level - (now - last)).max(0);
+        let (old, new) = (Self::capacity(from), Self::capacity(to));
+        Self {
+            level: (level * new + old - 1) / old,
+            last: Some(now),
+        }
+    }
+
     fn offer(&self, meter: &Meter, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
         let rate = i128::from(meter.rate);
         let period = i128::from(period_ns);

@@ -3,7 +3,7 @@
 //! floods, idle gaps, clocks that go backwards, huge costs and the ends of
 //! the u64 clock.
 
-use crate::reference::{Algo, Arrival, Limit, Meter, Spec, Trace};
+use crate::reference::{Algo, Arrival, Limit, LimitChange, Meter, Spec, Trace};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -140,6 +140,29 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             43,
         ));
+        // Limits lowered, then raised, live (windows keep their unit:
+        // their counts are per window).
+        let period = |p| if algo == Algo::Gcra { p } else { SEC };
+        traces.push(changing(
+            name("limit-lowered-then-raised"),
+            packets(20, SEC, 20),
+            &[packets(5, period(2 * SEC), 3), packets(40, period(SEC), 30)],
+            1_700_000_000 * SEC,
+            53,
+        ));
+        traces.push(changing(
+            name("key-and-aggregate-changed"),
+            spec(
+                limit(SEC, Some(meter(10, 5)), Some(meter(8_000, 4_000))),
+                Some(limit(SEC, Some(meter(14, 8)), None)),
+            ),
+            &[spec(
+                limit(SEC, Some(meter(4, 6)), Some(meter(20_000, 3_000))),
+                Some(limit(SEC, Some(meter(6, 2)), None)),
+            )],
+            1_700_000_000 * SEC,
+            59,
+        ));
         traces.push(close_together(
             name("four-meters"),
             spec(
@@ -192,7 +215,23 @@ fn trace(name: String, spec: Spec, arrivals: Vec<Arrival>) -> Trace {
         name,
         spec,
         arrivals,
+        changes: Vec::new(),
     }
+}
+
+/// [`bursty`] arrivals under `spec`, its limits replaced by each of
+/// `then` in turn at even intervals (between two bursts, so some keys are
+/// in debt and some are not; the aggregate too).
+fn changing(name: String, spec: Spec, then: &[Spec], start: u64, seed: u64) -> Trace {
+    let mut trace = bursty(name, spec, start, seed);
+    let n = trace.arrivals.len();
+    for (k, spec) in then.iter().enumerate() {
+        let at = n * (k + 1) / (then.len() + 1);
+        // Between the arrival before and this one.
+        let t = trace.arrivals[at - 1].t / 2 + trace.arrivals[at].t / 2;
+        trace.changes.push(LimitChange { at, t, spec: *spec });
+    }
+    trace
 }
 
 fn steady(name: String, spec: Spec, start: u64) -> Trace {

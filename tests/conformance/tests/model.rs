@@ -3,7 +3,10 @@
 //! meters), `governor` and envoy's formula. Depends on `limiter-common`
 //! alone, so `cargo xtask mutants` runs it against every mutant in seconds.
 
-use std::{collections::HashMap, sync::atomic::AtomicU64};
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use limiter_common::{
     gcra::Gcra,
@@ -50,39 +53,65 @@ fn meters(spec: &Spec) -> [Option<(u64, Meter, bool)>; 4] {
 type States<T> = HashMap<Option<u8>, [T; 2]>;
 
 fn shared_verdicts(trace: &Trace) -> Vec<bool> {
-    let s = trace.spec;
-    let meters = meters(&s);
-    let cost = |a: &Arrival, i: usize| meters[i].map_or(0, |m| if m.2 { a.cost } else { 1 });
-    match s.algo {
+    let algo = trace.spec.algo;
+    let cost = |a: &Arrival, i: usize, meters: &[Option<(u64, Meter, bool)>; 4]| {
+        meters[i].map_or(0, |m| if m.2 { a.cost } else { 1 })
+    };
+    // The meters in force at each arrival (a limit change replaces them).
+    let meters_at = |i: usize| meters(&trace.spec_at(i));
+    match algo {
         Algo::Gcra => {
-            let gcras = meters.map(|m| {
-                m.map(|(period, meter, _)| {
-                    Gcra::new(meter.rate, period, meter.burst).expect("valid limit")
+            let gcras = |meters: [Option<(u64, Meter, bool)>; 4]| {
+                meters.map(|m| {
+                    m.map(|(period, meter, _)| {
+                        Gcra::new(meter.rate, period, meter.burst).expect("valid limit")
+                    })
                 })
-            });
+            };
             let mut cells: States<AtomicU64> = HashMap::new();
             cells.insert(None, Default::default());
+            let mut changes = trace.changes.iter().peekable();
+            let mut in_force = gcras(meters(&trace.spec));
             trace
                 .arrivals
                 .iter()
-                .map(|a| {
+                .enumerate()
+                .map(|(n, a)| {
+                    while let Some(change) = changes.next_if(|c| c.at <= n) {
+                        let next = gcras(meters(&change.spec));
+                        for (scope, pair) in &cells {
+                            for (m, cell) in pair.iter().enumerate() {
+                                let i = if scope.is_some() { m } else { m + 2 };
+                                if let (Some(from), Some(to)) = (&in_force[i], &next[i]) {
+                                    let tat = cell.load(Ordering::Relaxed);
+                                    cell.store(from.carried(tat, change.t, to), Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        in_force = next;
+                    }
+                    let meters = meters_at(n);
                     cells.entry(Some(a.key)).or_default();
                     let (key, aggregate) = (&cells[&Some(a.key)], &cells[&None]);
                     let cell = |i: usize| if i < 2 { &key[i] } else { &aggregate[i - 2] };
                     let charges: [Option<(&AtomicU64, &Gcra, u64)>; 4] = std::array::from_fn(|i| {
-                        gcras[i].as_ref().map(|g| (cell(i), g, cost(a, i)))
+                        in_force[i]
+                            .as_ref()
+                            .map(|g| (cell(i), g, cost(a, i, &meters)))
                     });
                     acquire_all(charges, a.t).outcome == Outcome::Allowed
                 })
                 .collect()
         }
         Algo::SlidingLog => {
-            let windows = window_meters(&meters);
             let mut logs: States<Log> = HashMap::new();
             trace
                 .arrivals
                 .iter()
-                .map(|a| {
+                .enumerate()
+                .map(|(n, a)| {
+                    let meters = meters_at(n);
+                    let windows = window_meters(&meters);
                     // Every log is tried on a copy; all are kept only if
                     // all admit.
                     let mut key = logs.get(&Some(a.key)).cloned().unwrap_or_default();
@@ -95,7 +124,7 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                         };
                         windows[i]
                             .as_ref()
-                            .is_none_or(|w| log.admit(w, a.t, cost(a, i)))
+                            .is_none_or(|w| log.admit(w, a.t, cost(a, i, &meters)))
                     });
                     if admitted {
                         logs.insert(Some(a.key), key);
@@ -106,14 +135,16 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                 .collect()
         }
         Algo::FixedWindow | Algo::SlidingWindow => {
-            let windows = window_meters(&meters);
-            let sliding = s.algo == Algo::SlidingWindow;
+            let sliding = algo == Algo::SlidingWindow;
             let mut states: States<WindowState> = HashMap::new();
             states.insert(None, Default::default());
             trace
                 .arrivals
                 .iter()
-                .map(|a| {
+                .enumerate()
+                .map(|(n, a)| {
+                    let meters = meters_at(n);
+                    let windows = window_meters(&meters);
                     let mut aggregate = states[&None];
                     let key = states.entry(Some(a.key)).or_default();
                     let [k0, k1] = key;
@@ -121,10 +152,10 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                     let [w0, w1, w2, w3] = &windows;
                     let outcome = windows_all(
                         [
-                            w0.as_ref().map(|w| (k0, w, cost(a, 0))),
-                            w1.as_ref().map(|w| (k1, w, cost(a, 1))),
-                            w2.as_ref().map(|w| (a0, w, cost(a, 2))),
-                            w3.as_ref().map(|w| (a1, w, cost(a, 3))),
+                            w0.as_ref().map(|w| (k0, w, cost(a, 0, &meters))),
+                            w1.as_ref().map(|w| (k1, w, cost(a, 1, &meters))),
+                            w2.as_ref().map(|w| (a0, w, cost(a, 2, &meters))),
+                            w3.as_ref().map(|w| (a1, w, cost(a, 3, &meters))),
                         ],
                         a.t,
                         sliding,
@@ -168,7 +199,11 @@ fn compare_peer(
     replay: impl Fn(&Trace) -> Option<Vec<bool>>,
 ) {
     let mut compared = Vec::new();
-    for trace in corpus().into_iter().filter(|t| t.spec.algo == algo) {
+    // Peers have no way to change a limit and keep the state.
+    for trace in corpus()
+        .into_iter()
+        .filter(|t| t.spec.algo == algo && t.changes.is_empty())
+    {
         let Some(got) = replay(&trace) else {
             continue;
         };
