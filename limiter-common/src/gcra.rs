@@ -146,19 +146,23 @@ impl Gcra {
     /// (the rule's limit changed, its keys kept): the same fraction of the
     /// burst in use, rounded up, so the key never has more of the new
     /// burst than it had of the old. A TAT at or before `now` (a full
-    /// bucket) stays as it is.
+    /// bucket) stays as it is; a debt beyond the whole burst (a clock that
+    /// went back, a change cut short) counts as the whole burst, so a
+    /// change never lengthens a wait beyond a spent new burst.
     pub fn carried(&self, tat: u64, now: u64, new: &Gcra) -> u64 {
         if tat <= now {
             return tat;
         }
-        let debt = u128::from(tat - now);
+        let debt = u128::from((tat - now).min(self.capacity_ns));
         let carried = if self.capacity_ns == 0 {
             // A closed meter in debt: all of the new burst in use.
             u128::from(new.capacity_ns)
         } else {
             (debt * u128::from(new.capacity_ns)).div_ceil(u128::from(self.capacity_ns))
         };
-        now.saturating_add(u64::try_from(carried).unwrap_or(u64::MAX))
+        // Below u64::MAX, which marks a slot being claimed (`keytable`).
+        let carried = u64::try_from(carried).unwrap_or(u64::MAX);
+        now.saturating_add(carried).min(u64::MAX - 1)
     }
 
     /// How long until a request of `cost` would conform, given state `tat`.

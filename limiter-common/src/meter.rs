@@ -125,6 +125,65 @@ pub fn refund<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cost
     }
 }
 
+/// A TAT on its way to new limits ([`carry`]): what was written, and how
+/// far that went past the carried value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CarriedTat {
+    pub written: u64,
+    pub excess: u64,
+}
+
+/// Carries `cell`, kept under `from`, over to `to` at `now`, before `to` is
+/// in force: the TAT moves to the later of its own and its carried value
+/// ([`Gcra::carried`]), so it has no more budget under either limit than
+/// that limit allows while both may judge it. [`take_back`], once `to`
+/// alone is in force, removes what this added beyond the carried value.
+/// A TAT of `u64::MAX` (a slot being claimed) is left alone.
+pub fn carry<C: AtomicCell + ?Sized>(cell: &C, from: &Gcra, to: &Gcra, now: u64) -> CarriedTat {
+    let mut seen = cell.load();
+    loop {
+        if seen == u64::MAX {
+            return CarriedTat::default();
+        }
+        let carried = from.carried(seen, now, to);
+        let written = seen.max(carried);
+        if written == seen {
+            return CarriedTat {
+                written,
+                excess: seen.saturating_sub(carried),
+            };
+        }
+        match cell.compare_exchange(seen, written) {
+            Ok(()) => {
+                return CarriedTat { written, excess: 0 };
+            }
+            Err(actual) => seen = actual,
+        }
+    }
+}
+
+/// Takes back, at `now`, what [`carry`] added beyond the carried value:
+/// as much of it as is still ahead of `now`. Once the written TAT is past,
+/// the state may have come to rest and been charged afresh (or its slot
+/// taken by another key): none of it is owed back then, so a charge made
+/// since is never refunded.
+pub fn take_back<C: AtomicCell + ?Sized>(cell: &C, carried: CarriedTat, now: u64) {
+    let back = carried.excess.min(carried.written.saturating_sub(now));
+    if back == 0 {
+        return;
+    }
+    let mut seen = cell.load();
+    loop {
+        if seen == u64::MAX {
+            return;
+        }
+        match cell.compare_exchange(seen, seen.saturating_sub(back)) {
+            Ok(()) => return,
+            Err(actual) => seen = actual,
+        }
+    }
+}
+
 /// One meter a request is charged to: its state, parameters and cost.
 pub type Charge<'a, C> = Option<(&'a C, &'a Gcra, u64)>;
 
@@ -259,12 +318,62 @@ impl AtomicCell for core::sync::atomic::AtomicU64 {
 mod tests {
     extern crate std;
 
-    use core::sync::atomic::AtomicU64;
+    use core::sync::atomic::{AtomicU64, Ordering};
     use std::{sync::Arc, thread, vec::Vec};
 
     use super::*;
 
     const SEC: u64 = 1_000_000_000;
+
+    /// Guards the two steps of a limit change: meanwhile the later of the
+    /// old and the carried TAT (no more budget than either limit allows),
+    /// then the carried one; and nothing taken back once the TAT written
+    /// is past (the key may have been charged afresh since).
+    #[test]
+    fn a_carried_tat_is_conservative_then_exact_and_never_refunds_a_new_charge() {
+        let now = 1_000 * SEC;
+        let ten = Gcra::new(10, SEC, 10).unwrap(); // a burst of 1 s
+        let one = Gcra::new(1, SEC, 2).unwrap(); // a burst of 2 s
+        // Lowered: half of 1 s spent becomes half of 2 s, at once.
+        let cell = AtomicU64::new(now + SEC / 2);
+        let c = carry(&cell, &ten, &one, now);
+        assert_eq!(cell.load(Ordering::Relaxed), now + SEC);
+        assert_eq!(
+            c,
+            CarriedTat {
+                written: now + SEC,
+                excess: 0
+            }
+        );
+        take_back(&cell, c, now + 1);
+        assert_eq!(cell.load(Ordering::Relaxed), now + SEC);
+        // Raised: the TAT stays until the new limit alone judges it...
+        let cell = AtomicU64::new(now + SEC);
+        let c = carry(&cell, &one, &ten, now);
+        assert_eq!(cell.load(Ordering::Relaxed), now + SEC);
+        assert_eq!(c.excess, SEC / 2);
+        // ... then is lowered to the carried value, charges made since kept.
+        cell.store(now + SEC + 7, Ordering::Relaxed);
+        take_back(&cell, c, now + 20_000_000);
+        assert_eq!(cell.load(Ordering::Relaxed), now + SEC / 2 + 7);
+        // Only what is still ahead of the clock is taken back: here the
+        // TAT written is 0.4 s ahead, so 0.4 s of the 0.5 s.
+        let cell = AtomicU64::new(now + SEC);
+        let c = carry(&cell, &one, &ten, now);
+        take_back(&cell, c, now + 6 * SEC / 10);
+        assert_eq!(cell.load(Ordering::Relaxed), now + 6 * SEC / 10);
+        // Once it is past, none: a key at rest and charged afresh keeps
+        // its charge.
+        let cell = AtomicU64::new(now + SEC);
+        let c = carry(&cell, &one, &ten, now);
+        cell.store(now + 2 * SEC + SEC / 10, Ordering::Relaxed);
+        take_back(&cell, c, now + 2 * SEC);
+        assert_eq!(cell.load(Ordering::Relaxed), now + 2 * SEC + SEC / 10);
+        // A slot being claimed is left alone.
+        let cell = AtomicU64::new(u64::MAX);
+        assert_eq!(carry(&cell, &ten, &one, now), CarriedTat::default());
+        assert_eq!(cell.load(Ordering::Relaxed), u64::MAX);
+    }
 
     #[test]
     fn threads_never_overshoot_burst() {

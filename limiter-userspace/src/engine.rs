@@ -148,8 +148,11 @@ impl Engine {
         let mut carried: Vec<(u32, RuleConfig)> = Vec::new();
         for (slot, rule) in ids.iter_mut().zip(&set.rules) {
             if slot.is_none()
-                && let Some((id, old_rule)) = same_keys.get_mut(&rule.identity()).and_then(Vec::pop)
+                && let Some(candidates) = same_keys.get_mut(&rule.identity())
+                && let Some(i) =
+                    same_name_first(candidates, |(_, r)| r.name() == rule.name.as_bytes())
             {
+                let (id, old_rule) = candidates.remove(i);
                 *slot = Some(id);
                 carried.push((id, old_rule));
             }
@@ -187,14 +190,10 @@ impl Engine {
         let mut tables = compile::build(&set, &ids, next as u8);
         self.carry_fleet_shares(&set, &mut tables, &ids);
         self.datapath.write_generation(next, &tables)?;
-        let now = self.datapath.clock_ns();
         let mut carrying = Vec::new();
         for (id, old_rule) in &carried {
             if let Some((_, new_rule)) = tables.rules.iter().find(|(i, _)| i == id) {
-                carrying.push(
-                    self.datapath
-                        .carry_rule_state(*id, old_rule, new_rule, now)?,
-                );
+                carrying.push(self.datapath.carry_rule_state(*id, old_rule, new_rule)?);
             }
         }
         faults::crash_point("written");
@@ -223,12 +222,20 @@ impl Engine {
             .filter(|(_, id)| carried.iter().any(|(c, _)| c == *id))
             .map(|(rule, _)| rule.name.clone())
             .collect();
-        change
-            .unchanged
-            .retain(|name| !change.carried.contains(name));
-        change
-            .modified
-            .retain(|name| !change.carried.contains(name));
+        let carried_names = change.carried.clone();
+        for list in [
+            &mut change.unchanged,
+            &mut change.modified,
+            &mut change.added,
+        ] {
+            list.retain(|name| !carried_names.contains(name));
+        }
+        // A carried rule renamed: its old name did not go with its keys.
+        let old_names: Vec<String> = carried
+            .iter()
+            .map(|(_, r)| String::from_utf8_lossy(r.name()).into_owned())
+            .collect();
+        change.removed.retain(|name| !old_names.contains(name));
         self.applied = Some((set, ids));
         Ok(change)
     }
@@ -347,6 +354,19 @@ impl Engine {
         }
         Ok(expired.len())
     }
+}
+
+/// Which of `candidates` (old rules with a new rule's identity) carries
+/// its keys over: the one of the same name if any (so a file that swaps
+/// two rules' limits pairs them by name, in both layers), else the first.
+pub(crate) fn same_name_first<T>(
+    candidates: &[T],
+    same_name: impl Fn(&T) -> bool,
+) -> Option<usize> {
+    if candidates.is_empty() {
+        return None;
+    }
+    Some(candidates.iter().position(same_name).unwrap_or(0))
 }
 
 fn diff(

@@ -152,17 +152,14 @@ impl KeyStore {
     }
 
     /// Shares the states of the rules `kept` maps (this store's rule index
-    /// to `next`'s) with `next`, where it has none of its own yet.
-    /// The states of rule `rule`'s keys.
-    pub(super) fn states_of(&self, rule: usize) -> Vec<Arc<State>> {
-        self.map
-            .iter()
-            .filter(|entry| entry.key().0 == rule)
-            .map(|entry| Arc::clone(entry.value()))
-            .collect()
-    }
-
-    pub(super) fn share_with(&self, next: &KeyStore, kept: &HashMap<usize, usize>) {
+    /// to `next`'s) with `next`, where it has none of its own yet; the
+    /// states it shared, by this store's rule index.
+    pub(super) fn share_with(
+        &self,
+        next: &KeyStore,
+        kept: &HashMap<usize, usize>,
+    ) -> Vec<(usize, Arc<State>)> {
+        let mut shared = Vec::new();
         for entry in self.map.iter() {
             let ((i, key), state) = (*entry.key(), entry.value());
             if let Some(&j) = kept.get(&i)
@@ -170,9 +167,11 @@ impl KeyStore {
             {
                 vacant.insert(Arc::clone(state));
                 next.count.fetch_add(1, Ordering::Relaxed);
+                shared.push((i, Arc::clone(state)));
             }
         }
         next.refused
             .fetch_max(self.refused.load(Ordering::Relaxed), Ordering::Relaxed);
+        shared
     }
 }

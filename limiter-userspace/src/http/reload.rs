@@ -10,15 +10,19 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, Mutex},
 };
 
 use arc_swap::{ArcSwap, Guard};
 
-use limiter_common::gcra::Gcra;
+use limiter_common::{
+    gcra::Gcra,
+    meter::{self, CarriedTat},
+};
 
 use super::{Limiter, State};
 use crate::{
+    engine::same_name_first,
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
     rules::{Algorithm, Limit, Rule, RuleSet},
 };
@@ -26,17 +30,17 @@ use crate::{
 impl Limiter {
     /// A limiter for `rules` that keeps this one's state of the rules it
     /// shares with it (by fingerprint, or by identity with new limits, the
-    /// state carried over to them); (kept, new) rules.
+    /// state carried over to them); (kept, new) rules. For a limiter that
+    /// judges no requests meanwhile: the carried states are final at once
+    /// ([`Reloadable::reload`] swaps a limiter in use).
     pub fn reloaded(&self, rules: RuleSet) -> (Limiter, usize) {
-        let (next, kept, carrying) = self.sharing_with(rules);
-        take_back(&carrying);
-        (next, kept.len())
+        let Sharing { next, shared } = self.sharing_with(rules);
+        take_back(&shared.carrying, self.clock.monotonic_ns());
+        (next, shared.kept.len())
     }
 
-    /// [`Limiter::reloaded`], and the rules it kept (old index to new),
-    /// and the states of rules with new limits, carried conservatively
-    /// (see [`carry`]) until [`take_back`].
-    fn sharing_with(&self, rules: RuleSet) -> (Limiter, HashMap<usize, usize>, Vec<Carried>) {
+    /// The limiter for `rules` sharing this one's state, and what it shares.
+    fn sharing_with(&self, rules: RuleSet) -> Sharing {
         let mut next = Limiter::new(rules, Arc::clone(&self.clock));
         next.digest = Arc::clone(&self.digest);
         let old: HashMap<u64, usize> = self
@@ -53,101 +57,122 @@ impl Limiter {
             .enumerate()
             .filter_map(|(j, r)| old.get(&r.fingerprint()).map(|&i| (i, j)))
             .collect();
-        // Then rules whose limits alone changed: the kernel's rule (see
-        // `Engine::apply`).
+        // Then rules whose limits alone changed, paired as the kernel's
+        // are (`Engine::apply`).
         let mut same_keys: HashMap<u32, Vec<usize>> = HashMap::new();
-        for (i, r) in self.rules.rules.iter().enumerate().rev() {
+        for (i, r) in self.rules.rules.iter().enumerate() {
             if !kept.contains_key(&i) {
                 same_keys.entry(r.identity()).or_default().push(i);
             }
         }
         let kept_new: Vec<usize> = kept.values().copied().collect();
-        let mut changed = Vec::new();
+        let mut changed = HashMap::new();
         for (j, r) in next.rules.rules.iter().enumerate() {
             if !kept_new.contains(&j)
-                && let Some(i) = same_keys.get_mut(&r.identity()).and_then(Vec::pop)
+                && let Some(candidates) = same_keys.get_mut(&r.identity())
+                && let Some(k) =
+                    same_name_first(candidates, |&i| self.rules.rules[i].name == r.name)
             {
+                let i = candidates.remove(k);
                 kept.insert(i, j);
-                changed.push((i, j));
+                changed.insert(i, j);
             }
         }
         for (&i, &j) in &kept {
             next.aggregates[j] = Arc::clone(&self.aggregates[i]);
             next.counters[j] = Arc::clone(&self.counters[i]);
         }
-        self.keys.share_with(&next.keys, &kept);
-        let now = self.clock.monotonic_ns();
-        let mut carrying = Vec::new();
-        for (i, j) in changed {
-            let (from, to) = (&self.rules.rules[i], &next.rules.rules[j]);
-            let [key_from, aggregate_from] = gcra_meters(from);
-            let [key_to, aggregate_to] = gcra_meters(to);
-            for state in self.keys.states_of(i) {
-                carrying.push(carry(state, &key_from, &key_to, now));
-            }
-            carrying.push(carry(
-                Arc::clone(&self.aggregates[i]),
-                &aggregate_from,
-                &aggregate_to,
-                now,
-            ));
+        let mut shared = Shared {
+            kept,
+            changed,
+            carrying: Vec::new(),
+        };
+        for (&i, &j) in &shared.changed {
+            let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
+            let now = self.clock.monotonic_ns();
+            shared
+                .carrying
+                .push(carry(Arc::clone(&self.aggregates[i]), &meters[1], now));
         }
-        (next, kept, carrying)
+        self.share_keys(&next, &mut shared);
+        Sharing { next, shared }
+    }
+
+    /// Shares this limiter's keys of the rules `shared` keeps with `next`
+    /// (those it does not have yet), carrying those of rules with new
+    /// limits. Again after the swap: keys made while `next` was built.
+    fn share_keys(&self, next: &Limiter, shared: &mut Shared) {
+        for (i, state) in self.keys.share_with(&next.keys, &shared.kept) {
+            if let Some(&j) = shared.changed.get(&i) {
+                let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
+                let now = self.clock.monotonic_ns();
+                shared.carrying.push(carry(state, &meters[0], now));
+            }
+        }
     }
 }
 
-/// A rule's GCRA meters whose state may be carried to new limits: the
-/// key's (packets, bytes) and the aggregate's (none for a fleet-wide
-/// aggregate, whose share restarts anyway).
-fn gcra_meters(rule: &Rule) -> [[Option<Gcra>; 2]; 2] {
-    if rule.algorithm != Algorithm::Gcra {
-        return [[None; 2]; 2];
-    }
-    let key = match rule.limit {
-        Limit::Metered { packets, bytes } => [packets.map(|r| r.gcra), bytes.map(|r| r.gcra)],
-        Limit::Unlimited => [None; 2],
-    };
-    let aggregate = match (rule.aggregate, rule.fleet) {
-        (Some(a), None) => [a.packets.map(|r| r.gcra), a.bytes.map(|r| r.gcra)],
-        _ => [None; 2],
-    };
-    [key, aggregate]
+/// A limiter made from another's state ([`Limiter::sharing_with`]).
+struct Sharing {
+    next: Limiter,
+    shared: Shared,
 }
 
-/// A state whose TATs [`carry`] moved past their carried values.
+/// What a limiter shares with the one it was made from.
+struct Shared {
+    /// Old rule index to new, for every rule whose state is shared.
+    kept: HashMap<usize, usize>,
+    /// Those whose limits changed (their state carried).
+    changed: HashMap<usize, usize>,
+    carrying: Vec<Carried>,
+}
+
+/// The GCRA meters whose state is carried from rule `from` to `to`, in
+/// `State::cells` order (packets, bytes): the key's, then the aggregate's
+/// (none for a fleet-wide aggregate, whose share restarts anyway).
+fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 2]; 2] {
+    let meters = |rule: &Rule| -> [[Option<Gcra>; 2]; 2] {
+        if rule.algorithm != Algorithm::Gcra {
+            return [[None; 2]; 2];
+        }
+        let key = match rule.limit {
+            Limit::Metered { packets, bytes } => [packets.map(|r| r.gcra), bytes.map(|r| r.gcra)],
+            Limit::Unlimited => [None; 2],
+        };
+        let aggregate = match (rule.aggregate, rule.fleet) {
+            (Some(a), None) => [a.packets.map(|r| r.gcra), a.bytes.map(|r| r.gcra)],
+            _ => [None; 2],
+        };
+        [key, aggregate]
+    };
+    let (from, to) = (meters(from), meters(to));
+    std::array::from_fn(|scope| std::array::from_fn(|m| from[scope][m].zip(to[scope][m])))
+}
+
+/// A state [`carry`] carried.
 pub(super) struct Carried {
     state: Arc<State>,
-    excess: [u64; 2],
+    /// Per cell (packets, bytes).
+    tats: [CarriedTat; 2],
 }
 
-/// Carries a state's GCRA cells (packets, bytes) from meters `from` to
-/// `to` before `to` is in force, as the kernel's are: each TAT to the later
-/// of its own and its carried value (`Gcra::carried`), so no request has
-/// more budget than either limit allows meanwhile.
-fn carry(state: Arc<State>, from: &[Option<Gcra>; 2], to: &[Option<Gcra>; 2], now: u64) -> Carried {
-    let mut excess = [0; 2];
-    for meter in 0..2 {
-        if let (Some(from), Some(to)) = (from[meter], to[meter]) {
-            let _ = state.cells[meter].fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                let carried = from.carried(tat, now, &to);
-                excess[meter] = tat.saturating_sub(carried);
-                Some(tat.max(carried))
-            });
-        }
-    }
-    Carried { state, excess }
+/// Carries a state's GCRA cells (packets, bytes) over to new limits before
+/// they are in force, as the kernel's are (`meter::carry`).
+fn carry(state: Arc<State>, meters: &[Option<(Gcra, Gcra)>; 2], now: u64) -> Carried {
+    let tats = std::array::from_fn(|m| {
+        meters[m].map_or(CarriedTat::default(), |(from, to)| {
+            meter::carry(&state.cells[m], &from, &to, now)
+        })
+    });
+    Carried { state, tats }
 }
 
 /// Takes back what [`carry`] added beyond the carried values, once the new
-/// limits are in force.
-fn take_back(carried: &[Carried]) {
+/// limits alone are in force (`meter::take_back`).
+fn take_back(carried: &[Carried], now: u64) {
     for c in carried {
-        for (cell, &excess) in c.state.cells.iter().zip(&c.excess) {
-            if excess != 0 {
-                let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                    Some(tat.saturating_sub(excess))
-                });
-            }
+        for (cell, tat) in c.state.cells.iter().zip(&c.tats) {
+            meter::take_back(cell, *tat, now);
         }
     }
 }
@@ -202,22 +227,25 @@ impl Reloadable {
         // their conservative values.
         self.settle();
         let old = self.current.load_full();
-        let (next, kept, carrying) = old.sharing_with(rules);
+        let Sharing { next, mut shared } = old.sharing_with(rules);
         let next = Arc::new(next);
         self.current.store(Arc::clone(&next));
         // Keys the old limiter made while the new one was being built.
-        old.keys.share_with(&next.keys, &kept);
+        old.share_keys(&next, &mut shared);
+        let kept = shared.kept.len();
+        let carrying = shared.carrying;
         // Requests still judged by the old limiter are done within moments;
         // the carried states then hold only what the new limits allow. (A
         // thread of its own: the caller may be an async task.)
         if !carrying.is_empty() {
+            let clock = Arc::clone(&old.clock);
             let pending = std::thread::spawn(move || {
                 std::thread::sleep(crate::engine::GRACE);
-                take_back(&carrying);
+                take_back(&carrying, clock.monotonic_ns());
             });
             *self.settling.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
         }
-        kept.len()
+        kept
     }
 }
 

@@ -3,9 +3,14 @@
 //! `crate::engine`). Also the per-rule state that goes with a rule id.
 
 use aya::maps::{LpmTrie, MapData, PerCpuValues, lpm_trie::Key};
-use limiter_common::abi::{
-    AggregateState, Candidates, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
-    algorithm, counter_slot, map_name, rule_flag, rule_slot, v4_table,
+use std::sync::atomic::AtomicU64;
+
+use limiter_common::{
+    abi::{
+        AggregateState, Candidates, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
+        algorithm, counter_slot, map_name, rule_flag, rule_slot, v4_table,
+    },
+    meter::{self, CarriedTat},
 };
 
 use super::{Datapath, KernelError, keys::Carried, maps::map_error};
@@ -140,11 +145,11 @@ impl Datapath {
     }
 
     /// Carries rule `id`'s GCRA state (its keys' and its aggregate's) from
-    /// limits `old` over to `new`, before `new` is in force: every TAT
-    /// moves to the later of its own and its carried value
-    /// (`Gcra::carried`), so no key has more budget than either limit
-    /// allows meanwhile; [`Datapath::finish_carrying`], once the new limits
-    /// are in force, takes back what that added. Windows keep their counts:
+    /// limits `old` over to `new`, before `new` is in force
+    /// (`meter::carry`: every TAT to the later of its own and its carried
+    /// value, so no key has more budget than either limit allows
+    /// meanwhile); [`Datapath::finish_carrying`], once the new limits are
+    /// in force, takes back what that added. Windows keep their counts:
     /// nothing to do. A meter in force on one side only starts or stays as
     /// it is; fleet-wide aggregates, whose share restarts anyway, are left.
     pub fn carry_rule_state(
@@ -152,12 +157,11 @@ impl Datapath {
         id: u32,
         old: &RuleConfig,
         new: &RuleConfig,
-        now: u64,
     ) -> Result<Carrying, KernelError> {
         let mut carrying = Carrying {
             id,
             keys: Vec::new(),
-            aggregate: [0; 2],
+            aggregate: [CarriedTat::default(); 2],
         };
         if old.algorithm != algorithm::GCRA || new.algorithm != algorithm::GCRA {
             return Ok(carrying);
@@ -167,9 +171,7 @@ impl Datapath {
             both(rule_flag::LIMIT_PACKETS).then_some((&old.packets.gcra, &new.packets.gcra)),
             both(rule_flag::LIMIT_BYTES).then_some((&old.bytes.gcra, &new.bytes.gcra)),
         ];
-        carrying.keys = self.maps.keys.carry(id, |meter, tat| {
-            key_meters[meter].map(|(from, to)| from.carried(tat, now, to))
-        });
+        carrying.keys = self.maps.keys.carry(id, &key_meters, || self.clock_ns());
         if old.fleet_until_ns != 0 || new.fleet_until_ns != 0 {
             return Ok(carrying);
         }
@@ -185,12 +187,12 @@ impl Datapath {
         // A map update, not a compare-and-swap: a charge the kernel makes
         // between this read and write (microseconds) is lost.
         let mut state = self.aggregate(id)?;
-        for (meter, carry) in aggregate_meters.iter().enumerate() {
-            if let Some((from, to)) = carry {
-                let tat = state.meters[meter][0];
-                let carried = from.carried(tat, now, to);
-                carrying.aggregate[meter] = tat.saturating_sub(carried);
-                state.meters[meter][0] = tat.max(carried);
+        let now = self.clock_ns();
+        for (m, meters) in aggregate_meters.iter().enumerate() {
+            if let Some((from, to)) = meters {
+                let cell = AtomicU64::new(state.meters[m][0]);
+                carrying.aggregate[m] = meter::carry(&cell, from, to, now);
+                state.meters[m][0] = cell.into_inner();
             }
         }
         self.set_aggregate(id, state)?;
@@ -200,12 +202,14 @@ impl Datapath {
     /// Takes back what [`Datapath::carry_rule_state`] added beyond the
     /// carried values, now that the new limits are in force.
     pub fn finish_carrying(&mut self, carrying: &Carrying) -> Result<(), KernelError> {
-        self.maps.keys.take_back(&carrying.keys);
-        if carrying.aggregate != [0; 2] {
+        self.maps.keys.take_back(&carrying.keys, || self.clock_ns());
+        if carrying.aggregate != [CarriedTat::default(); 2] {
             let mut state = self.aggregate(carrying.id)?;
-            for (meter, excess) in carrying.aggregate.iter().enumerate() {
-                let tat = &mut state.meters[meter][0];
-                *tat = tat.saturating_sub(*excess);
+            let now = self.clock_ns();
+            for (m, tat) in carrying.aggregate.iter().enumerate() {
+                let cell = AtomicU64::new(state.meters[m][0]);
+                meter::take_back(&cell, *tat, now);
+                state.meters[m][0] = cell.into_inner();
             }
             self.set_aggregate(carrying.id, state)?;
         }
@@ -265,6 +269,6 @@ where
 pub struct Carrying {
     id: u32,
     keys: Vec<Carried>,
-    /// Per aggregate meter, what its TAT went past its carried value.
-    aggregate: [u64; 2],
+    /// Per aggregate meter (packets, bytes).
+    aggregate: [CarriedTat; 2],
 }

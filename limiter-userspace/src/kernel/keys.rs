@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use aya::maps::{Map, MapData, MapError};
 use limiter_common::{
     abi::{FlowKey, KeyState},
+    gcra::Gcra,
     keytable::{self, Slot, Tags, WAYS, filter_words, slot_index, tag},
+    meter::{self, CarriedTat},
 };
 
 use super::mapped::Mapped;
@@ -184,60 +186,60 @@ impl KeyTable {
     }
 
     /// Carries the GCRA state of rule `id`'s keys over to new limits,
-    /// before they are in force: each TAT of meter `m` (0 packets, 1 bytes)
-    /// for which `carry(m, tat)` gives a value moves to the later of the
-    /// two, so the key has no more budget under the old limits or the new
-    /// than either allows. Returns what each TAT went past its carried
-    /// value, for [`KeyTable::take_back`] once the new limits are in force.
-    /// A compare-and-swap on the word the kernel charges with, so no charge
-    /// is lost; a slot being claimed (its TAT swapped for `u64::MAX`) is
-    /// left alone.
-    pub fn carry(&self, id: u32, carry: impl Fn(usize, u64) -> Option<u64>) -> Vec<Carried> {
+    /// before they are in force: `meters[m]` (0 packets, 1 bytes) is the
+    /// (old, new) meter of each TAT to carry ([`meter::carry`], at `now()`
+    /// read per key: a large table takes a while). Returns what
+    /// [`KeyTable::take_back`] needs once the new limits are in force. A
+    /// compare-and-swap on the word the kernel charges with, so no charge
+    /// is lost; a slot claimed by another key meanwhile is not recorded.
+    pub fn carry(
+        &self,
+        id: u32,
+        meters: &[Option<(&Gcra, &Gcra)>; 2],
+        now: impl Fn() -> u64,
+    ) -> Vec<Carried> {
         let mut out = Vec::new();
-        self.for_each_key(|bucket, way, _| {
-            let slot = self.slot(bucket, way);
-            if slot.key.rule_id() != id {
+        self.for_each_key(|bucket, way, seen| {
+            let key = self.slot(bucket, way).key;
+            if key.rule_id() != id {
                 return;
             }
             let index = slot_index(bucket as u32, way) as usize;
-            let mut excess = [0u64; 2];
-            for (meter, excess) in excess.iter_mut().enumerate() {
-                let word = self.meter_word(index, meter);
-                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                    let carried = carry(meter, tat).filter(|_| tat != u64::MAX)?;
-                    *excess = tat.saturating_sub(carried);
-                    Some(tat.max(carried))
-                });
-            }
-            if excess != [0, 0] {
+            let at = now();
+            let tats = std::array::from_fn(|m| {
+                meters[m].map_or(CarriedTat::default(), |(from, to)| {
+                    meter::carry(self.meter_word(index, m), from, to, at)
+                })
+            });
+            // Still the key whose TATs were read (else those were another
+            // key's, only made later: nothing to take back from them).
+            if self.tag(bucket, way).load(Ordering::Acquire) == seen
+                && self.slot(bucket, way).key == key
+            {
                 out.push(Carried {
                     index,
-                    key: slot.key,
-                    excess,
+                    tag: seen,
+                    key,
+                    tats,
                 });
             }
         });
         out
     }
 
-    /// Takes back what [`KeyTable::carry`] added beyond the carried values,
-    /// from keys still in their slots.
-    pub fn take_back(&self, carried: &[Carried]) {
+    /// Takes back what [`KeyTable::carry`] added beyond the carried values
+    /// (`meter::take_back`, at `now()`), from keys still in their slots.
+    pub fn take_back(&self, carried: &[Carried], now: impl Fn() -> u64) {
         for c in carried {
-            let bucket = c.index / WAYS;
-            if self.tag(bucket, c.index % WAYS).load(Ordering::Acquire) & tag::KEY == 0
+            let (bucket, way) = (c.index / WAYS, c.index % WAYS);
+            if self.tag(bucket, way).load(Ordering::Acquire) != c.tag
                 || self.slots.get(c.index).key != c.key
             {
                 continue;
             }
-            for (meter, &excess) in c.excess.iter().enumerate() {
-                if excess == 0 {
-                    continue;
-                }
-                let word = self.meter_word(c.index, meter);
-                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                    (tat != u64::MAX).then(|| tat.saturating_sub(excess))
-                });
+            let at = now();
+            for (m, tat) in c.tats.iter().enumerate() {
+                meter::take_back(self.meter_word(c.index, m), *tat, at);
             }
         }
     }
@@ -249,10 +251,11 @@ impl KeyTable {
     }
 }
 
-/// A key whose state [`KeyTable::carry`] moved past its carried value.
+/// A key whose state [`KeyTable::carry`] carried.
 pub struct Carried {
     index: usize,
+    tag: u32,
     key: FlowKey,
-    /// Per meter, how far.
-    excess: [u64; 2],
+    /// Per meter (packets, bytes).
+    tats: [CarriedTat; 2],
 }

@@ -2,7 +2,7 @@
 //! kernel's rule id) of a rule whose fingerprint did not change, and the
 //! keys of one whose identity (its keys without its limits) did not.
 
-use super::{Limit, Rate, Rates, Rule};
+use super::{Algorithm, Limit, Rate, Rates, Rule};
 
 impl Rule {
     /// Identifies what the rule's buckets mean (match, key, limits, but not
@@ -44,7 +44,15 @@ impl Rule {
     /// over to the new limits (`Gcra::carried`). Never 0, which is what a
     /// rule written by a build that kept no identity holds.
     pub fn identity(&self) -> u32 {
-        let text = format!("identity|{}{}", self.keys_text(), self.layer7_text());
+        // A window's counts are per window: a rule whose unit changed
+        // counts in windows of another length, so its keys start afresh.
+        let unit = match (self.algorithm, self.limit) {
+            (Algorithm::Gcra, _) | (_, Limit::Unlimited) => String::new(),
+            (_, Limit::Metered { packets, bytes }) => packets
+                .or(bytes)
+                .map_or(String::new(), |r| format!("|unit/{}", r.period.as_nanos())),
+        };
+        let text = format!("identity|{}{}{unit}", self.keys_text(), self.layer7_text());
         let hash = fnv1a(&text);
         ((hash >> 32) as u32 ^ hash as u32) | 1
     }

@@ -226,6 +226,16 @@ fn aggregates_and_fingerprints() {
     ] {
         assert_ne!(identity(&other), identity(base), "{other}");
     }
+    // A window's unit is part of what its counts mean; its rate is not.
+    let windows = base.replace("name: a,", "name: a, algorithm: fixed_window,");
+    assert_eq!(
+        identity(&windows),
+        identity(&windows.replace("rate: 9", "rate: 3"))
+    );
+    assert_ne!(
+        identity(&windows),
+        identity(&windows.replace("unit: second", "unit: minute"))
+    );
     // The text a fingerprint hashes is what earlier builds hashed: pinned
     // rules keep their ids across an upgrade.
     assert_eq!(set.rules[0].fingerprint(), 7_282_489_196_954_970_698);

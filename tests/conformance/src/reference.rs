@@ -116,10 +116,11 @@ pub struct Arrival {
 }
 
 /// The rule's limits replaced at time `t`, before arrival `at` (same
-/// algorithm, match and key): every meter's state is carried over. GCRA:
-/// the level of the bucket at `t` scaled by the new capacity over the old
-/// one, rounded up (the same fraction of the burst in use); windows and
-/// logs keep their counts. A meter in force on one side only starts, or
+/// algorithm, match and key; for windows, the same unit): every meter's
+/// state is carried over. GCRA: the level of the bucket at `t` (at most its
+/// capacity) scaled by the new capacity over the old one, rounded up (the
+/// same fraction of the burst in use); windows and logs keep their
+/// counts. A meter in force on one side only starts, or
 /// stays, as it is.
 #[derive(Clone, Copy, Debug)]
 pub struct LimitChange {
@@ -275,8 +276,10 @@ impl Bucket {
             return self.clone();
         };
         let now = i128::from(t);
-        let level = (self.level - (now - last)).max(0);
         let (old, new) = (Self::capacity(from), Self::capacity(to));
+        // More than the whole burst (a clock that went back) counts as the
+        // whole burst.
+        let level = (self.level - (now - last)).clamp(0, old);
         Self {
             level: (level * new + old - 1) / old,
             last: Some(now),
