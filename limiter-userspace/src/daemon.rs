@@ -178,19 +178,24 @@ pub fn run(config_path: &Path) -> Result<()> {
     let adopting = config.pin_dir.join(LINKS_DIR).exists();
     let mut engine = Engine::open(&config.pin_dir, rules.max_keys)?;
     let change = engine.apply(rules)?;
-    log_change(&config.rules.display().to_string(), &change);
+    change.log(&config.rules.display().to_string());
     let mut attachments = Vec::new();
     for iface in &config.interfaces {
         let attachment = engine.attach(&iface.name, iface.mode, true)?;
         if attachment.adopted {
-            tracing::info!(iface = %iface.name, "adopted the pinned link; program replaced atomically, buckets kept");
+            tracing::info!(event = "adopted_link", iface = %iface.name, "adopted the pinned link; program replaced atomically, buckets kept");
         } else {
-            tracing::info!(iface = %iface.name, mode = ?attachment.mode, "attached");
+            tracing::info!(event = "attached", iface = %iface.name, mode = ?attachment.mode, "attached");
         }
         attachments.push(attachment);
     }
     if adopting {
-        tracing::info!("adopted the state pinned at {}", config.pin_dir.display());
+        tracing::info!(
+            event = "adopted_state",
+            pin_dir = %config.pin_dir.display(),
+            "adopted the state pinned at {}",
+            config.pin_dir.display()
+        );
         // The program replaced may have been a build that kept no filter:
         // keys it stored until the swap have no bit. Once packets still in
         // it are done, rebuild.
@@ -310,10 +315,16 @@ async fn reload_file(shared: &Arc<Shared>) {
     match tokio::fs::read_to_string(&path).await {
         Ok(text) => {
             if let Err(e) = apply(shared, text, origin).await {
-                tracing::error!("{e:#}; nothing changed");
+                tracing::error!(event = "rules_rejected", origin = %path.display(), error = %format!("{e:#}"), "{e:#}; nothing changed");
             }
         }
-        Err(e) => tracing::error!("{}: cannot read: {e}; nothing changed", path.display()),
+        Err(e) => tracing::error!(
+            event = "rules_rejected",
+            origin = %path.display(),
+            error = %e,
+            "{}: cannot read: {e}; nothing changed",
+            path.display()
+        ),
     }
 }
 
@@ -327,22 +338,11 @@ async fn apply(shared: &Arc<Shared>, text: String, origin: String) -> Result<Cha
             (engine.apply(rules)?, engine.fleet_rules())
         };
         shared.generation.fetch_add(1, Ordering::Relaxed);
-        log_change(&origin, &change);
+        change.log(&origin);
         sync_fleet(&shared, &fleet_rules);
         Ok(change)
     })
     .await?
-}
-
-fn log_change(origin: &str, change: &Change) {
-    tracing::info!(
-        "applied {origin}: added {:?}, removed {:?}, modified {:?}, limits changed (state carried over) {:?}, unchanged {:?}",
-        change.added,
-        change.removed,
-        change.modified,
-        change.carried,
-        change.unchanged
-    );
 }
 
 /// Runs the fleet loops of exactly `rules` (those just applied).
@@ -399,17 +399,17 @@ async fn housekeeping(shared: Arc<Shared>) {
             let mut engine = work.engine();
             watch_pins(&work, &mut engine);
             if let Err(e) = engine.remove_expired_blocks() {
-                tracing::warn!("removing expired blocks: {e:#}");
+                tracing::warn!(event = "error", error = %format!("{e:#}"), "removing expired blocks: {e:#}");
             }
             if let Err(e) = engine.refresh_clock() {
-                tracing::warn!("refreshing the clock offset: {e:#}");
+                tracing::warn!(event = "error", error = %format!("{e:#}"), "refreshing the clock offset: {e:#}");
             }
             // Counting a million keys scans their tags: every 5 s is enough.
             if ticks % 5 == 1 {
                 let n = engine.datapath().maps().keys.count();
                 work.tracked_keys.store(n as u64, Ordering::Relaxed);
                 if let Err(e) = engine.datapath_mut().refresh_key_filter(false) {
-                    tracing::warn!("rebuilding the key table's filter: {e:#}");
+                    tracing::warn!(event = "error", error = %format!("{e:#}"), "rebuilding the key table's filter: {e:#}");
                 }
             }
         })
@@ -522,6 +522,9 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
                 .transpose()?;
             blocking(shared, move |engine| engine.block(net, duration)).await?;
             tracing::info!(
+                event = "blocked",
+                prefix = %net,
+                for_secs = duration.map(|d| d.as_secs_f64()),
                 "blocked {net} for {}",
                 duration.map_or("ever".into(), |d| humantime::format_duration(d).to_string())
             );
@@ -532,7 +535,7 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             if !blocking(shared, move |engine| engine.unblock(net)).await? {
                 anyhow::bail!("{net} is not blocked");
             }
-            tracing::info!("unblocked {net}");
+            tracing::info!(event = "unblocked", prefix = %net, "unblocked {net}");
             Response::ok(())
         }
         Request::Shadow { rule, on } => {

@@ -351,8 +351,34 @@ impl Engine {
             .collect();
         for net in &expired {
             self.unblock(*net)?;
+            tracing::info!(event = "block_expired", prefix = %net, "the block of {net} expired");
         }
         Ok(expired.len())
+    }
+}
+
+impl Change {
+    /// Logs the change as one event (`event = "rules_applied"`), its lists
+    /// as fields, for a log pipeline; `origin` says where the rules came
+    /// from.
+    pub fn log(&self, origin: &str) {
+        tracing::info!(
+            event = "rules_applied",
+            origin,
+            generation = self.generation,
+            added = ?self.added,
+            removed = ?self.removed,
+            modified = ?self.modified,
+            carried = ?self.carried,
+            unchanged = ?self.unchanged,
+            forgotten_keys = self.forgotten_keys,
+            "applied {origin}: added {:?}, removed {:?}, modified {:?}, limits changed (state carried over) {:?}, unchanged {:?}",
+            self.added,
+            self.removed,
+            self.modified,
+            self.carried,
+            self.unchanged
+        );
     }
 }
 

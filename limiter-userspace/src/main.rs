@@ -23,8 +23,36 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Per-source rate limits in XDP, before the kernel allocates anything"
 )]
 struct Cli {
+    /// How logs are written (stderr): `text` for people, `json` for a log
+    /// pipeline (one JSON object a line, with each event's fields).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr, filtered by `LIMITER_LOG` (default `info`).
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_target(false);
+    match format {
+        LogFormat::Text => logs
+            .without_time()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // Timestamps (RFC 3339, UTC) and the event's fields at the top level.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -300,17 +328,10 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .without_time()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
-    let command = Cli::parse().command;
+    let cli = Cli::parse();
+    init_logs(cli.log_format);
+    let json_logs = matches!(cli.log_format, LogFormat::Json);
+    let command = cli.command;
     if !command.serves() {
         // A reader that went away (`limiter check | head`) ends a command
         // quietly, as it ends other Unix tools. Servers keep Rust's ignored
@@ -378,6 +399,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if json_logs => {
+            tracing::error!(event = "exit", error = %format!("{e:#}"), "exiting on an error");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -73,7 +73,7 @@ impl Session {
         }
         let guard = PinGuard(pin_dir.to_owned());
         let mut engine = Engine::open(pin_dir, rules.max_keys)?;
-        engine.apply(rules.clone())?;
+        engine.apply(rules.clone())?.log("the rule file");
         let mut attachments = Vec::new();
         for iface in ifaces {
             attachments.push(engine.attach(iface, mode, false)?);

@@ -193,6 +193,18 @@ impl RunningLimiter {
         pin_dir: &Path,
         log: PathBuf,
     ) -> Result<Self> {
+        Self::start_with(netns, ifaces, config, pin_dir, log, &[])
+    }
+
+    /// [`RunningLimiter::start`] with more arguments for `limiter run`.
+    pub fn start_with(
+        netns: &str,
+        ifaces: &[&str],
+        config: &Path,
+        pin_dir: &Path,
+        log: PathBuf,
+        extra: &[&str],
+    ) -> Result<Self> {
         let log_file = fs::File::create(&log)?;
         let (config, pins) = (config.to_string_lossy(), pin_dir.to_string_lossy());
         let mut args = vec![
@@ -209,6 +221,7 @@ impl RunningLimiter {
         for iface in ifaces {
             args.extend(["--iface", iface]);
         }
+        args.extend_from_slice(extra);
         let child = limiter_command(Some(netns), &args)
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -385,6 +398,8 @@ pub struct Daemon {
     starts: usize,
     /// A command the daemon runs under (`setpriv ...`), if any.
     wrapper: Vec<String>,
+    /// More arguments for `limiter daemon`.
+    args: Vec<String>,
 }
 
 impl Daemon {
@@ -432,6 +447,7 @@ impl Daemon {
             netns: lab.rx.name().to_owned(),
             starts: 0,
             wrapper: wrapper.to_vec(),
+            args: Vec::new(),
         };
         daemon.spawn()?;
         Ok(daemon)
@@ -449,6 +465,7 @@ impl Daemon {
             .args(&self.wrapper)
             .arg(limiter)
             .args(["daemon", "--config", &config.to_string_lossy()])
+            .args(&self.args)
             .stdin(Stdio::null());
         let child = command
             .stdout(log.try_clone()?)
@@ -471,6 +488,11 @@ impl Daemon {
 
     fn log_path(&self) -> PathBuf {
         self.dir.0.join(format!("daemon-{}.log", self.starts))
+    }
+
+    /// More arguments for the next [`Daemon::spawn`]'s `limiter daemon`.
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|a| (*a).to_owned()).collect();
     }
 
     /// The command the next [`Daemon::spawn`] runs the daemon under.
@@ -661,6 +683,21 @@ impl Drop for Proxy {
 }
 
 pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
+    proxy_logging(config, upstream, extra, Stdio::null())
+}
+
+/// [`proxy`], its log (stderr) written to `log`.
+pub fn proxy_logged(
+    config: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+    log: &std::path::Path,
+) -> Proxy {
+    let log = fs::File::create(log).expect("creating the proxy's log");
+    proxy_logging(config, upstream, extra, Stdio::from(log))
+}
+
+fn proxy_logging(config: &std::path::Path, upstream: &str, extra: &[&str], stderr: Stdio) -> Proxy {
     let listen = free_loopback_addr();
     let mut args = vec![
         "proxy",
@@ -675,7 +712,7 @@ pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy 
     args.extend_from_slice(extra);
     let child = limiter_command(None, &args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("proxy");
     let addr: std::net::SocketAddr = listen.parse().unwrap();

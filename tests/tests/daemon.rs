@@ -532,3 +532,62 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
         report.sent[0] + report2.sent[0]
     );
 }
+
+/// The events of a `--log-format json` log: every line one JSON object.
+fn json_events(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// The first event named `name`.
+fn event<'a>(events: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    events
+        .iter()
+        .find(|e| e["event"] == name)
+        .unwrap_or_else(|| panic!("no {name} event in {events:#?}"))
+}
+
+/// Guards `--log-format json`: a log pipeline gets one JSON object a line,
+/// with a timestamp and level, and the rule changes, blocks and the
+/// adoption of pinned state as events with their fields.
+#[test]
+fn json_logs_carry_rule_changes_blocks_and_adoption_as_fields() {
+    let lab = Lab::create("lt-jsonlog").expect("lab");
+    let rules = |rate: u32| {
+        format!(
+            "rules:\n  - {{ name: api, match: {{ source: 198.18.0.0/16 }}, limit: {{ rate: {rate}, unit: second }} }}\n"
+        )
+    };
+    let mut daemon = Daemon::start(&lab, "jsonlog", &[RX_IFACE], &rules(10)).expect("daemon");
+    daemon.kill9();
+    daemon.set_args(&["--log-format", "json"]);
+    daemon.spawn().expect("restarting with JSON logs");
+    let file = daemon.dir.write("lower.yaml", &rules(5));
+    ok(daemon.cli(&["rules", "apply", &file.to_string_lossy()]));
+    ok(daemon.cli(&["block", "203.0.113.0/24", "--for", "1h"]));
+    ok(daemon.cli(&["unblock", "203.0.113.0/24"]));
+    let events = json_events(&daemon.log());
+    for e in &events {
+        assert!(e["timestamp"].is_string() && e["level"].is_string(), "{e}");
+    }
+    let link = event(&events, "adopted_link");
+    assert_eq!(link["iface"], RX_IFACE);
+    assert!(event(&events, "adopted_state")["pin_dir"].is_string());
+    let applied: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "rules_applied")
+        .collect();
+    assert_eq!(applied.len(), 2, "the restart's and the new file's");
+    assert_eq!(applied[1]["carried"], "[\"api\"]", "{}", applied[1]);
+    assert!(
+        applied[1]["origin"]
+            .as_str()
+            .is_some_and(|o| o.ends_with("lower.yaml"))
+    );
+    let blocked = event(&events, "blocked");
+    assert_eq!(blocked["prefix"], "203.0.113.0/24");
+    assert_eq!(blocked["for_secs"], 3600.0);
+    assert_eq!(event(&events, "unblocked")["prefix"], "203.0.113.0/24");
+}

@@ -533,3 +533,40 @@ fn detach_refuses_while_another_daemon_holds_the_pins() {
     assert!(daemon.pin_dir.join("CONFIG").exists());
     assert!(ok(daemon.cli(&["rules", "show"])).contains("held"));
 }
+
+/// Guards `limiter run --log-format json`: its log lines (stderr) are JSON
+/// objects, the rules it applied an event with their fields; its summary
+/// lines (stdout) stay text.
+#[test]
+fn run_logs_json_events() {
+    let lab = Lab::create("lt-runjson").expect("lab");
+    let dir = TempDir::new("runjson");
+    let config = dir.write("rules.yaml", RULES);
+    let running = RunningLimiter::start_with(
+        lab.rx.name(),
+        &[RX_IFACE],
+        &config,
+        Path::new("/sys/fs/bpf/limiter-test-runjson"),
+        dir.0.join("run.log"),
+        &["--log-format", "json"],
+    )
+    .expect("limiter run");
+    let output = running.output();
+    let events: Vec<serde_json::Value> = output
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let applied = events
+        .iter()
+        .find(|e| e["event"] == "rules_applied")
+        .unwrap_or_else(|| panic!("no rules_applied event in {output}"));
+    assert!(
+        applied["added"]
+            .as_str()
+            .is_some_and(|a| a.starts_with('[')),
+        "{applied}"
+    );
+    assert_eq!(applied["level"], "INFO");
+    assert!(output.contains("limiter: enforcing"), "{output}");
+}

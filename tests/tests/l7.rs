@@ -917,3 +917,61 @@ async fn requests_in_flight_are_capped_per_key_until_their_bodies_end() {
     .await
     .unwrap();
 }
+
+/// Guards `limiter proxy --log-format json`: a reload and a rejected file
+/// are events with their fields, every line one JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_logs_reloads_as_json_events() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-jsonlog");
+    let rules = |rate: u32| {
+        format!("rules:\n  - {{ name: api, limit: {{ rate: {rate}, unit: second }} }}\n")
+    };
+    let config = dir.write("rules.yaml", &rules(5));
+    let log = dir.0.join("proxy.log");
+    let p = limiter_tests::proxy_logged(&config, &upstream, &["--log-format", "json"], &log);
+    tokio::task::spawn_blocking(move || {
+        let events = |name: &str| -> Vec<serde_json::Value> {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+                .filter(|e: &serde_json::Value| e["event"] == name)
+                .collect()
+        };
+        let wait_for = |name: &str| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(e) = events(name).pop() {
+                    return e;
+                }
+                assert!(Instant::now() < deadline, "no {name} event");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        std::fs::write(&config, rules(9)).unwrap();
+        p.hang_up();
+        let applied = wait_for("rules_applied");
+        assert_eq!(
+            (applied["kept"].as_u64(), applied["total"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert!(
+            applied["origin"]
+                .as_str()
+                .is_some_and(|o| o.ends_with("rules.yaml"))
+        );
+        assert!(applied["timestamp"].is_string() && applied["level"] == "INFO");
+        std::fs::write(&config, "rules: [ {").unwrap();
+        p.hang_up();
+        let rejected = wait_for("rules_rejected");
+        assert_eq!(rejected["level"], "ERROR");
+        assert!(
+            rejected["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("rules.yaml")),
+            "{rejected}"
+        );
+    })
+    .await
+    .unwrap();
+}

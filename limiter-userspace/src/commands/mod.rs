@@ -269,11 +269,20 @@ async fn reload_rules(
                 let kept = limiter.reload(rules);
                 fleet.sync(&limiter.current().rules().rules);
                 tracing::info!(
+                    event = "rules_applied",
+                    origin = %path.display(),
+                    kept,
+                    total,
                     "applied {}: {kept} of {total} rules kept their buckets",
                     path.display()
                 );
             }
-            Err(e) => tracing::error!("{e}; nothing changed"),
+            Err(e) => tracing::error!(
+                event = "rules_rejected",
+                origin = %path.display(),
+                error = %e,
+                "{e}; nothing changed"
+            ),
         }
     }
 }
