@@ -107,6 +107,77 @@ fn expected(rule: &Rule, labels: &Labels) -> serde_json::Value {
     serde_json::json!({"exp_labels": all, "exp_annotations": annotations})
 }
 
+/// A daemon with a fleet rule whose store does not answer (nothing listens
+/// on port 1): its fallback is live, the rest healthy; and its samples
+/// once the fleet loop has reported the store down.
+fn live_daemon(lab: &Lab, name: &str) -> (Daemon, Vec<Sample>) {
+    let rules = "rules:
+  - { name: web, match: { source: 198.18.0.0/16 }, limit: { rate: 200, unit: second, burst: 20 } }
+  - { name: shared, match: { source: 198.19.0.0/16 }, limit: { rate: 100, unit: second }, aggregate: { rate: 1000, unit: second, scope: fleet, reserve: 10 } }
+";
+    let daemon = Daemon::start_with(
+        lab,
+        name,
+        &[RX_IFACE],
+        rules,
+        "fleet:\n  store:\n    url: redis://127.0.0.1:1/\n    connect_timeout: 100ms\n  lease_ttl: 2s\n",
+        &[],
+    )
+    .expect("daemon");
+    let scrape = || {
+        let (head, body) =
+            http_request(&lab.rx, daemon.metrics_port, "/metrics", "").expect("scrape");
+        assert!(head.contains(" 200 "), "{head}");
+        parse_exposition(&body)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let samples = scrape();
+        if samples
+            .iter()
+            .any(|s| s.name == "limiter_fleet_store_up" && s.value == 0.0)
+        {
+            return (daemon, samples);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never showed as down"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The samples of a `limiter proxy --metrics` with a fleet rule whose
+/// store does not answer (the upstream need not exist for a scrape).
+fn live_proxy() -> Vec<Sample> {
+    let dir = TempDir::new("dashboard-proxy");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, limit: { rate: 10, unit: second }, concurrent: 4 }\n  - { name: shared, match: { source: 10.0.0.0/8 }, limit: { rate: 10, unit: second }, aggregate: { rate: 100, unit: second, scope: fleet } }\n",
+    );
+    let fleet = dir.write(
+        "fleet.yaml",
+        "store:\n  url: redis://127.0.0.1:1/\n  connect_timeout: 100ms\nlease_ttl: 2s\n",
+    );
+    let metrics = limiter_tests::free_loopback_addr();
+    let p = limiter_tests::proxy(
+        &config,
+        "http://127.0.0.1:1",
+        &["--metrics", &metrics, "--fleet", &fleet.to_string_lossy()],
+    );
+    // A request, so the per-rule families have samples.
+    let _ = limiter_tests::exchange(
+        p.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let answer = limiter_tests::exchange(
+        metrics.parse().expect("address"),
+        b"GET /metrics HTTP/1.0\r\n\r\n",
+    );
+    let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    parse_exposition(body)
+}
+
 #[test]
 fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
     let check = Command::new("promtool")
@@ -123,44 +194,8 @@ fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
             .expect("the rules file as YAML");
     let alerts: Vec<&Rule> = rules_file.groups.iter().flat_map(|g| &g.rules).collect();
 
-    // A daemon with a fleet rule whose store does not answer (nothing
-    // listens on port 1): its fallback is live, the rest healthy.
     let lab = Lab::create("lt-alerts").expect("lab");
-    let rules = "rules:
-  - { name: web, match: { source: 198.18.0.0/16 }, limit: { rate: 200, unit: second, burst: 20 } }
-  - { name: shared, match: { source: 198.19.0.0/16 }, limit: { rate: 100, unit: second }, aggregate: { rate: 1000, unit: second, scope: fleet, reserve: 10 } }
-";
-    let daemon = Daemon::start_with(
-        &lab,
-        "alerts",
-        &[RX_IFACE],
-        rules,
-        "fleet:\n  store:\n    url: redis://127.0.0.1:1/\n    connect_timeout: 100ms\n  lease_ttl: 2s\n",
-        &[],
-    )
-    .expect("daemon");
-    let scrape = || {
-        let (head, body) =
-            http_request(&lab.rx, daemon.metrics_port, "/metrics", "").expect("scrape");
-        assert!(head.contains(" 200 "), "{head}");
-        parse_exposition(&body)
-    };
-    // The fleet loop reports the store down after its first attempt.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let samples = loop {
-        let samples = scrape();
-        if samples
-            .iter()
-            .any(|s| s.name == "limiter_fleet_store_up" && s.value == 0.0)
-        {
-            break samples;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the store never showed as down"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
+    let (_daemon, samples) = live_daemon(&lab, "alerts");
     let live = |name: &str| -> Sample {
         samples
             .iter()
@@ -343,5 +378,167 @@ fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
         "promtool test rules:\n{}{}",
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../dist/grafana/limiter.json");
+
+/// Every PromQL expression of the dashboard (panel targets, template
+/// variable queries), Grafana's variables given values Prometheus accepts.
+fn dashboard_queries() -> Vec<String> {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).expect("dashboard"))
+            .expect("the dashboard as JSON");
+    let mut queries = Vec::new();
+    let mut panels: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .collect();
+    while let Some(panel) = panels.pop() {
+        panels.extend(panel["panels"].as_array().into_iter().flatten());
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a target's expr");
+            // `{{label}}` in a legend must name a label of the result.
+            let legend = target["legendFormat"].as_str().unwrap_or("");
+            queries.push(format!("{expr}\u{0}{legend}"));
+        }
+    }
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+    {
+        if let Some(query) = variable["query"].as_str().and_then(|q| {
+            q.strip_prefix("label_values(")
+                .and_then(|q| q.strip_suffix(')'))
+        }) {
+            // label_values(selector, label)
+            let (selector, label) = query.rsplit_once(',').expect("selector, label");
+            queries.push(format!("{selector}\u{0}{{{{{}}}}}", label.trim()));
+        }
+    }
+    queries
+        .into_iter()
+        .map(|q| {
+            q.replace("$__rate_interval", "5m")
+                .replace("$instance", ".*")
+                .replace("$interface", ".*")
+        })
+        .collect()
+}
+
+/// Guards the Grafana dashboard (`dist/grafana/limiter.json`): every
+/// expression parses (`promtool check rules` on them as recording rules),
+/// and names only metrics and labels that a live daemon and a live proxy
+/// export (or that Prometheus adds: `instance`, `job`).
+#[test]
+fn the_dashboard_queries_only_what_the_daemon_and_proxy_export() {
+    let lab = Lab::create("lt-dashboard").expect("lab");
+    let (_daemon, mut samples) = live_daemon(&lab, "dashboard");
+    samples.extend(live_proxy());
+    let metrics: std::collections::BTreeSet<&str> =
+        samples.iter().map(|s| s.name.as_str()).collect();
+    let mut labels: std::collections::BTreeSet<&str> = samples
+        .iter()
+        .flat_map(|s| s.labels.keys().map(String::as_str))
+        .collect();
+    labels.extend(["instance", "job"]);
+    assert!(
+        labels.contains("layer") && metrics.contains("limiter_in_flight_refused_requests_total")
+    );
+
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    let keywords = [
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "count",
+        "topk",
+        "bottomk",
+        "rate",
+        "irate",
+        "increase",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "label_values",
+    ];
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, query) in queries.iter().enumerate() {
+        let (expr, legend) = query.split_once('\u{0}').expect("expr and legend");
+        rules += &format!(
+            "      - record: dashboard:query{i}\n        expr: {}\n",
+            serde_json::to_string(expr).expect("a JSON string is a YAML string")
+        );
+        // Metric names: identifiers not followed by `(` that are not
+        // keywords or label names inside braces and `by (...)`.
+        let mut rest = expr;
+        let mut in_braces = false;
+        let mut in_grouping = false;
+        while let Some(c) = rest.chars().next() {
+            if c.is_ascii_alphabetic() || c == '_' {
+                let end = rest
+                    .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == ':'))
+                    .unwrap_or(rest.len());
+                let word = &rest[..end];
+                let after = rest[end..].trim_start();
+                if in_braces || in_grouping {
+                    assert!(labels.contains(word), "{expr}: no label {word} is exported");
+                } else if after.starts_with('(') {
+                    in_grouping = matches!(word, "by" | "without" | "on" | "ignoring");
+                } else if !keywords.contains(&word) {
+                    assert!(
+                        metrics.contains(word),
+                        "{expr}: no metric {word} is exported"
+                    );
+                }
+                rest = &rest[end..];
+                continue;
+            }
+            match c {
+                '{' => in_braces = true,
+                '}' => in_braces = false,
+                ')' => in_grouping = false,
+                '"' => {
+                    // Skip a string (a label value or regex).
+                    let close = rest[1..].find('"').expect("a closed string");
+                    rest = &rest[close + 2..];
+                    continue;
+                }
+                '[' => {
+                    let close = rest.find(']').expect("a closed range");
+                    rest = &rest[close + 1..];
+                    continue;
+                }
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        for part in legend.split("{{").skip(1) {
+            let label = part.split("}}").next().unwrap_or("").trim();
+            assert!(
+                labels.contains(label),
+                "{expr}: legend label {label} is not exported"
+            );
+        }
+    }
+    let dir = TempDir::new("dashboard");
+    let file = dir.write("dashboard-rules.yml", &rules);
+    let check = Command::new("promtool")
+        .args(["check", "rules", &file.to_string_lossy()])
+        .output()
+        .expect("running promtool");
+    assert!(
+        check.status.success(),
+        "the dashboard's expressions do not parse:\n{}{}\n{rules}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
     );
 }
