@@ -31,6 +31,15 @@ const PACKAGES: [(&str, &str); 9] = [
     ("wrk", "wrk"),
 ];
 
+/// Debian packages of files no command finds: (the file, the package).
+const FILES: [(&str, &str); 1] = [
+    // `cargo xtask bench -- dashboard` draws its PNG with this font.
+    (
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "fonts-dejavu-core",
+    ),
+];
+
 /// bpf-linker releases that build with the toolchains here.
 const BPF_LINKER_VERSION: &str = "^0.13";
 
@@ -269,6 +278,7 @@ pub fn packages() -> Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(command, _)| !on_path(command))
+        .chain(FILES.iter().filter(|(file, _)| !Path::new(file).exists()))
         .map(|(_, package)| *package)
         .collect();
     if missing.is_empty() {

@@ -9,12 +9,14 @@
 //!   address of a /8, as ratios of what XDP_DROP sustains;
 //! - `scale`: the limiter's cost per packet as tracked keys grow;
 //! - `memory`: memory per key against hashlimit and an nftables set;
-//! - `accuracy`: what the limiter passed against what its limit allows.
+//! - `accuracy`: what the limiter passed against what its limit allows;
+//! - `dashboard`: the Grafana dashboard's kernel panels drawn from a run.
 //!
 //! `--quick` runs a two-minute subset. Results go to target/bench/xdp.json,
 //! the plots to docs/bench/.
 
 mod cost;
+mod dashboard;
 mod memory;
 mod plot;
 mod receivers;
@@ -333,6 +335,13 @@ fn main() -> Result<()> {
     if wanted("accuracy") {
         section("accuracy: passed at the receiver / what the limit allows (16 sources flooding)");
         results["accuracy"] = measure_accuracy(&lab, &mut generator, &plan, &plots)?;
+    }
+
+    if wanted("dashboard") {
+        section("dashboard: its kernel panels drawn from a run (docs/dashboard.png)");
+        let png = plots.join("../dashboard.png");
+        dashboard::render(&lab, &mut generator, &png)?;
+        println!("   drawn: {}", png.display());
     }
 
     std::fs::write(
