@@ -123,6 +123,66 @@ fn a_crash_during_the_sweep() {
     crash_during_apply("sweeping", 1, "lt-crash-sweep");
 }
 
+/// Guards a limit change cut short: the daemon killed after the flooded
+/// key's state was carried for a lower limit (its TAT moved to a spent
+/// burst of 2 s) and before the flip. The old limit stays in force over
+/// that conservative state: the source gets nothing until it lapses (about
+/// 1 s, the 2 s debt less the old limit's 1 s burst), no fresh burst, then
+/// the old rate; the next daemon keeps the rule and its keys. A state left
+/// as it was would have passed 100 packets more.
+#[test]
+fn a_crash_while_a_lowered_limit_is_carried_leaves_no_burst() {
+    const OLD: &str = "rules:
+  - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 100, unit: second, burst: 100 } }
+";
+    const LOWER: &str = "rules:
+  - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 20, unit: second, burst: 40 } }
+";
+    let lab = Lab::create("lt-crash-carry").expect("lab");
+    let crash = vec!["env".to_owned(), "LIMITER_CRASH_AT=written:2".to_owned()];
+    let mut daemon =
+        Daemon::start_with(&lab, "crash-carry", &[RX_IFACE], OLD, "", &crash).expect("daemon");
+    let lower = daemon.dir.write("lower.yaml", LOWER);
+    let addrs = [IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1))];
+    let start = std::time::Instant::now();
+    let ((report, received), (asked, crashed)) = thread::scope(|scope| {
+        let side = scope.spawn(|| {
+            thread::sleep(Duration::from_secs(1));
+            let asked = start.elapsed();
+            let out = daemon.cli(&["rules", "apply", &lower.to_string_lossy()]);
+            assert!(!out.status.success(), "the apply finished: no crash");
+            let crashed = start.elapsed();
+            let status = daemon.wait_exit().expect("the daemon exits");
+            assert_eq!(status.signal(), Some(9), "{status}: {}", daemon.log());
+            daemon.set_wrapper(&[]);
+            daemon.spawn().expect("a new daemon");
+            (asked, crashed)
+        });
+        let result = flood(
+            &lab,
+            &sources(&lab, 0, &addrs, 1000, 64),
+            Duration::from_secs(6),
+        );
+        (result, side.join().expect("the apply and restart"))
+    });
+    // Carried somewhere between the ask and the crash: the old burst and
+    // rate until then, nothing for the 1 s the carried debt exceeds the
+    // old burst, then the old rate.
+    let carried_at = (asked + crashed).as_secs_f64() / 2.0;
+    let expected = 100.0 + 100.0 * (report.elapsed.as_secs_f64() - 1.0);
+    assert_within(
+        received[&addrs[0]],
+        expected,
+        5.0,
+        &format!(
+            "the flooded source, its lowered limit carried at {carried_at:.2} s then cut short"
+        ),
+    );
+    let view: serde_json::Value =
+        serde_json::from_str(&ok(daemon.cli(&["rules", "show", "--json"]))).expect("JSON");
+    assert_eq!(names(&view), ["flooded"], "{view}");
+}
+
 /// Runs `args` in the daemon's mount namespace.
 fn in_mounts(pid: u32, args: &[&str]) -> std::process::Output {
     std::process::Command::new("nsenter")
