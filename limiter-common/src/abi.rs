@@ -400,16 +400,13 @@ impl FlowKey {
     /// The key of an IPv4 source under a rule's mask.
     #[inline(always)]
     pub fn v4(rule: u32, src: [u8; 4], mask: [u8; 4]) -> Self {
-        let mut addr = [0u8; 16];
-        addr[10] = 0xff;
-        addr[11] = 0xff;
-        addr[12] = src[0] & mask[0];
-        addr[13] = src[1] & mask[1];
-        addr[14] = src[2] & mask[2];
-        addr[15] = src[3] & mask[3];
+        // Built as words: byte by byte, the BPF target zeroes the address
+        // with a call to `memset` and writes each byte apart.
+        let mapped = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+        let source = u32::from_ne_bytes(src) & u32::from_ne_bytes(mask);
         Self {
             rule: rule | Self::V4,
-            addr,
+            addr: words_to_addr([0, 0, mapped, source]),
         }
     }
 
@@ -428,14 +425,30 @@ impl FlowKey {
     /// The key of an IPv6 source under a rule's mask.
     #[inline(always)]
     pub fn v6(rule: u32, src: [u8; 16], mask: [u8; 16]) -> Self {
-        let mut addr = [0u8; 16];
-        let mut i = 0;
-        while i < 16 {
-            addr[i] = src[i] & mask[i];
-            i += 1;
+        let (src, mask) = (addr_to_words(src), addr_to_words(mask));
+        Self {
+            rule,
+            addr: words_to_addr([
+                src[0] & mask[0],
+                src[1] & mask[1],
+                src[2] & mask[2],
+                src[3] & mask[3],
+            ]),
         }
-        Self { rule, addr }
     }
+}
+
+/// An address as four native-endian words, and back (see [`FlowKey::v4`]).
+#[inline(always)]
+fn addr_to_words(addr: [u8; 16]) -> [u32; 4] {
+    // SAFETY: both are 16 bytes of plain data.
+    unsafe { core::mem::transmute(addr) }
+}
+
+#[inline(always)]
+fn words_to_addr(words: [u32; 4]) -> [u8; 16] {
+    // SAFETY: both are 16 bytes of plain data.
+    unsafe { core::mem::transmute(words) }
 }
 
 /// A rule's aggregate state in `AGGREGATES`: its packet meter (index 0)
