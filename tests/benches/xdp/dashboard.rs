@@ -7,15 +7,12 @@
 
 use std::{path::Path, thread, time::Duration, time::Instant};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use limiter::{kernel::counters::Snapshot, lab::Lab};
 use limiter_tests::generator::{Generator, Sources};
-use plotters::{prelude::*, style::FontStyle};
+use plotters::prelude::*;
 
 use crate::receivers::{self, Installed, Limit, Peer};
-
-/// The font the PNG's text is drawn with (Debian's fonts-dejavu-core).
-const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 /// What the run does, in turn: (what, sources, seconds).
 const PHASES: [(&str, Sources, u64); 3] = [
@@ -32,10 +29,6 @@ struct Sample {
 }
 
 pub fn render(lab: &Lab, generator: &mut Generator, png: &Path) -> Result<()> {
-    let font = std::fs::read(FONT).with_context(|| format!("{FONT} (fonts-dejavu-core)"))?;
-    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-        .map_err(|_| anyhow!("{FONT} is not a font"))?;
     let installed = receivers::install(lab, Peer::Limiter, receivers::CAPACITY, Limit::Peers)?;
     let Installed::Limiter(session) = &installed else {
         anyhow::bail!("the limiter peer is a session");

@@ -62,6 +62,7 @@ fn main() -> Result<()> {
     let wanted = |section: &str| named.is_empty() || named.iter().any(|n| n.as_str() == section);
     limiter::kernel::require_root()?;
     limiter::kernel::pins::ensure_bpffs()?;
+    plot::register_font()?;
     let machine = machine();
     println!("machine: {machine}");
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");

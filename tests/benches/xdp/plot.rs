@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
-use plotters::prelude::*;
+use plotters::{prelude::*, style::FontStyle};
 
 const COLORS: [RGBColor; 5] = [
     RGBColor(0x44, 0x44, 0x44),
@@ -13,6 +13,20 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xff, 0x7f, 0x0e),
 ];
+
+/// The font every figure's text is measured and drawn with (Debian's
+/// fonts-dejavu-core): plotters' pure-Rust text (`ab_glyph`) knows only
+/// the fonts registered.
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Registers [`FONT`] as `sans-serif`; before any figure is drawn.
+pub fn register_font() -> Result<()> {
+    let font = std::fs::read(FONT)
+        .map_err(|e| anyhow!("{FONT} (Debian's fonts-dejavu-core; `cargo xtask setup`): {e}"))?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow!("{FONT} is not a font"))
+}
 
 /// One named series of (x, y) points.
 pub struct Series {
