@@ -200,7 +200,7 @@ pub fn run(config_path: &Path) -> Result<()> {
         // keys it stored until the swap have no bit. Once packets still in
         // it are done, rebuild.
         std::thread::sleep(crate::engine::GRACE);
-        engine.datapath_mut().refresh_key_filter(true)?;
+        engine.datapath_mut().rebuild_key_filter()?;
     }
     let control = control::server::bind(&config.socket)?;
     tracing::info!("control socket {} (root only)", config.socket.display());
@@ -408,7 +408,7 @@ async fn housekeeping(shared: Arc<Shared>) {
             if ticks % 5 == 1 {
                 let n = engine.datapath().maps().keys.count();
                 work.tracked_keys.store(n as u64, Ordering::Relaxed);
-                if let Err(e) = engine.datapath_mut().refresh_key_filter(false) {
+                if let Err(e) = engine.datapath_mut().refresh_key_filter(n) {
                     tracing::warn!(event = "error", error = %format!("{e:#}"), "rebuilding the key table's filter: {e:#}");
                 }
             }

@@ -17,8 +17,8 @@ use crate::{
         Attachment, Datapath, Mode,
         counters::{self, Snapshot},
     },
-    rules::RuleSet,
     rules::describe::{Description, describe},
+    rules::{RuleSet, same_name_first},
 };
 
 /// How long after a generation flip the old generation may still be read
@@ -214,28 +214,8 @@ impl Engine {
             .filter(|id| !ids.contains(id))
             .collect();
         let forgotten_keys = self.datapath.sweep_keys(&freed)?;
-        let mut change = diff(&old, &set, &ids, next, forgotten_keys);
-        change.carried = set
-            .rules
-            .iter()
-            .zip(&ids)
-            .filter(|(_, id)| carried.iter().any(|(c, _)| c == *id))
-            .map(|(rule, _)| rule.name.clone())
-            .collect();
-        let carried_names = change.carried.clone();
-        for list in [
-            &mut change.unchanged,
-            &mut change.modified,
-            &mut change.added,
-        ] {
-            list.retain(|name| !carried_names.contains(name));
-        }
-        // A carried rule renamed: its old name did not go with its keys.
-        let old_names: Vec<String> = carried
-            .iter()
-            .map(|(_, r)| String::from_utf8_lossy(r.name()).into_owned())
-            .collect();
-        change.removed.retain(|name| !old_names.contains(name));
+        let carried_ids: Vec<u32> = carried.iter().map(|(id, _)| *id).collect();
+        let change = diff(&old, &set, &ids, &carried_ids, next, forgotten_keys);
         self.applied = Some((set, ids));
         Ok(change)
     }
@@ -382,23 +362,14 @@ impl Change {
     }
 }
 
-/// Which of `candidates` (old rules with a new rule's identity) carries
-/// its keys over: the one of the same name if any (so a file that swaps
-/// two rules' limits pairs them by name, in both layers), else the first.
-pub(crate) fn same_name_first<T>(
-    candidates: &[T],
-    same_name: impl Fn(&T) -> bool,
-) -> Option<usize> {
-    if candidates.is_empty() {
-        return None;
-    }
-    Some(candidates.iter().position(same_name).unwrap_or(0))
-}
-
+/// What `set` (rule `i` under id `ids[i]`) changed from `old`, by name; a
+/// rule whose id is in `carried` kept its keys under new limits (renamed
+/// or not: its old name is not listed as removed).
 fn diff(
     old: &[(u32, RuleConfig)],
     set: &RuleSet,
     ids: &[u32],
+    carried: &[u32],
     generation: u32,
     forgotten_keys: usize,
 ) -> Change {
@@ -410,14 +381,19 @@ fn diff(
         ..Change::default()
     };
     for (rule, id) in set.rules.iter().zip(ids) {
-        match old_by_name.get(&rule.name) {
-            None => change.added.push(rule.name.clone()),
-            Some(old_id) if old_id == id => change.unchanged.push(rule.name.clone()),
-            Some(_) => change.modified.push(rule.name.clone()),
-        }
+        let list = if carried.contains(id) {
+            &mut change.carried
+        } else {
+            match old_by_name.get(&rule.name) {
+                None => &mut change.added,
+                Some(old_id) if old_id == id => &mut change.unchanged,
+                Some(_) => &mut change.modified,
+            }
+        };
+        list.push(rule.name.clone());
     }
-    for name in old_by_name.keys() {
-        if !set.rules.iter().any(|r| &r.name == name) {
+    for (name, id) in &old_by_name {
+        if !set.rules.iter().any(|r| &r.name == name) && !carried.contains(id) {
             change.removed.push(name.clone());
         }
     }

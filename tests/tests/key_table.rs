@@ -171,6 +171,14 @@ fn filter_bits(dp: &Loaded) -> (usize, u64) {
     (bits.len(), dp.maps().keys.filter_fill(config.key_filter).0)
 }
 
+/// The daemon's periodic check of the filter, with the keys it counts:
+/// whether it rebuilt the filter.
+fn check_filter(dp: &mut Loaded) -> bool {
+    let datapath = dp.engine.datapath_mut();
+    let held = datapath.maps().keys.count();
+    datapath.refresh_key_filter(held).expect("check")
+}
+
 /// The presence filter in front of the tags: every key the kernel stores
 /// sets its bit; a rebuild (each half in turn) keeps exactly the bits of
 /// the keys held, so a limited source stays found and limited (no fresh
@@ -199,13 +207,12 @@ fn the_key_filter_keeps_every_held_key_and_forgets_the_rest() {
     );
     assert_eq!(set, expected as u64, "the kernel set each stored key's bit");
     // Nothing is stale: the periodic check leaves the filter alone.
-    let datapath = dp.engine.datapath_mut();
-    assert!(!datapath.refresh_key_filter(false).expect("check"));
+    assert!(!check_filter(&mut dp));
     for round in 0..3 {
         let before = dp.config().expect("config").key_filter;
         dp.engine
             .datapath_mut()
-            .refresh_key_filter(true)
+            .rebuild_key_filter()
             .expect("rebuild");
         assert_ne!(dp.config().expect("config").key_filter, before);
         assert_eq!(
@@ -232,19 +239,9 @@ fn the_key_filter_keeps_every_held_key_and_forgets_the_rest() {
     let (kept, set) = filter_bits(&dp);
     assert!(set > kept as u64, "forgotten keys' bits are still set");
     // 40 keys gone, their bits over 1/32 of the half: the check rebuilds.
-    assert!(
-        dp.engine
-            .datapath_mut()
-            .refresh_key_filter(false)
-            .expect("check")
-    );
+    assert!(check_filter(&mut dp));
     assert_eq!(filter_bits(&dp), (kept, kept as u64));
-    assert!(
-        !dp.engine
-            .datapath_mut()
-            .refresh_key_filter(false)
-            .expect("check")
-    );
+    assert!(!check_filter(&mut dp));
     assert_eq!(
         send(&mut dp, Ipv4Addr::new(198, 19, 0, 1), T0 + 10),
         XDP_DROP

@@ -67,7 +67,9 @@ pub fn run(
                     previous = now;
                     if filter_checked.elapsed() >= FILTER_CHECK {
                         filter_checked = Instant::now();
-                        if let Err(e) = session.engine_mut().datapath_mut().refresh_key_filter(false) {
+                        let datapath = session.engine_mut().datapath_mut();
+                        let held = datapath.maps().keys.count();
+                        if let Err(e) = datapath.refresh_key_filter(held) {
                             tracing::warn!("rebuilding the key table's filter: {e:#}");
                         }
                     }

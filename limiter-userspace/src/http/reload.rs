@@ -22,9 +22,8 @@ use limiter_common::{
 
 use super::{Limiter, State};
 use crate::{
-    engine::same_name_first,
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
-    rules::{Algorithm, Limit, Rule, RuleSet},
+    rules::{Algorithm, Limit, Rule, RuleSet, same_name_first},
 };
 
 impl Limiter {

@@ -91,22 +91,17 @@ impl KeyTable {
         }
         fence(Ordering::SeqCst);
         let words = words as u32;
-        for bucket in 0..self.tags.len() {
-            for way in 0..WAYS {
-                // A slot being claimed too: a claim that gives up restores
-                // the old key's tag without setting its bit, and the old
-                // key is still in the slot until a claim succeeds (if it
-                // did, this bit is merely one too many).
-                let seen = self.tag(bucket, way).load(Ordering::Acquire);
-                if seen & tag::KEY == 0 && seen != tag::CLAIMED {
-                    continue;
-                }
-                let hash = keytable::hash(&self.slot(bucket, way).key, seed);
-                let (word, bit) = keytable::filter_bit(hash, words);
-                self.filter_word(start + word as usize)
-                    .fetch_or(bit, Ordering::Relaxed);
-            }
-        }
+        // A slot being claimed too: a claim that gives up restores the old
+        // key's tag without setting its bit, and the old key is still in
+        // the slot until a claim succeeds (if it did, this bit is merely
+        // one too many).
+        let held_or_claimed = |seen: u32| seen & tag::KEY != 0 || seen == tag::CLAIMED;
+        self.for_each_tagged(held_or_claimed, |bucket, way, _| {
+            let hash = keytable::hash(&self.slot(bucket, way).key, seed);
+            let (word, bit) = keytable::filter_bit(hash, words);
+            self.filter_word(start + word as usize)
+                .fetch_or(bit, Ordering::Relaxed);
+        });
         fence(Ordering::SeqCst);
         rebuilt
     }
@@ -134,11 +129,16 @@ impl KeyTable {
     }
 
     /// Calls `f` with each slot holding a key, and its tag.
-    fn for_each_key(&self, mut f: impl FnMut(usize, usize, u32)) {
+    fn for_each_key(&self, f: impl FnMut(usize, usize, u32)) {
+        self.for_each_tagged(|seen| seen & tag::KEY != 0, f);
+    }
+
+    /// Calls `f` with each slot whose tag `wanted` accepts, and its tag.
+    fn for_each_tagged(&self, wanted: impl Fn(u32) -> bool, mut f: impl FnMut(usize, usize, u32)) {
         for bucket in 0..self.tags.len() {
             for way in 0..WAYS {
                 let seen = self.tag(bucket, way).load(Ordering::Acquire);
-                if seen & tag::KEY != 0 {
+                if wanted(seen) {
                     f(bucket, way, seen);
                 }
             }

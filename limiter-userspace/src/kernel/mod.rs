@@ -98,7 +98,7 @@ pub struct Datapath {
     pin_dir: PathBuf,
     /// References that keep maps and links alive without their pins.
     held: repin::Held,
-    /// When the key filter last switched halves (see `refresh_key_filter`).
+    /// When the key filter last switched halves (see `rebuild_key_filter`).
     filter_switched: Option<std::time::Instant>,
 }
 
@@ -131,7 +131,7 @@ impl Datapath {
         datapath.describe_key_table()?;
         // Complete for the keys of a table adopted from pins (an older
         // build kept no filter).
-        datapath.refresh_key_filter(true)?;
+        datapath.rebuild_key_filter()?;
         datapath.write_v4_coverage()?;
         Ok(datapath)
     }
@@ -155,22 +155,26 @@ impl Datapath {
         self.set_config(config)
     }
 
-    /// Rebuilds the key table's presence filter and switches the kernel to
-    /// it, when `always` or when bits of keys gone since (evicted,
-    /// forgotten) set over 1/32 of it beyond what the keys held now
-    /// explain; whether it did. Cheap when it does not: a scan of the tags
-    /// and a count of the active half's bits.
-    pub fn refresh_key_filter(&mut self, always: bool) -> Result<bool, KernelError> {
-        let mut config = self.config()?;
-        let table = &self.maps.keys;
-        if !always {
-            let (set, bits) = table.filter_fill(config.key_filter);
-            let keys = table.count() as f64;
-            let explained = bits as f64 * (1.0 - (-keys / bits as f64).exp());
-            if (set as f64) <= explained + bits as f64 / 32.0 {
-                return Ok(false);
-            }
+    /// Rebuilds the key table's presence filter when bits of keys gone
+    /// since (evicted, forgotten) set over 1/32 of it beyond what the
+    /// `keys_held` the table holds now explain (the caller has just
+    /// counted them); whether it did. Cheap when it does not: a count of
+    /// the active half's bits.
+    pub fn refresh_key_filter(&mut self, keys_held: usize) -> Result<bool, KernelError> {
+        let config = self.config()?;
+        let (set, bits) = self.maps.keys.filter_fill(config.key_filter);
+        let explained = bits as f64 * (1.0 - (-(keys_held as f64) / bits as f64).exp());
+        if (set as f64) <= explained + bits as f64 / 32.0 {
+            return Ok(false);
         }
+        self.rebuild_key_filter()?;
+        Ok(true)
+    }
+
+    /// Rebuilds the inactive half of the key table's presence filter from
+    /// the table and switches the kernel to it.
+    pub fn rebuild_key_filter(&mut self) -> Result<(), KernelError> {
+        let mut config = self.config()?;
         // The half about to be cleared was the active one until the last
         // switch: packets that read the switch before it are long done
         // after a grace period.
@@ -180,10 +184,13 @@ impl Datapath {
         {
             std::thread::sleep(wait);
         }
-        config.key_filter = table.rebuild_filter(config.key_seed, config.key_filter);
+        config.key_filter = self
+            .maps
+            .keys
+            .rebuild_filter(config.key_seed, config.key_filter);
         self.set_config(config)?;
         self.filter_switched = Some(std::time::Instant::now());
-        Ok(true)
+        Ok(())
     }
 
     /// The program's clock, in ns of `CLOCK_MONOTONIC` (a test build's:

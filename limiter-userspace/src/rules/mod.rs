@@ -17,6 +17,7 @@ use std::{path::Path, time::Duration};
 
 use crate::yaml;
 pub use crate::yaml::InvalidFile;
+pub use fingerprint::same_name_first;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
 pub use raw::{Algorithm, Fallback, Scope};
