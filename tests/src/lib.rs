@@ -774,3 +774,27 @@ impl limiter::http::Clock for TestClock {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
+
+/// Samples of an OpenMetrics exposition as parsed by the Prometheus
+/// project's own Python parser: (name, labels, value).
+pub fn parse_openmetrics(text: &str) -> Vec<(String, HashMap<String, String>, f64)> {
+    let script = "import sys, json\n\
+from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+out = [[s.name, s.labels, s.value] for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]\n\
+print(json.dumps(out))\n";
+    let out = piped(Command::new("python3").args(["-c", script]), text);
+    assert!(
+        out.status.success(),
+        "the exposition does not parse: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("parser output")
+}
+
+/// Every line of a `--log-format json` log, each one JSON object.
+pub fn json_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}

@@ -7,7 +7,6 @@ use std::{
     io::{BufRead, BufReader, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::unix::{fs::PermissionsExt, net::UnixStream},
-    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -331,22 +330,6 @@ fn control_socket_is_root_only_and_survives_bad_clients() {
     );
 }
 
-/// Samples of an OpenMetrics exposition as parsed by the Prometheus
-/// project's own Python parser: (name, labels, value).
-fn parse_openmetrics(text: &str) -> Vec<(String, HashMap<String, String>, f64)> {
-    let script = "import sys, json\n\
-from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
-out = [[s.name, s.labels, s.value] for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]\n\
-print(json.dumps(out))\n";
-    let out = limiter_tests::piped(Command::new("python3").args(["-c", script]), text);
-    assert!(
-        out.status.success(),
-        "the exposition does not parse: {}\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("parser output")
-}
-
 /// Guards the exporter and the kernel's counters: an exposition Prometheus
 /// cannot parse, a verdict counted under the wrong label, and shadow
 /// packets never counted by the kernel (held to sent − B − R × duration, not
@@ -378,7 +361,7 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
     )
     .expect("scrape");
     assert!(head.contains(" 200 "), "{head}");
-    let samples = parse_openmetrics(&body);
+    let samples = limiter_tests::parse_openmetrics(&body);
     let sample = |name: &str, labels: &[(&str, &str)]| -> f64 {
         samples
             .iter()
@@ -533,14 +516,6 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
     );
 }
 
-/// The events of a `--log-format json` log: every line one JSON object.
-fn json_events(log: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
-}
-
 /// The first event named `name`.
 fn event<'a>(events: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
     events
@@ -568,7 +543,7 @@ fn json_logs_carry_rule_changes_blocks_and_adoption_as_fields() {
     ok(daemon.cli(&["rules", "apply", &file.to_string_lossy()]));
     ok(daemon.cli(&["block", "203.0.113.0/24", "--for", "1h"]));
     ok(daemon.cli(&["unblock", "203.0.113.0/24"]));
-    let events = json_events(&daemon.log());
+    let events = limiter_tests::json_lines(&daemon.log());
     for e in &events {
         assert!(e["timestamp"].is_string() && e["level"].is_string(), "{e}");
     }

@@ -933,9 +933,9 @@ async fn the_proxy_logs_reloads_as_json_events() {
     tokio::task::spawn_blocking(move || {
         let events = |name: &str| -> Vec<serde_json::Value> {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.lines()
-                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-                .filter(|e: &serde_json::Value| e["event"] == name)
+            limiter_tests::json_lines(&text)
+                .into_iter()
+                .filter(|e| e["event"] == name)
                 .collect()
         };
         let wait_for = |name: &str| {

@@ -17,7 +17,7 @@ const RULES_FILE: &str = concat!(
 
 type Labels = BTreeMap<String, String>;
 
-/// A sample of the classic text exposition: name, labels, value.
+/// A sample of an exposition: name, labels, value.
 #[derive(Clone, Debug)]
 struct Sample {
     name: String,
@@ -25,30 +25,35 @@ struct Sample {
     value: f64,
 }
 
-fn parse_exposition(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').expect("a value");
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|p| !p.is_empty())
-                .map(|pair| {
-                    let (k, v) = pair.split_once('=').expect("label=value");
-                    (k.to_owned(), v.trim_matches('"').to_owned())
-                })
-                .collect();
-            Sample {
-                name: name.to_owned(),
-                labels,
-                value: value.parse().expect("a number"),
-            }
+/// The samples of an OpenMetrics exposition, as Prometheus's own parser
+/// reads them.
+fn samples_of(exposition: &str) -> Vec<Sample> {
+    limiter_tests::parse_openmetrics(exposition)
+        .into_iter()
+        .map(|(name, labels, value)| Sample {
+            name,
+            labels: labels.into_iter().collect(),
+            value,
         })
         .collect()
+}
+
+/// The `Accept` header with which Prometheus asks for OpenMetrics.
+const OPENMETRICS: &str = "Accept: application/openmetrics-text;version=1.0.0\r\n";
+
+/// Runs promtool with `args`, which must succeed.
+fn promtool(args: &[&str], what: &str) {
+    let out = Command::new("promtool")
+        .args(args)
+        .output()
+        .expect("running promtool (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "promtool {}: {what}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The labels Prometheus adds to every scraped series.
@@ -126,9 +131,9 @@ fn live_daemon(lab: &Lab, name: &str) -> (Daemon, Vec<Sample>) {
     .expect("daemon");
     let scrape = || {
         let (head, body) =
-            http_request(&lab.rx, daemon.metrics_port, "/metrics", "").expect("scrape");
+            http_request(&lab.rx, daemon.metrics_port, "/metrics", OPENMETRICS).expect("scrape");
         assert!(head.contains(" 200 "), "{head}");
-        parse_exposition(&body)
+        samples_of(&body)
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -170,25 +175,15 @@ fn live_proxy() -> Vec<Sample> {
         p.addr,
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
-    let answer = limiter_tests::exchange(
-        metrics.parse().expect("address"),
-        b"GET /metrics HTTP/1.0\r\n\r\n",
-    );
+    let request = format!("GET /metrics HTTP/1.0\r\n{OPENMETRICS}\r\n");
+    let answer = limiter_tests::exchange(metrics.parse().expect("address"), request.as_bytes());
     let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-    parse_exposition(body)
+    samples_of(body)
 }
 
 #[test]
 fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
-    let check = Command::new("promtool")
-        .args(["check", "rules", RULES_FILE])
-        .output()
-        .expect("running promtool (cargo xtask setup installs it)");
-    assert!(
-        check.status.success(),
-        "promtool check rules: {}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+    promtool(&["check", "rules", RULES_FILE], "the alert rules");
     let rules_file: RulesFile =
         serde_saphyr::from_str(&std::fs::read_to_string(RULES_FILE).expect("rules file"))
             .expect("the rules file as YAML");
@@ -369,15 +364,9 @@ fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
         }))
         .expect("JSON"),
     );
-    let run = Command::new("promtool")
-        .args(["test", "rules", &test_file.to_string_lossy()])
-        .output()
-        .expect("running promtool");
-    assert!(
-        run.status.success(),
-        "promtool test rules:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
+    promtool(
+        &["test", "rules", &test_file.to_string_lossy()],
+        "the alerts on the live series",
     );
 }
 
@@ -531,14 +520,8 @@ fn the_dashboard_queries_only_what_the_daemon_and_proxy_export() {
     }
     let dir = TempDir::new("dashboard");
     let file = dir.write("dashboard-rules.yml", &rules);
-    let check = Command::new("promtool")
-        .args(["check", "rules", &file.to_string_lossy()])
-        .output()
-        .expect("running promtool");
-    assert!(
-        check.status.success(),
-        "the dashboard's expressions do not parse:\n{}{}\n{rules}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
+    promtool(
+        &["check", "rules", &file.to_string_lossy()],
+        &format!("the dashboard's expressions do not parse:\n{rules}"),
     );
 }
