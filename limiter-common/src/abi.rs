@@ -26,6 +26,10 @@ pub mod map_name {
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
     pub const ADMISSIONS: &str = "ADMISSIONS";
     pub const FRAGMENTS: &str = "FRAGMENTS";
+    pub const TRACE: &str = "TRACE";
+    pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
+    pub const TRACE_COUNTS: &str = "TRACE_COUNTS";
+    pub const TRACE_PROG: &str = "TRACE_PROG";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -601,6 +605,8 @@ mod pod {
     unsafe impl aya::Pod for super::AggregateState {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
+    unsafe impl aya::Pod for crate::trace::TraceConfig {}
+    unsafe impl aya::Pod for crate::trace::TraceEvent {}
 }
 
 #[cfg(test)]

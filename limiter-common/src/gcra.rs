@@ -165,6 +165,13 @@ impl Gcra {
         now.saturating_add(carried).min(u64::MAX - 1)
     }
 
+    /// Units of cost that would conform now, given state `tat`: what is
+    /// left of the burst.
+    pub fn remaining(&self, tat: u64, now: u64) -> u64 {
+        let used = tat.saturating_sub(now).min(self.capacity_ns);
+        (self.capacity_ns - used) / self.emission_ns.max(1)
+    }
+
     /// How long until a request of `cost` would conform, given state `tat`.
     /// `u64::MAX` when it never will (the cost exceeds the burst).
     pub fn wait_ns(&self, tat: u64, now: u64, cost: u64) -> u64 {

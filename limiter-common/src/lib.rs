@@ -8,4 +8,5 @@ pub mod keytable;
 #[cfg(feature = "user")]
 pub mod log;
 pub mod meter;
+pub mod trace;
 pub mod window;

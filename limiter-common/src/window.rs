@@ -155,6 +155,25 @@ impl Window {
         }
     }
 
+    /// What the window counts against its limit at `now`: the current
+    /// window's total, and for the sliding window the previous one's
+    /// weighted share too, rounded up.
+    pub fn used(&self, state: &WindowState, now: u64, sliding: bool) -> u64 {
+        let rolled = self.roll(state, now);
+        if !sliding {
+            return rolled.current;
+        }
+        let u = self.length_ns;
+        let elapsed = now.saturating_sub(rolled.start).min(u);
+        let weighted = u128::from(rolled.previous) * u128::from(u - elapsed);
+        rolled.current + weighted.div_ceil(u128::from(u)) as u64
+    }
+
+    /// Units of cost left in the window at `now`.
+    pub fn remaining(&self, state: &WindowState, now: u64, sliding: bool) -> u64 {
+        self.limit.saturating_sub(self.used(state, now, sliding))
+    }
+
     /// Nanoseconds from `now` until the current window ends.
     pub fn reset_ns(&self, state: &WindowState, now: u64) -> u64 {
         // (Saturates in the last window of the clock.)

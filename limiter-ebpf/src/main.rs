@@ -14,6 +14,7 @@ mod maps;
 mod parse;
 mod profile;
 mod runtime;
+mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, maps::lpm_trie::Key, programs::XdpContext};
 use cell::{MapCell, add_shared, lock, lock_window, unlock, unlock_window};
@@ -28,6 +29,7 @@ use limiter_common::{
     meter::{
         Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, refund, windows_all,
     },
+    trace::{reason, verdict as traced},
     window::WindowState,
 };
 use maps::{
@@ -35,6 +37,7 @@ use maps::{
     RULE_STATS, RULES, V4_L16, V4_L24, V4_L32, V4_LISTS, WINDOW_SCRATCH,
 };
 use parse::{Packet, Source};
+use trace::Decided;
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -59,28 +62,38 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     if profile::stop_after(profile::PARSED) {
         return profile::verdict(parsed.map_or(1, |p| p.map_or(2, |p| u64::from(p.dest_port))));
     }
-    let verdict = match parsed {
-        Ok(Some(packet)) => limit(config, global, iface, &packet, len),
+    let decision = match &parsed {
+        Ok(Some(packet)) => limit(config, global, iface, packet, len),
         Ok(None) => {
+            // Not IP: no source to limit or to trace.
             global.non_ip += 1;
-            action::PASS
+            return xdp_action::XDP_PASS;
         }
         Err(parse::Malformed) => {
             global.malformed += 1;
-            config.malformed_action
+            Decided::new(config.malformed_action, traced::MALFORMED, reason::NONE)
         }
     };
-    if verdict == action::DROP {
+    if trace::on() {
+        trace::hand_over(&ctx, &decision);
+    }
+    if decision.action == action::DROP {
         xdp_action::XDP_DROP
     } else {
         xdp_action::XDP_PASS
     }
 }
 
-/// `Verdict::refused_by` of a packet refused a new key (beyond the meters).
-const REFUSED_ADMISSION: usize = order::METERS;
-/// `Verdict::refused_by` of a packet whose new key could not be stored.
-const KEY_ALLOC_FAILED: usize = order::METERS + 1;
+/// `Verdict::refused_by` beyond the meters' (`order`), as `trace::reason`
+/// names them: a packet refused a new key,
+const REFUSED_ADMISSION: usize = reason::UNADMITTED as usize;
+/// one whose new key could not be stored,
+const KEY_ALLOC_FAILED: usize = reason::NO_SLOT as usize;
+/// one whose rule blocks,
+const REFUSED_BY_RULE: usize = reason::RULE_BLOCKS as usize;
+/// and a later fragment whose first was dropped.
+const REFUSED_WITH_FIRST_FRAGMENT: usize = reason::FRAGMENT as usize;
+const _: () = assert!(REFUSED_ADMISSION == order::METERS);
 
 /// Applies a manual block or the rule that matches `packet`, and counts.
 #[inline(always)]
@@ -90,7 +103,7 @@ fn limit(
     iface: u32,
     packet: &Packet,
     len: u64,
-) -> u32 {
+) -> Decided {
     match packet.source {
         Source::V4(_) => global.ipv4 += 1,
         Source::V6(_) => global.ipv6 += 1,
@@ -106,11 +119,12 @@ fn limit(
         // RFC 1858: a first fragment too short for its transport header
         // hides its ports from every rule; no sound stack sends one.
         global.tiny_fragments += 1;
-        return if global_shadow {
+        let action = if global_shadow {
             action::PASS
         } else {
             action::DROP
         };
+        return Decided::new(action, traced::MALFORMED, reason::TINY_FRAGMENT);
     }
     // Read once: userspace flips it at any time, and a packet is judged
     // wholly by one generation's rules.
@@ -126,17 +140,17 @@ fn limit(
         None => match_rule(generation, packet),
     };
     if profile::stop_after(profile::RULE_MATCHED) {
-        return profile::verdict(u64::from(rule_id));
+        return stopped(u64::from(rule_id));
     }
     let (Some(rule), Some(counters)) = (
         RULES.get(rule_slot(generation, rule_id)),
         RULE_STATS.get_ptr_mut(counter_slot(iface, rule_id)),
     ) else {
-        return action::PASS;
+        return Decided::new(action::PASS, traced::PASSED, reason::NONE);
     };
     let counters = unsafe { &mut *counters };
     if profile::stop_after(profile::RULE_LOADED) {
-        return profile::verdict(u64::from(rule.flags) ^ counters.passed_packets);
+        return stopped(u64::from(rule.flags) ^ counters.passed_packets);
     }
     let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
     let key = match packet.source {
@@ -149,7 +163,7 @@ fn limit(
         None
     };
     if profile::stop_after(profile::KEY_FOUND) {
-        return profile::verdict(slot.map_or(0, |s| s.as_ptr() as u64));
+        return stopped(slot.map_or(0, |s| s.as_ptr() as u64));
     }
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
@@ -160,59 +174,64 @@ fn limit(
     {
         if blocked(packet) {
             global.blocked += 1;
-            return if global_shadow {
-                action::PASS
+            let (action, verdict) = if global_shadow {
+                (action::PASS, traced::SHADOW)
             } else {
-                action::DROP
+                (action::DROP, traced::BLOCKED)
             };
+            return Decided::new(action, verdict, reason::BLOCK);
         }
         if let Some(slot) = block_cache {
             unsafe { (*slot.as_ptr()).block_epoch = epoch };
         }
     }
     if profile::stop_after(profile::BLOCK_CHECKED) {
-        return profile::verdict(u64::from(epoch));
+        return stopped(u64::from(epoch));
     }
     let now = clock::now();
     if profile::stop_after(profile::CLOCK_READ) {
-        return profile::verdict(now);
+        return stopped(now);
     }
-    let verdict =
-        if rule.flags & rule_flag::BLOCK != 0 || first.is_some_and(|first| first.dropped != 0) {
-            Verdict {
-                outcome: Outcome::Denied,
-                refused_by: 0,
-            }
-        } else if rule.flags & rule_flag::UNLIMITED != 0 {
-            Verdict {
-                outcome: Outcome::Allowed,
-                refused_by: 0,
-            }
-        } else {
-            let slot = match slot {
-                Some(slot) => Ok(slot.as_ptr()),
-                None => new_key(
-                    config, generation, global, rule_id, rule, &key, counters, now, len,
-                ),
-            };
-            match slot {
-                Ok(slot) => {
-                    let state = unsafe { &raw mut (*slot).state };
-                    let verdict = meter(config, rule_id, rule, state, now, len);
-                    // For `limiter top`; see `KeyState::passed_packets`.
-                    let state = unsafe { &mut *state };
-                    if verdict.outcome == Outcome::Allowed {
-                        state.passed_packets = state.passed_packets.wrapping_add(1);
-                    } else {
-                        state.dropped_packets = state.dropped_packets.wrapping_add(1);
-                    }
-                    verdict
-                }
-                Err(verdict) => verdict,
-            }
+    let verdict = if rule.flags & rule_flag::BLOCK != 0 {
+        Verdict {
+            outcome: Outcome::Denied,
+            refused_by: REFUSED_BY_RULE,
+        }
+    } else if first.is_some_and(|first| first.dropped != 0) {
+        Verdict {
+            outcome: Outcome::Denied,
+            refused_by: REFUSED_WITH_FIRST_FRAGMENT,
+        }
+    } else if rule.flags & rule_flag::UNLIMITED != 0 {
+        Verdict {
+            outcome: Outcome::Allowed,
+            refused_by: 0,
+        }
+    } else {
+        let slot = match slot {
+            Some(slot) => Ok(slot.as_ptr()),
+            None => new_key(
+                config, generation, global, rule_id, rule, &key, counters, now, len,
+            ),
         };
+        match slot {
+            Ok(slot) => {
+                let key_state = unsafe { &raw mut (*slot).state };
+                let verdict = meter(config, rule_id, rule, key_state, now, len);
+                // For `limiter top`; see `KeyState::passed_packets`.
+                let key_state = unsafe { &mut *key_state };
+                if verdict.outcome == Outcome::Allowed {
+                    key_state.passed_packets = key_state.passed_packets.wrapping_add(1);
+                } else {
+                    key_state.dropped_packets = key_state.dropped_packets.wrapping_add(1);
+                }
+                verdict
+            }
+            Err(verdict) => verdict,
+        }
+    };
     if profile::stop_after(profile::METERED) {
-        return profile::verdict(verdict.outcome as u64);
+        return stopped(verdict.outcome as u64);
     }
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
@@ -235,18 +254,35 @@ fn limit(
         match verdict.refused_by {
             REFUSED_ADMISSION => counters.unadmitted += 1,
             KEY_ALLOC_FAILED => global.key_alloc_failed += 1,
-            i if order::is_aggregate(i) => counters.aggregate_excess += 1,
+            i if i < order::METERS && order::is_aggregate(i) => counters.aggregate_excess += 1,
             _ => {}
         }
     }
     if packet.first_fragment {
         fragments::remember(generation, packet, rule_id, !allowed && !shadow);
     }
-    if allowed || shadow {
-        action::PASS
+    let (action, verdict_traced) = match (allowed, shadow) {
+        (true, _) => (action::PASS, traced::PASSED),
+        (false, true) => (action::PASS, traced::SHADOW),
+        (false, false) => (action::DROP, traced::DROPPED),
+    };
+    let why = if allowed {
+        reason::NONE
     } else {
+        verdict.refused_by as u8
+    };
+    Decided::new(action, verdict_traced, why)
+}
+
+/// A profile build's decision when it stops inside `limit`.
+#[inline(always)]
+fn stopped(value: u64) -> Decided {
+    let action = if profile::verdict(value) == xdp_action::XDP_DROP {
         action::DROP
-    }
+    } else {
+        action::PASS
+    };
+    Decided::new(action, traced::PASSED, reason::NONE)
 }
 
 #[inline(always)]

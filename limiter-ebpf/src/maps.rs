@@ -5,7 +5,7 @@
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use limiter_common::{
     abi::{
@@ -15,6 +15,7 @@ use limiter_common::{
         RuleConfig, RuleCounters, v4_table,
     },
     keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
+    trace::{TraceConfig, TraceEvent},
     window::WindowState,
 };
 
@@ -111,3 +112,26 @@ pub static CLOCK: Array<u64> = Array::pinned(1, 0);
 /// value rather than the stack, which the program has all but used up.
 #[map]
 pub static WINDOW_SCRATCH: PerCpuArray<[WindowState; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `limiter trace` asks for (`trace::TraceConfig`); `on` is 0 while
+/// nobody traces, and then nothing else is read.
+#[map]
+pub static TRACE: Array<TraceConfig> = Array::pinned(1, 0);
+
+/// The decisions traced, for the tracer to read.
+#[map]
+pub static TRACE_EVENTS: RingBuf = RingBuf::pinned(1 << 20, 0);
+
+/// Per CPU: decisions traced, and those lost to a full ring.
+#[map]
+pub static TRACE_COUNTS: PerCpuArray<[u64; 2]> = PerCpuArray::pinned(1, 0);
+
+/// Index 0: the trace program (`limiter_trace`), which the limiter tail
+/// calls while someone traces. Filled by the loader of this object.
+#[map]
+pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The decision handed to the trace program, per CPU (XDP runs to the end
+/// on its CPU, tail call included).
+#[map]
+pub static TRACE_SCRATCH: PerCpuArray<TraceEvent> = PerCpuArray::with_max_entries(1, 0);

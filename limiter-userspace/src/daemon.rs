@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::Notify,
+    sync::{Notify, mpsc},
 };
 
 use crate::{
@@ -38,6 +38,7 @@ use crate::{
     listen::{self, AcceptErrors, Limits, Slots},
     render::openmetrics::{self, Format},
     rules::{self, RuleSet, watch::FileWatch},
+    trace::{TraceFilter, TraceLine},
 };
 
 /// The daemon's own configuration file.
@@ -281,10 +282,15 @@ async fn serve(
                     let shared = Arc::clone(&shared);
                     tokio::spawn(async move {
                         let _slot = slot;
-                        control::server::serve_connection(stream, control.header_timeout, |request| {
-                            let shared = Arc::clone(&shared);
-                            async move { handle(&shared, request).await.unwrap_or_else(Response::error) }
-                        })
+                        control::server::serve_connection(
+                            stream,
+                            control.header_timeout,
+                            |request| {
+                                let shared = Arc::clone(&shared);
+                                async move { handle(&shared, request).await.unwrap_or_else(Response::error) }
+                            },
+                            |filter| start_trace(&shared, filter),
+                        )
                         .await;
                     });
                 }
@@ -307,6 +313,37 @@ async fn serve(
         "exiting; the program stays attached and keeps enforcing (`limiter detach` removes it)"
     );
     Ok(())
+}
+
+/// Traces the kernel's decisions for a client: a thread follows the ring
+/// buffer and sends each line, and also logs it (`limiter::trace` target,
+/// debug level), until the client hangs up.
+fn start_trace(shared: &Arc<Shared>, filter: TraceFilter) -> Result<mpsc::Receiver<TraceLine>> {
+    let mut tracer = kernel::trace::KernelTracer::start(&shared.config.pin_dir, &filter)?;
+    let (send, lines) = mpsc::channel(1024);
+    tracing::info!(event = "trace_started", filter = ?filter, "tracing for a client");
+    std::thread::spawn(move || {
+        while !send.is_closed() {
+            if let Err(e) = tracer.wait(Duration::from_millis(100)) {
+                tracing::warn!(event = "error", error = %e, "tracing: {e:#}");
+                break;
+            }
+            while let Some(line) = tracer.next_line() {
+                tracing::debug!(target: "limiter::trace", "{}", line.text());
+                if send.blocking_send(line).is_err() {
+                    break;
+                }
+            }
+        }
+        let [traced, lost] = tracer.counts().unwrap_or_default();
+        tracing::info!(
+            event = "trace_stopped",
+            traced,
+            lost,
+            "the client stopped tracing"
+        );
+    });
+    Ok(lines)
 }
 
 async fn reload_file(shared: &Arc<Shared>) {
@@ -410,6 +447,9 @@ async fn housekeeping(shared: Arc<Shared>) {
                 work.tracked_keys.store(n as u64, Ordering::Relaxed);
                 if let Err(e) = engine.datapath_mut().refresh_key_filter(n) {
                     tracing::warn!(event = "error", error = %format!("{e:#}"), "rebuilding the key table's filter: {e:#}");
+                }
+                if let Ok(true) = kernel::trace::stop_abandoned(&work.config.pin_dir) {
+                    tracing::info!(event = "trace_stopped", "stopped a trace whose tracer died");
                 }
             }
         })
@@ -560,6 +600,8 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {
             shared.shutdown.notify_one();
             Response::ok(Detached { detached })
         }
+        // Streamed by the connection (`start_trace`), never handled here.
+        Request::Trace { .. } => Response::error("a trace is streamed, not answered once"),
     })
 }
 

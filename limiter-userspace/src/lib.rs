@@ -22,5 +22,6 @@ pub mod listen;
 pub mod render;
 pub mod rules;
 pub mod session;
+pub mod trace;
 pub mod units;
 pub mod yaml;

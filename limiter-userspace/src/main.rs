@@ -150,6 +150,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Live decisions of the XDP program, like tcpdump for the limiter:
+    /// time, interface, source, protocol/port, rule, verdict, the meter
+    /// that refused, and what is left of each budget.
+    Trace {
+        #[command(flatten)]
+        filter: TraceArgs,
+        /// Stop after this many decisions.
+        #[arg(long, short = 'c')]
+        count: Option<u64>,
+        /// Stop after this long (e.g. 30s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+        /// One JSON object a line.
+        #[arg(long)]
+        json: bool,
+        /// Without a daemon: the pins of the limiter to trace.
+        #[arg(long, default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// Asked first: the daemon's control socket.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// HTTP reverse proxy applying the rule file to requests (layer 7).
     Proxy(ProxyArgs),
     /// Convert another limiter's configuration into a rule file.
@@ -245,6 +267,25 @@ struct ProxyArgs {
     /// (SO_REUSEPORT) and upstream connections; 0: one per CPU.
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Print decisions to stdout as `limiter trace` prints the kernel's
+    /// (filtered by the --trace-* options).
+    #[arg(long)]
+    trace: bool,
+    /// Traced: clients in this prefix or this address only.
+    #[arg(long, requires = "trace")]
+    trace_source: Option<String>,
+    /// Traced: this rule only (by name).
+    #[arg(long, requires = "trace")]
+    trace_rule: Option<String>,
+    /// Traced: these verdicts only (passed, dropped, shadow).
+    #[arg(long, requires = "trace", value_delimiter = ',')]
+    trace_verdict: Vec<String>,
+    /// Traced: one decision in N of those that match.
+    #[arg(long, requires = "trace", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    trace_sample: u32,
+    /// Traced decisions as JSON, one object a line.
+    #[arg(long, requires = "trace")]
+    trace_json: bool,
 }
 
 impl ProxyArgs {
@@ -252,6 +293,24 @@ impl ProxyArgs {
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(limiter::listen::tls_acceptor(cert, key)?),
             _ => None,
+        };
+        let trace = if self.trace {
+            let filter = TraceArgs {
+                source: self.trace_source,
+                rule: self.trace_rule,
+                verdicts: self.trace_verdict,
+                iface: None,
+                sample: self.trace_sample,
+            }
+            .into_filter()?;
+            let tracer = limiter::http::trace::HttpTracer::new(
+                &filter,
+                self.listen.to_string(),
+                self.trace_json,
+            )?;
+            Some(std::sync::Arc::new(tracer))
+        } else {
+            None
         };
         commands::proxy(
             limiter::http::proxy::Options {
@@ -271,6 +330,7 @@ impl ProxyArgs {
                 trusted_proxies: self.trusted_proxies,
                 tls,
                 workers: self.workers,
+                trace,
             },
             &self.config,
             self.fleet.as_deref(),
@@ -379,6 +439,23 @@ fn main() -> ExitCode {
             once,
             json,
         } => commands::top::run(&pin_dir, count, interval, once, json),
+        Command::Trace {
+            filter,
+            count,
+            duration,
+            json,
+            pin_dir,
+            socket,
+        } => filter.into_filter().and_then(|filter| {
+            commands::trace::run(commands::trace::Trace {
+                pin_dir: &pin_dir,
+                socket: &socket,
+                filter,
+                count,
+                duration,
+                json,
+            })
+        }),
         Command::Check { config, json } => commands::check(&config, json),
         Command::Import {
             from: ImportFrom::Envoy { file, routes },
@@ -407,5 +484,46 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Which decisions `limiter trace` (and `limiter proxy --trace`) shows.
+#[derive(clap::Args, Debug, Clone, Default)]
+struct TraceArgs {
+    /// Sources in this prefix or this address only (198.18.0.1, 198.18.0.0/16).
+    #[arg(long)]
+    source: Option<String>,
+    /// This rule only (by name).
+    #[arg(long)]
+    rule: Option<String>,
+    /// These verdicts only: passed, dropped, shadow, blocked, malformed
+    /// (comma-separated or repeated).
+    #[arg(long = "verdict", value_delimiter = ',')]
+    verdicts: Vec<String>,
+    /// This interface only (kernel).
+    #[arg(long)]
+    iface: Option<String>,
+    /// Show one decision in N of those that match, so a trace is safe
+    /// under a flood.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    sample: u32,
+}
+
+impl TraceArgs {
+    fn into_filter(self) -> anyhow::Result<limiter::trace::TraceFilter> {
+        let filter = limiter::trace::TraceFilter {
+            source: self
+                .source
+                .as_deref()
+                .map(limiter::trace::parse_source)
+                .transpose()?,
+            rule: self.rule,
+            verdicts: self.verdicts,
+            iface: self.iface,
+            sample: self.sample,
+        };
+        // Checked here, before any tracing starts.
+        filter.config(None, 0)?;
+        Ok(filter)
     }
 }

@@ -270,6 +270,7 @@ fn serve(input: Vec<u8>) -> String {
             stream,
             std::time::Duration::from_secs(5),
             |request: Request| async move { Response::ok(format!("{request:?}")) },
+            |_| anyhow::bail!("no tracing here"),
         )
         .await;
     });

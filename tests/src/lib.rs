@@ -683,7 +683,18 @@ impl Drop for Proxy {
 }
 
 pub fn proxy(config: &std::path::Path, upstream: &str, extra: &[&str]) -> Proxy {
-    proxy_logging(config, upstream, extra, Stdio::null())
+    proxy_logging(config, upstream, extra, Stdio::null(), Stdio::null())
+}
+
+/// [`proxy`], what it prints (`--trace`) written to `out`.
+pub fn proxy_printing(
+    config: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+    out: &std::path::Path,
+) -> Proxy {
+    let out = fs::File::create(out).expect("creating the proxy's output");
+    proxy_logging(config, upstream, extra, Stdio::from(out), Stdio::null())
 }
 
 /// [`proxy`], its log (stderr) written to `log`.
@@ -694,10 +705,16 @@ pub fn proxy_logged(
     log: &std::path::Path,
 ) -> Proxy {
     let log = fs::File::create(log).expect("creating the proxy's log");
-    proxy_logging(config, upstream, extra, Stdio::from(log))
+    proxy_logging(config, upstream, extra, Stdio::null(), Stdio::from(log))
 }
 
-fn proxy_logging(config: &std::path::Path, upstream: &str, extra: &[&str], stderr: Stdio) -> Proxy {
+fn proxy_logging(
+    config: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+    stdout: Stdio,
+    stderr: Stdio,
+) -> Proxy {
     let listen = free_loopback_addr();
     let mut args = vec![
         "proxy",
@@ -711,7 +728,7 @@ fn proxy_logging(config: &std::path::Path, upstream: &str, extra: &[&str], stder
     args.push(&config);
     args.extend_from_slice(extra);
     let child = limiter_command(None, &args)
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .spawn()
         .expect("proxy");

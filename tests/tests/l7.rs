@@ -459,6 +459,75 @@ async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
     .unwrap();
 }
 
+/// `limiter proxy --trace`: the same lines as `limiter trace`, for the
+/// clients and verdicts asked for, agreeing with the statuses the clients
+/// got: a burst of 3 passes with 2, 1, 0 left, then 429s by the key's
+/// request meter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_traces_its_decisions() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-trace");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: clients, match: { source: 198.51.100.0/24 }, limit: { rate: 3, unit: minute, burst: 3 } }\n",
+    );
+    let out = dir.0.join("trace.jsonl");
+    let p = limiter_tests::proxy_printing(
+        &config,
+        &upstream,
+        &[
+            "--trusted-proxy",
+            "127.0.0.0/8",
+            "--trace",
+            "--trace-json",
+            "--trace-source",
+            "198.51.100.1",
+        ],
+        &out,
+    );
+    let listen = p.addr.to_string();
+    let statuses = tokio::task::spawn_blocking(move || {
+        let get = |client: &str| {
+            let request = format!(
+                "GET /x HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {client}\r\nConnection: close\r\n\r\n"
+            );
+            status(&exchange(p.addr, request.as_bytes())).to_owned()
+        };
+        let traced: Vec<String> = (0..5).map(|_| get("198.51.100.1")).collect();
+        assert_eq!(get("198.51.100.2"), "200", "another client, not traced");
+        traced
+    })
+    .await
+    .unwrap();
+    assert_eq!(statuses, ["200", "200", "200", "429", "429"]);
+    let text = std::fs::read_to_string(&out).unwrap();
+    // (After the line saying where it listens.)
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    for (i, (line, status)) in lines.iter().zip(&statuses).enumerate() {
+        assert_eq!(line["layer"], "http");
+        assert_eq!(line["protocol"], "http");
+        assert_eq!(line["interface"], listen.as_str());
+        assert_eq!(line["source"], "198.51.100.1");
+        assert_eq!(line["rule"], "clients");
+        let expected = if status == "200" { "passed" } else { "dropped" };
+        assert_eq!(line["verdict"], expected, "{line}");
+        let left = &line["left"][0];
+        assert_eq!(left["meter"], "key packets");
+        assert_eq!(left["of"], 3);
+        assert_eq!(left["left"], 2u64.saturating_sub(i as u64), "{line}");
+        if expected == "dropped" {
+            assert_eq!(line["refused_by"], "key packets", "{line}");
+        } else {
+            assert!(line["refused_by"].is_null(), "{line}");
+        }
+    }
+}
+
 /// Guards client-side pacing against `limiter proxy`: 40 requests at once
 /// from a client paced to 15/s, through a proxy allowing 20/s (burst 5),
 /// are all answered 200, most of them held first; a client with no budget

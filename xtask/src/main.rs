@@ -142,6 +142,8 @@ fn run() -> Result<()> {
             // Eight builds of the program: only for a run with the profile.
             let profile = sections.is_empty() || sections.iter().any(|s| s == "profile");
             let stages = profile.then(build_profile_stages).transpose()?;
+            let trace = sections.is_empty() || sections.iter().any(|s| s == "trace");
+            let untraced = trace.then(build_without_trace).transpose()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
             let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
@@ -159,6 +161,9 @@ fn run() -> Result<()> {
             .env("LIMITER_EBPF_OBJECT", &object);
             if let Some(stages) = &stages {
                 xdp.env("LIMITER_PROFILE_OBJECTS", stages);
+            }
+            if let Some(untraced) = &untraced {
+                xdp.env("LIMITER_NO_TRACE_OBJECT", untraced);
             }
             status(&mut xdp)?;
             if quick || !sections.is_empty() {
@@ -298,6 +303,26 @@ fn build_profile_stages() -> Result<PathBuf> {
             .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
     }
     Ok(dir)
+}
+
+/// The program without any tracing code (`LIMITER_NO_TRACE=1`), for the
+/// bench's measure of what the idle trace branch costs; a target
+/// directory of its own, as the profile's cuts.
+fn build_without_trace() -> Result<PathBuf> {
+    step("building the XDP program without tracing code (the bench's trace section)");
+    let ebpf = root().join("limiter-ebpf");
+    status(
+        nightly_cargo()
+            .current_dir(&ebpf)
+            .args(["build", "--release", "--quiet", "--target-dir"])
+            .arg("target/notrace")
+            .env("LIMITER_NO_TRACE", "1"),
+    )?;
+    let built = ebpf.join("target/notrace/bpfel-unknown-none/release/limiter");
+    let to = root().join("target/notrace-limiter.o");
+    std::fs::copy(&built, &to)
+        .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
+    Ok(to)
 }
 
 pub fn root() -> PathBuf {

@@ -56,6 +56,10 @@ pub fn run(config: Option<&Path>, duration: Duration, mode: Mode) -> Result<()> 
         format!("{:?}", session.attachments[0].mode).to_lowercase()
     );
     print!("{}", text::rules_table(&rules));
+    println!(
+        "\nlab: to watch why packets are dropped, in another shell: \
+         sudo nsenter --net=/run/netns/{LAB_NAME}-rx limiter trace --pin-dir {PIN_DIR} --source 198.18.0.1 --sample 100"
+    );
 
     let target = lab.target(0);
     let sources: Vec<FloodSource> = SOURCES

@@ -5,6 +5,7 @@ pub mod lab;
 pub mod lab_fleet;
 pub mod run;
 pub mod top;
+pub mod trace;
 
 use std::{path::Path, time::Duration};
 

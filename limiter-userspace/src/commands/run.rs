@@ -72,6 +72,9 @@ pub fn run(
                         if let Err(e) = datapath.refresh_key_filter(held) {
                             tracing::warn!("rebuilding the key table's filter: {e:#}");
                         }
+                        if let Ok(true) = limiter::kernel::trace::stop_abandoned(session.pin_dir()) {
+                            tracing::info!("stopped a trace whose tracer died");
+                        }
                     }
                 }
                 _ = interrupt.recv() => break,

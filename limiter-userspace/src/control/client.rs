@@ -10,7 +10,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::de::DeserializeOwned;
 
-use super::protocol::{Change, Detached, Request, Response, RulesView, Snapshot, Status};
+use super::protocol::{
+    Change, Detached, Request, Response, RulesView, Snapshot, Status, TraceLine,
+};
+use crate::trace::TraceFilter;
 
 /// The daemon at a control socket.
 pub struct Client {
@@ -62,14 +65,67 @@ impl Client {
         self.call(&Request::Detach)
     }
 
-    /// Sends one request and returns the daemon's reply, or its error.
-    fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T> {
-        let stream = UnixStream::connect(&self.socket).with_context(|| {
+    /// Traces the kernel's decisions through the daemon: `started` is
+    /// called once it traces, then `each` gets every line until it says
+    /// stop (false), or `until` passes.
+    pub fn trace(
+        &self,
+        filter: TraceFilter,
+        until: Option<Duration>,
+        started: impl FnOnce(),
+        mut each: impl FnMut(TraceLine) -> Result<bool>,
+    ) -> Result<()> {
+        let mut started = Some(started);
+        let stream = self.connect()?;
+        let mut line = serde_json::to_string(&Request::Trace { filter })?;
+        line.push('\n');
+        send_all(&stream, line.as_bytes()).context("sending the request to the daemon")?;
+        if let Some(until) = until {
+            // Hanging up ends the trace: the read below then sees the end.
+            let hang_up = stream.try_clone()?;
+            std::thread::spawn(move || {
+                std::thread::sleep(until);
+                let _ = hang_up.shutdown(std::net::Shutdown::Both);
+            });
+        }
+        let mut reader = BufReader::new(stream);
+        let mut first = true;
+        loop {
+            let mut answer = String::new();
+            if reader.read_line(&mut answer)? == 0 {
+                if first {
+                    bail!("the daemon hung up without answering");
+                }
+                return Ok(());
+            }
+            let result = reply(&answer)?;
+            if first {
+                first = false;
+                if let Some(started) = started.take() {
+                    started();
+                }
+                continue;
+            }
+            let traced: TraceLine = serde_json::from_value(result)
+                .context("the daemon's trace line has an unexpected shape")?;
+            if !each(traced)? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn connect(&self) -> Result<UnixStream> {
+        UnixStream::connect(&self.socket).with_context(|| {
             format!(
                 "no daemon answers on {} (is `limiter daemon` running? root only)",
                 self.socket.display()
             )
-        })?;
+        })
+    }
+
+    /// Sends one request and returns the daemon's reply, or its error.
+    fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T> {
+        let stream = self.connect()?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         let mut line = serde_json::to_string(request)?;
         line.push('\n');
@@ -83,19 +139,24 @@ impl Client {
             sent.context("sending the request to the daemon")?;
         }
         read.context("reading the daemon's answer")?;
-        let response: Response = serde_json::from_str(&answer)
-            .with_context(|| format!("the daemon's answer is not a response: {answer:?}"))?;
-        if !response.ok {
-            bail!(
-                "{}",
-                response
-                    .error
-                    .unwrap_or_else(|| "the daemon refused without saying why".into())
-            );
-        }
-        let result = response.result.unwrap_or(serde_json::Value::Null);
-        serde_json::from_value(result).context("the daemon's reply has an unexpected shape")
+        serde_json::from_value(reply(&answer)?)
+            .context("the daemon's reply has an unexpected shape")
     }
+}
+
+/// The result in one of the daemon's response lines, or its error.
+fn reply(answer: &str) -> Result<serde_json::Value> {
+    let response: Response = serde_json::from_str(answer)
+        .with_context(|| format!("the daemon's answer is not a response: {answer:?}"))?;
+    if !response.ok {
+        bail!(
+            "{}",
+            response
+                .error
+                .unwrap_or_else(|| "the daemon refused without saying why".into())
+        );
+    }
+    Ok(response.result.unwrap_or(serde_json::Value::Null))
 }
 
 /// Writes all of `bytes` without SIGPIPE (which the CLI leaves fatal, for

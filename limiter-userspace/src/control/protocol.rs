@@ -18,8 +18,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::Attachment;
-pub use crate::{engine::Change, engine::RulesView, kernel::counters::Snapshot};
+pub use crate::{engine::Change, engine::RulesView, kernel::counters::Snapshot, trace::TraceLine};
+use crate::{kernel::Attachment, trace::TraceFilter};
 
 /// Where the daemon listens unless configured otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/control.sock";
@@ -54,6 +54,11 @@ pub enum Request {
     },
     /// Detach from every interface, remove every pin, and exit.
     Detach,
+    /// Live decisions: one response now (`null`: tracing), then one per
+    /// decision traced ([`TraceLine`]) until the client hangs up.
+    Trace {
+        filter: TraceFilter,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -101,4 +106,5 @@ pub struct Detached {
 
 // The replies to the other requests: `Stats` → [`Snapshot`], `RulesApply`
 // → [`Change`], `RulesShow` → [`RulesView`]; `Block`, `Unblock` and
-// `Shadow` → `()` (`null`).
+// `Shadow` → `()` (`null`); `Trace` → `()`, then a [`TraceLine`] a
+// decision.

@@ -13,7 +13,10 @@ use nix::sys::stat::{Mode, umask};
 use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LinesCodec};
 
+use tokio::sync::mpsc;
+
 use super::protocol::{MAX_REQUEST, Request, Response};
+use crate::trace::{TraceFilter, TraceLine};
 
 /// Binds `socket` with no permissions for group and others from the start
 /// (not chmod after bind, which would leave a window), in a directory no
@@ -38,11 +41,18 @@ pub fn bind(socket: &Path) -> Result<std::os::unix::net::UnixListener> {
 
 /// Answers the requests of one connection with `handle` until the client
 /// hangs up, or takes longer than `deadline` to send a whole request (or
-/// to take an answer).
-pub async fn serve_connection<F, Fut>(stream: UnixStream, deadline: Duration, handle: F)
-where
+/// to take an answer). A `trace` request is answered by `trace`'s lines
+/// until the client hangs up (or the trace ends), which ends the
+/// connection.
+pub async fn serve_connection<F, Fut, T>(
+    stream: UnixStream,
+    deadline: Duration,
+    handle: F,
+    trace: T,
+) where
     F: Fn(Request) -> Fut,
     Fut: Future<Output = Response>,
+    T: Fn(TraceFilter) -> anyhow::Result<mpsc::Receiver<TraceLine>>,
 {
     let mut lines = Framed::new(stream, LinesCodec::new_with_max_length(MAX_REQUEST));
     loop {
@@ -61,6 +71,13 @@ where
         };
         let (response, last) = match line {
             Ok(line) => match serde_json::from_str::<Request>(&line) {
+                Ok(Request::Trace { filter }) => match trace(filter) {
+                    Ok(lines_traced) => {
+                        stream_trace(&mut lines, deadline, lines_traced).await;
+                        break;
+                    }
+                    Err(e) => (Response::error(format!("{e:#}")), false),
+                },
                 Ok(request) => {
                     let detach = request == Request::Detach;
                     (handle(request).await, detach)
@@ -74,6 +91,34 @@ where
         let sent = tokio::time::timeout(deadline, lines.send(text)).await;
         if !matches!(sent, Ok(Ok(()))) || last {
             break;
+        }
+    }
+}
+
+/// Sends `null` (tracing), then each line traced, until the client hangs
+/// up or stops reading for `deadline`, or the trace ends.
+async fn stream_trace(
+    lines: &mut Framed<UnixStream, LinesCodec>,
+    deadline: Duration,
+    mut traced: mpsc::Receiver<TraceLine>,
+) {
+    let mut next = Response::ok(());
+    loop {
+        let text = serde_json::to_string(&next).expect("a response serializes");
+        if !matches!(
+            tokio::time::timeout(deadline, lines.send(text)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+        tokio::select! {
+            line = traced.recv() => match line {
+                Some(line) => next = Response::ok(line),
+                None => return,
+            },
+            // The client says nothing more: anything, or its hanging up,
+            // ends the trace.
+            _ = lines.next() => return,
         }
     }
 }

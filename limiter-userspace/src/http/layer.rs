@@ -85,6 +85,8 @@ pub struct RateLimitLayer {
     port: Option<u16>,
     /// Peers whose `Forwarded` / `X-Forwarded-For` say who the client is.
     trusted_proxies: Arc<[ipnet::IpNet]>,
+    /// Where decisions are traced (`limiter proxy --trace`), if anywhere.
+    trace: Option<Arc<super::trace::HttpTracer>>,
 }
 
 impl RateLimitLayer {
@@ -101,7 +103,14 @@ impl RateLimitLayer {
             cost_by: CostBy::ContentLength,
             port: None,
             trusted_proxies: Arc::new([]),
+            trace: None,
         }
+    }
+
+    /// Traces decisions (`limiter proxy --trace`).
+    pub fn trace(mut self, tracer: Option<Arc<super::trace::HttpTracer>>) -> Self {
+        self.trace = tracer;
+        self
     }
 
     /// Requests from these proxies are from the client their forwarding
@@ -251,6 +260,9 @@ impl<S> RateLimit<S> {
             }),
         };
         let admission = limiter.check(&meta);
+        if let Some(tracer) = &self.config.trace {
+            tracer.record(&admission, limiter, client, self.config.port, bytes);
+        }
         // HTTP/1.1: a request without Content-Length has a body only if it
         // says how it is framed (Transfer-Encoding).
         let streams = matches!(self.config.cost_by, CostBy::ContentLength)

@@ -13,6 +13,7 @@ mod keys;
 pub mod layer;
 pub mod proxy;
 mod reload;
+pub mod trace;
 
 use std::{
     cell::Cell,
@@ -30,6 +31,7 @@ use limiter_common::{
         AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire_all, acquire_delayed, order,
         windows_all,
     },
+    trace::reason,
     window::WindowState,
 };
 use serde::Serialize;
@@ -98,6 +100,9 @@ pub struct Admission {
     /// Refused (or, under a dry run, let through) because its key had as
     /// many requests in flight as its rule's `concurrent` allows.
     pub too_many_in_flight: bool,
+    /// What refused it (`limiter_common::trace::reason`), if refused
+    /// (or let through by a dry run): for `limiter proxy --trace`.
+    pub refused_by: Option<u8>,
 }
 
 /// A key's request meter as the request left it.
@@ -110,8 +115,8 @@ enum QuotaAt {
 }
 
 impl Admission {
-    /// A decision with no meter behind it.
-    fn plain(allowed: bool, shadow: bool, rule: Option<usize>) -> Self {
+    /// A decision with no meter behind it; `refused_by` what refused it.
+    fn plain(allowed: bool, shadow: bool, rule: Option<usize>, refused_by: Option<u8>) -> Self {
         Self {
             allowed,
             shadow,
@@ -120,6 +125,7 @@ impl Admission {
             delay_ns: 0,
             in_flight: None,
             too_many_in_flight: false,
+            refused_by,
         }
     }
 }
@@ -462,11 +468,12 @@ impl Limiter {
         let (request, index) = self.rule_of(request);
         let Some(index) = index else {
             let allowed = self.rules.default == Fallback::Pass;
-            return Admission::plain(allowed, false, None);
+            let refused_by = (!allowed).then_some(reason::RULE_BLOCKS);
+            return Admission::plain(allowed, false, None, refused_by);
         };
         let rule = &self.rules.rules[index];
         if matches!(rule.limit, Limit::Unlimited) && rule.concurrent.is_none() {
-            return Admission::plain(true, false, Some(index));
+            return Admission::plain(true, false, Some(index), None);
         }
         let key = (index, self.key_bytes(index, rule, &request));
         let clock = &self.clock;
@@ -478,12 +485,12 @@ impl Limiter {
                 |state| self.decide(index, &request, state),
             )
             // No room for a new key: refused, as the kernel refuses one.
-            .unwrap_or_else(|| self.excess(index))
+            .unwrap_or_else(|| self.excess(index, reason::NO_SLOT))
     }
 
     /// Counts a request refused (or, under a dry run, let through) and
     /// says so.
-    fn excess(&self, index: usize) -> Admission {
+    fn excess(&self, index: usize, refused_by: u8) -> Admission {
         let rule = &self.rules.rules[index];
         let counters = &self.counters[index];
         let counter = if rule.shadow {
@@ -492,7 +499,7 @@ impl Limiter {
             &counters.dropped
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        Admission::plain(rule.shadow, rule.shadow, Some(index))
+        Admission::plain(rule.shadow, rule.shadow, Some(index), Some(refused_by))
     }
 
     /// [`Limiter::check`] once the request's key state is found.
@@ -514,7 +521,7 @@ impl Limiter {
                     counters.in_flight_excess.fetch_add(1, Ordering::Relaxed);
                     return Admission {
                         too_many_in_flight: true,
-                        ..self.excess(index)
+                        ..self.excess(index, reason::IN_FLIGHT)
                     };
                 }
             },
@@ -535,6 +542,7 @@ impl Limiter {
         };
         let mut delay_ns = 0;
         let mut by_aggregate = false;
+        let mut refused_by = None;
         let judged_at = Cell::new(0);
         let allowed = match (rule.algorithm, rule.delay) {
             (Algorithm::Gcra, Some(delay)) => {
@@ -548,13 +556,19 @@ impl Limiter {
                         delay_ns = wait;
                         true
                     }
-                    None => false,
+                    None => {
+                        refused_by = Some(order::KEY_PACKETS as u8);
+                        false
+                    }
                 }
             }
             _ => {
                 let verdict = self.meter(rule, state, aggregate, &rates, &cost, &judged_at);
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
+                if verdict.outcome != Outcome::Allowed {
+                    refused_by = Some(verdict.refused_by.min(order::METERS - 1) as u8);
+                }
                 verdict.outcome == Outcome::Allowed
             }
         };
@@ -577,6 +591,7 @@ impl Limiter {
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
+            refused_by,
         }
     }
 
@@ -740,12 +755,31 @@ impl Limiter {
                 Some(Quota {
                     quota: meter.rate,
                     window_secs: meter.period.as_secs().max(1),
-                    remaining: (g.capacity_ns - used) / g.emission_ns,
+                    remaining: g.remaining(tat, now),
                     reset_secs: secs(used),
                     retry_after_secs: secs(g.wait_ns(tat, now, 1)),
                 })
             }
         }
+    }
+
+    /// What is left of the request meter of the key an admission judged,
+    /// and the budget's whole size (the burst, or the window's limit).
+    pub fn budget(&self, admission: &Admission) -> Option<(u64, u64)> {
+        let quota = self.quota(admission)?;
+        let rule = &self.rules.rules[admission.rule?];
+        let Limit::Metered {
+            packets: Some(meter),
+            ..
+        } = rule.limit
+        else {
+            return None;
+        };
+        let of = match rule.algorithm {
+            Algorithm::Gcra => meter.gcra.burst,
+            _ => meter.window.limit,
+        };
+        Some((quota.remaining, of))
     }
 
     /// A key's request meter as it stands, for [`Limiter::quota`].
@@ -779,14 +813,7 @@ impl Limiter {
                 let now = self.clock.epoch_ns();
                 let w = meter.window;
                 let s = state.windows.lock().expect("window lock")[0];
-                let used = if rule.algorithm == Algorithm::FixedWindow {
-                    s.current
-                } else {
-                    // The weighted estimate, rounded up.
-                    let elapsed = now.saturating_sub(s.start).min(w.length_ns);
-                    let weighted = u128::from(s.previous) * u128::from(w.length_ns - elapsed);
-                    s.current + weighted.div_ceil(u128::from(w.length_ns)) as u64
-                };
+                let used = w.used(&s, now, rule.algorithm == Algorithm::SlidingWindow);
                 let reset = w.reset_ns(&s, now);
                 QuotaAt::Ready(Quota {
                     quota: meter.rate,

@@ -70,6 +70,8 @@ pub struct Options {
     /// Threads serving requests, each with its own listener and upstream
     /// pool (0: one per CPU).
     pub workers: usize,
+    /// Decisions traced to stdout (`--trace`).
+    pub trace: Option<Arc<super::trace::HttpTracer>>,
 }
 
 /// Renders the limiter's metrics exposition, as OpenMetrics (converted to
@@ -209,6 +211,7 @@ async fn worker(
     let layer = RateLimitLayer::reloadable(limiter)
         .key_by(options.key_by.clone())
         .trust_proxies(options.trusted_proxies.clone())
+        .trace(options.trace.clone())
         .port(local.port());
     let service = ServiceBuilder::new().layer(layer).service(forward);
     let limits = Limits {

@@ -162,7 +162,7 @@ pub fn rule_totals(maps: &Maps, id: u32) -> Result<RuleCounters, KernelError> {
 }
 
 /// The interface's name in our network namespace, or `if<N>`; `other` for slot 0.
-fn iface_name(ifindex: u32) -> String {
+pub(super) fn iface_name(ifindex: u32) -> String {
     if ifindex == 0 {
         return "other".into();
     }

@@ -16,6 +16,7 @@ pub mod maps;
 pub mod object;
 pub mod pins;
 pub mod repin;
+pub mod trace;
 
 use std::{
     io,
@@ -58,7 +59,7 @@ pub enum KernelError {
     #[error("the object is not a limiter program: {0}")]
     BadObject(String),
     #[error(
-        "no limiter state at {} (is a limiter running? reading it needs root)",
+        "no limiter state at {} (is a limiter running? reading it needs root; inside `ip netns exec`, which hides /sys/fs/bpf, use `nsenter --net=/run/netns/NAME` instead)",
         dir.display()
     )]
     NotRunning { dir: PathBuf },

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::MapError,
+    maps::{MapError, ProgramArray},
     programs::{ProgramError, Xdp},
 };
 use limiter_common::{
@@ -22,6 +22,8 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// The program's name in the object.
 pub const PROGRAM: &str = "limiter";
+/// The trace program's (`limiter trace`), which the limiter tail calls.
+pub const TRACE_PROGRAM: &str = "limiter_trace";
 
 /// Loads `object` with its maps pinned under `pin_dir` (maps already pinned
 /// there are reused, state and all), `KEYS` sized for `max_keys` keys, and the
@@ -49,8 +51,33 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
             }
             _ => KernelError::Load(Box::new(e)),
         })?;
+    load_program(&mut ebpf, PROGRAM)?;
+    load_program(&mut ebpf, TRACE_PROGRAM)?;
+    let trace = {
+        let program: &Xdp = ebpf
+            .program(TRACE_PROGRAM)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(KernelError::NoObject)?;
+        let fd = program
+            .fd()
+            .map_err(|e| KernelError::Load(Box::new(e.into())))?;
+        fd.try_clone()
+            .map_err(|e| KernelError::Load(Box::new(ProgramError::from(e).into())))?
+    };
+    let mut jump: ProgramArray<_> = ebpf
+        .map_mut(map_name::TRACE_PROG)
+        .ok_or_else(|| KernelError::BadObject(format!("it has no map {}", map_name::TRACE_PROG)))?
+        .try_into()
+        .map_err(super::maps::map_error(map_name::TRACE_PROG))?;
+    jump.set(0, &trace, 0)
+        .map_err(super::maps::map_error(map_name::TRACE_PROG))?;
+    Ok(ebpf)
+}
+
+/// Loads the object's XDP program `name` into the kernel (not attached).
+fn load_program(ebpf: &mut Ebpf, name: &str) -> Result<(), KernelError> {
     let program: &mut Xdp = ebpf
-        .program_mut(PROGRAM)
+        .program_mut(name)
         .ok_or(KernelError::NoObject)?
         .try_into()
         .map_err(|_| KernelError::NoObject)?;
@@ -63,12 +90,11 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
         }
         ProgramError::LoadError { verifier_log, .. } => {
             let log = verifier_log.to_string();
-            tracing::debug!("verifier log:\n{log}");
+            tracing::debug!("verifier log of {name}:\n{log}");
             KernelError::Verifier(verifier_verdict(&log).to_owned())
         }
         other => KernelError::Load(Box::new(aya::EbpfError::ProgramError(other))),
-    })?;
-    Ok(ebpf)
+    })
 }
 
 /// Buckets of the key table: those of a table pinned under `pin_dir`,

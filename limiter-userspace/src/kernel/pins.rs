@@ -138,36 +138,67 @@ pub struct PinLock {
 impl PinLock {
     /// Claims `pin_dir`, or says which process holds it.
     pub fn acquire(pin_dir: &Path) -> Result<Self> {
-        private_dir(Path::new(RUN_DIR))?;
-        let path = lock_path(pin_dir);
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => lock,
-            Err((_, Errno::EWOULDBLOCK)) => {
-                let owner = fs::read_to_string(&path).unwrap_or_default();
-                bail!(
-                    "another limiter (pid {}) is running with pin directory {}",
-                    owner.trim(),
-                    pin_dir.display()
-                );
-            }
-            Err((_, e)) => return Err(e).with_context(|| format!("locking {}", path.display())),
-        };
-        lock.set_len(0)?;
-        io::Write::write_all(&mut *lock, std::process::id().to_string().as_bytes())?;
+        let lock = exclusive(&lock_path(pin_dir, "lock"), |owner| {
+            format!(
+                "another limiter (pid {owner}) is running with pin directory {}",
+                pin_dir.display()
+            )
+        })?;
         Ok(Self { _lock: lock })
+    }
+
+    /// Claims the tracing of the limiter at `pin_dir` (one tracer at a
+    /// time), or says which process traces.
+    pub fn trace(pin_dir: &Path) -> Result<Self> {
+        let lock = exclusive(&lock_path(pin_dir, "trace"), |owner| {
+            format!(
+                "another `limiter trace` (pid {owner}) is tracing the limiter at {}",
+                pin_dir.display()
+            )
+        })?;
+        Ok(Self { _lock: lock })
+    }
+
+    /// Whether someone holds the trace claim of `pin_dir` now.
+    pub fn tracing(pin_dir: &Path) -> bool {
+        let Ok(file) = fs::File::open(lock_path(pin_dir, "trace")) else {
+            return false;
+        };
+        matches!(
+            Flock::lock(file, FlockArg::LockSharedNonblock),
+            Err((_, Errno::EWOULDBLOCK))
+        )
     }
 }
 
-/// The lock file of `pin_dir`, the same for every spelling of it
-/// (`limiter`, `limiter/`, `./limiter`, `a//limiter`).
-fn lock_path(pin_dir: &Path) -> PathBuf {
+/// An exclusive lock on the file at `path` with our pid written in it, or
+/// `busy(pid of the holder)` as the error.
+fn exclusive(path: &Path, busy: impl Fn(&str) -> String) -> Result<Flock<File>> {
+    private_dir(Path::new(RUN_DIR))?;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, Errno::EWOULDBLOCK)) => {
+            let owner = fs::read_to_string(path).unwrap_or_default();
+            bail!("{}", busy(owner.trim()));
+        }
+        Err((_, e)) => return Err(e).with_context(|| format!("locking {}", path.display())),
+    };
+    lock.set_len(0)?;
+    io::Write::write_all(&mut *lock, std::process::id().to_string().as_bytes())?;
+    Ok(lock)
+}
+
+/// The lock file of `pin_dir` of that kind (`lock`, `trace`), the same
+/// for every spelling of it (`limiter`, `limiter/`, `./limiter`,
+/// `a//limiter`).
+fn lock_path(pin_dir: &Path, kind: &str) -> PathBuf {
     let absolute = std::path::absolute(pin_dir).unwrap_or_else(|_| pin_dir.to_owned());
     let normal: PathBuf = absolute
         .components()
@@ -185,7 +216,7 @@ fn lock_path(pin_dir: &Path) -> PathBuf {
             }
         })
         .collect();
-    Path::new(RUN_DIR).join(format!("{name}.lock"))
+    Path::new(RUN_DIR).join(format!("{name}.{kind}"))
 }
 
 /// Removes a pin directory and everything pinned in it.
@@ -204,20 +235,24 @@ mod tests {
 
     use super::lock_path;
 
+    fn lock_path_of(pin_dir: &Path) -> std::path::PathBuf {
+        lock_path(pin_dir, "lock")
+    }
+
     #[test]
     fn every_spelling_of_a_pin_directory_has_one_lock() {
-        let lock = lock_path(Path::new("/sys/fs/bpf/limiter"));
+        let lock = lock_path_of(Path::new("/sys/fs/bpf/limiter"));
         for spelling in [
             "/sys/fs/bpf/limiter/",
             "/sys/fs/bpf//limiter",
             "/sys/fs/bpf/./limiter",
         ] {
-            assert_eq!(lock_path(Path::new(spelling)), lock, "{spelling}");
+            assert_eq!(lock_path_of(Path::new(spelling)), lock, "{spelling}");
         }
-        assert_ne!(lock_path(Path::new("/sys/fs/bpf/limiter2")), lock);
+        assert_ne!(lock_path_of(Path::new("/sys/fs/bpf/limiter2")), lock);
         assert_ne!(
-            lock_path(Path::new("/sys/fs/bpf/limiter-a")),
-            lock_path(Path::new("/sys/fs/bpf/limiter_a"))
+            lock_path_of(Path::new("/sys/fs/bpf/limiter-a")),
+            lock_path_of(Path::new("/sys/fs/bpf/limiter_a"))
         );
     }
 }

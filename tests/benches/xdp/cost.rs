@@ -112,7 +112,7 @@ fn helper_ns(name: &str, frame: &[u8], rounds: usize) -> Result<f64> {
 }
 
 /// The limiter built as `object`, with the bench's 500 rules and blocks.
-fn limiter_ns(object: &[u8], frame: &[u8], rounds: usize) -> Result<f64> {
+pub fn limiter_ns(object: &[u8], frame: &[u8], rounds: usize) -> Result<f64> {
     let pins = Path::new("/sys/fs/bpf/limiter-bench-cost");
     let _ = std::fs::remove_dir_all(pins);
     let rules = RuleSet::parse(

@@ -10,7 +10,9 @@
 //! - `scale`: the limiter's cost per packet as tracked keys grow;
 //! - `memory`: memory per key against hashlimit and an nftables set;
 //! - `accuracy`: what the limiter passed against what its limit allows;
-//! - `dashboard`: the Grafana dashboard's kernel panels drawn from a run.
+//! - `dashboard`: the Grafana dashboard's kernel panels drawn from a run;
+//! - `trace`: what `limiter trace` costs when nobody traces (the program
+//!   against a build without any tracing code), and while a trace runs.
 //!
 //! `--quick` runs a two-minute subset. Results go to target/bench/xdp.json,
 //! the plots to docs/bench/.
@@ -262,6 +264,12 @@ fn main() -> Result<()> {
         results["flood_full_table"] = Value::Array(full);
     }
 
+    if wanted("trace") {
+        section("trace: nobody tracing vs no tracing code at all (one source over its limit)");
+        let frame = generator.frame().to_vec();
+        results["trace"] = measure_trace(&lab, &mut generator, frame, &plan)?;
+    }
+
     if wanted("scale") {
         section(
             "scale: cost per packet above XDP_DROP as tracked keys grow (sources over their limit)",
@@ -463,6 +471,91 @@ fn flood_profile(
                 .zip(best[1..].iter().copied()),
         )
         .collect())
+}
+
+/// The program as built against the same program without any tracing
+/// code (`LIMITER_NO_TRACE_OBJECT`, built by `cargo xtask bench`), in
+/// turns: per packet (BPF_PROG_TEST_RUN) and end to end under a flood from
+/// one source; then end to end while a trace runs (a filter matching the
+/// flood's source, one decision in 1,000 kept).
+fn measure_trace(
+    lab: &Lab,
+    generator: &mut Generator,
+    frame: Vec<u8>,
+    plan: &Plan,
+) -> Result<Value> {
+    let path = std::env::var_os("LIMITER_NO_TRACE_OBJECT")
+        .context("LIMITER_NO_TRACE_OBJECT: the build without tracing `cargo xtask bench` makes")?;
+    let untraced = std::fs::read(&path)?;
+    let traced = limiter::kernel::object::OBJECT;
+    let (mut with_ns, mut without_ns) = (f64::MAX, f64::MAX);
+    for _ in 0..plan.rounds.max(3) * 2 {
+        with_ns = with_ns.min(cost::limiter_ns(traced, &frame, 1)?);
+        without_ns = without_ns.min(cost::limiter_ns(&untraced, &frame, 1)?);
+    }
+    println!(
+        "   per packet: {with_ns:.0} ns with the idle trace branch, {without_ns:.0} ns without tracing code ({:+.1}%)",
+        (with_ns / without_ns - 1.0) * 100.0
+    );
+    let filter = limiter::trace::TraceFilter {
+        source: Some(limiter::trace::parse_source("198.0.0.0/8")?),
+        sample: 1000,
+        ..Default::default()
+    };
+    let (mut with, mut without, mut tracing) = (0.0f64, 0.0f64, 0.0f64);
+    let mut traced_lines = 0u64;
+    for _ in 0..plan.rounds * 2 {
+        let installed = receivers::install_object(lab, traced)?;
+        with = with.max(
+            generator
+                .flood(lab, Sources::Cycle(1), plan.duration)?
+                .mpps(),
+        );
+        receivers::remove(lab, installed)?;
+        let installed = receivers::install_object(lab, &untraced)?;
+        without = without.max(
+            generator
+                .flood(lab, Sources::Cycle(1), plan.duration)?
+                .mpps(),
+        );
+        receivers::remove(lab, installed)?;
+        let installed = receivers::install_object(lab, traced)?;
+        let mut tracer = limiter::kernel::trace::KernelTracer::start(
+            Path::new(receivers::OBJECT_PINS),
+            &filter,
+        )?;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let run = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = tracer.wait(Duration::from_millis(50));
+                    while tracer.next_line().is_some() {
+                        n += 1;
+                    }
+                }
+                n
+            });
+            let run = generator.flood(lab, Sources::Cycle(1), plan.duration);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            traced_lines += reader.join().expect("trace reader");
+            run
+        })?;
+        tracing = tracing.max(run.mpps());
+        drop(tracer);
+        receivers::remove(lab, installed)?;
+    }
+    println!(
+        "   end to end: {with:.2} Mpps nobody tracing, {without:.2} Mpps without tracing code ({:.3}x); \
+         {tracing:.2} Mpps while tracing 1 in 1,000 ({:.2}x; {traced_lines} lines read)",
+        with / without,
+        tracing / without
+    );
+    Ok(json!({
+        "cost_ns": {"idle_branch": with_ns, "no_trace_code": without_ns},
+        "one_source_mpps": {"idle_branch": with, "no_trace_code": without, "tracing_1_in_1000": tracing},
+        "lines_read": traced_lines,
+    }))
 }
 
 fn measure_memory(lab: &Lab, generator: &mut Generator) -> Result<Value> {

@@ -212,7 +212,7 @@ pub fn install(lab: &Lab, peer: Peer, max_keys: u32, limit: Limit) -> Result<Ins
 }
 
 /// Where [`install_object`] pins its maps.
-const OBJECT_PINS: &str = "/sys/fs/bpf/limiter-bench-object";
+pub const OBJECT_PINS: &str = "/sys/fs/bpf/limiter-bench-object";
 
 /// The limiter built as `object` (a cut of the profile) with the bench's
 /// rules and blocks, as [`Peer::Limiter`] is installed.

@@ -1,0 +1,315 @@
+//! `limiter trace` on real traffic: the real program on a veth, frames
+//! from sources the test chooses, and what the trace says checked against
+//! what the receiver counted (nftables, independently of the limiter) and
+//! against the rule (which packets a burst lets through, what is left).
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    net::{IpAddr, Ipv4Addr},
+    path::Path,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use limiter::lab::{Lab, RX_IFACE};
+use limiter_tests::{Daemon, RunningLimiter, TempDir, flood, limiter_command, sources};
+use serde_json::Value;
+
+const RULES: &str = "rules:
+  - { name: held, match: { source: 198.18.0.0/16, protocol: udp }, key: source, limit: { rate: 1, unit: minute, burst: 5 } }
+  - { name: roomy, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 100000, unit: second, burst: 100000 } }
+";
+
+/// A `limiter trace` child; killed on drop if still running.
+struct Tracer {
+    child: Child,
+    /// Its output, read as it comes (a full pipe would stall it).
+    output: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Tracer {
+    /// Starts `limiter trace --json` with `args` in the receiver's
+    /// namespace (interface names are its), and waits until it traces.
+    fn start(lab: &Lab, args: &[&str]) -> Self {
+        let mut all = vec!["trace", "--json"];
+        all.extend_from_slice(args);
+        let mut child = limiter_command(Some(lab.rx.name()), &all)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning limiter trace");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut said = String::new();
+        stderr.read_line(&mut said).expect("reading its stderr");
+        assert!(
+            said.contains("limiter trace: tracing"),
+            "limiter trace did not start: {said}"
+        );
+        let mut stdout = child.stdout.take().expect("stdout");
+        let output = std::thread::spawn(move || {
+            let mut out = String::new();
+            stdout.read_to_string(&mut out).expect("reading its output");
+            out
+        });
+        Self {
+            child,
+            output: Some(output),
+        }
+    }
+
+    /// Its lines, parsed, once it exits (within 20 s).
+    fn lines(mut self) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().expect("waiting").is_none() {
+            assert!(Instant::now() < deadline, "limiter trace did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = self.child.try_wait().expect("waiting").expect("exited");
+        let out = self
+            .output
+            .take()
+            .expect("read once")
+            .join()
+            .expect("reader thread");
+        assert!(status.success(), "limiter trace failed: {status}\n{out}");
+        out.lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn v4(c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(198, 18, c, d))
+}
+
+/// The lab demo's question: why is this source dropped? Every decision
+/// about it is traced, and only about it: the burst's 5 pass with what is
+/// left falling 4, 3, 2, 1, 0; the rest are dropped by the key's packet
+/// meter with nothing left. The passes traced are what the receiver got.
+#[test]
+fn trace_explains_each_decision_about_one_source() {
+    let lab = Lab::create("lt-trace").expect("lab");
+    let dir = TempDir::new("trace");
+    let config = dir.write("rules.yaml", RULES);
+    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-trace");
+    let running = RunningLimiter::start(
+        lab.rx.name(),
+        &[RX_IFACE],
+        &config,
+        pin_dir,
+        dir.0.join("run.log"),
+    )
+    .expect("limiter run");
+    let pins = pin_dir.to_string_lossy().into_owned();
+    let tracer = Tracer::start(
+        &lab,
+        &[
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/nonexistent/control.sock",
+            "--source",
+            "198.18.0.1",
+            "--count",
+            "40",
+            "--duration",
+            "15s",
+        ],
+    );
+    // Another tracer at the same time is refused, and says why.
+    let second = limiter_command(
+        Some(lab.rx.name()),
+        &[
+            "trace",
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/nonexistent/control.sock",
+        ],
+    )
+    .output()
+    .expect("running a second trace");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success() && said.contains("another `limiter trace`"),
+        "{said}"
+    );
+    let traced_source = v4(0, 1);
+    let flooding = sources(&lab, 0, &[traced_source, v4(0, 2)], 40, 32);
+    let (_, received) = flood(&lab, &flooding, Duration::from_secs(1));
+    let lines = tracer.lines();
+    assert_eq!(lines.len(), 40, "40 frames from 198.18.0.1: {lines:#?}");
+    let arrived = received.get(&traced_source).copied().unwrap_or(0);
+    let passed: Vec<&Value> = lines.iter().filter(|l| l["verdict"] == "passed").collect();
+    assert_eq!(passed.len() as u64, arrived, "passes traced vs arrivals");
+    assert_eq!(passed.len(), 5, "the burst");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["source"], "198.18.0.1", "{line}");
+        assert_eq!(line["layer"], "xdp");
+        assert_eq!(line["interface"], RX_IFACE);
+        assert_eq!(line["protocol"], "udp");
+        assert_eq!(line["rule"], "held");
+        let left = &line["left"][0];
+        assert_eq!(left["meter"], "key packets", "{line}");
+        assert_eq!(left["of"], 5);
+        if i < 5 {
+            assert_eq!(line["verdict"], "passed", "{line}");
+            assert_eq!(left["left"], 4 - i as u64, "{line}");
+            assert!(line["refused_by"].is_null());
+        } else {
+            assert_eq!(line["verdict"], "dropped", "{line}");
+            assert_eq!(line["refused_by"], "key packets", "{line}");
+            assert_eq!(left["left"], 0, "{line}");
+        }
+    }
+    // The trace is off once its tracer is gone: the next tracer starts.
+    let again = limiter_command(
+        Some(lab.rx.name()),
+        &[
+            "trace",
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/nonexistent/control.sock",
+            "--duration",
+            "200ms",
+        ],
+    )
+    .output()
+    .expect("tracing again");
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    running.stop().expect("limiter run stops cleanly");
+}
+
+/// Under a flood, a trace is safe: one decision in N, of the verdicts
+/// asked for only. 2,000-odd frames all within their limit, one in four
+/// traced: binomial, so within five standard deviations of a quarter.
+#[test]
+fn a_sampled_trace_keeps_one_in_n_of_the_verdicts_asked_for() {
+    let lab = Lab::create("lt-trace-sample").expect("lab");
+    let dir = TempDir::new("trace-sample");
+    let config = dir.write("rules.yaml", RULES);
+    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-trace-sample");
+    let running = RunningLimiter::start(
+        lab.rx.name(),
+        &[RX_IFACE],
+        &config,
+        pin_dir,
+        dir.0.join("run.log"),
+    )
+    .expect("limiter run");
+    let pins = pin_dir.to_string_lossy().into_owned();
+    let tracer = Tracer::start(
+        &lab,
+        &[
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/nonexistent/control.sock",
+            "--verdict",
+            "passed",
+            "--sample",
+            "4",
+            "--duration",
+            "4s",
+        ],
+    );
+    let roomy: Vec<IpAddr> = (1..=4)
+        .map(|d| IpAddr::V4(Ipv4Addr::new(198, 19, 0, d)))
+        .collect();
+    // And a held source whose drops must not show.
+    let mut all = roomy.clone();
+    all.push(v4(0, 9));
+    let (_, received) = flood(
+        &lab,
+        &sources(&lab, 0, &all, 250, 32),
+        Duration::from_secs(2),
+    );
+    let lines = tracer.lines();
+    let arrived: u64 = roomy
+        .iter()
+        .map(|s| received.get(s).copied().unwrap_or(0))
+        .sum();
+    assert!(arrived > 1000, "the flood arrived: {arrived}");
+    assert!(
+        lines.iter().all(|l| l["verdict"] == "passed"),
+        "passes only"
+    );
+    let held_passes = lines.iter().filter(|l| l["rule"] == "held").count();
+    assert!(held_passes <= 5, "198.18.0.9 passed only its burst");
+    let expected = arrived as f64 / 4.0;
+    let sd = (arrived as f64 * 0.25 * 0.75).sqrt();
+    let got = (lines.len() - held_passes) as f64;
+    assert!(
+        (got - expected).abs() <= 5.0 * sd,
+        "sampled {got} of {arrived} passes, expected {expected:.0} ± {:.0}",
+        5.0 * sd
+    );
+    running.stop().expect("limiter run stops cleanly");
+}
+
+/// Through the daemon: the same lines, streamed over its control socket,
+/// and the trace logged as events; a tracer that dies is noticed.
+#[test]
+fn trace_through_the_daemon() {
+    let lab = Lab::create("lt-trace-daemon").expect("lab");
+    let daemon = Daemon::start(&lab, "trace-daemon", &[RX_IFACE], RULES).expect("daemon");
+    let socket = daemon.socket.to_string_lossy().into_owned();
+    let tracer = Tracer::start(
+        &lab,
+        &[
+            "--socket",
+            &socket,
+            "--rule",
+            "held",
+            "--verdict",
+            "dropped",
+            "--count",
+            "10",
+            "--duration",
+            "15s",
+        ],
+    );
+    let flooding = sources(
+        &lab,
+        0,
+        &[v4(0, 1), IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1))],
+        40,
+        32,
+    );
+    let (_, received) = flood(&lab, &flooding, Duration::from_secs(1));
+    let lines = tracer.lines();
+    assert!(received.get(&v4(0, 1)).copied() == Some(5), "{received:?}");
+    assert_eq!(lines.len(), 10, "{lines:#?}");
+    for line in &lines {
+        assert_eq!(line["rule"], "held", "{line}");
+        assert_eq!(line["verdict"], "dropped", "{line}");
+        assert_eq!(line["refused_by"], "key packets", "{line}");
+        assert_eq!(line["interface"], RX_IFACE);
+    }
+    // The daemon logged the trace's start and end.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains("the client stopped tracing") {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(daemon.log().contains("tracing for a client"));
+    // A bad filter is refused before anything is traced.
+    let wrong = daemon.cli(&["trace", "--rule", "nope"]);
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && said.contains("no such rule") && said.contains("held"),
+        "{said}"
+    );
+}
