@@ -313,3 +313,182 @@ fn trace_through_the_daemon() {
         "{said}"
     );
 }
+
+/// Every verdict and cause as the kernel decided it, on crafted frames
+/// through BPF_PROG_TEST_RUN (tail calls included): passes and drops by
+/// the key's packet and byte meters and by the aggregate, a dry run's
+/// excess, a manual block, `default: drop`, a malformed frame, a tiny
+/// fragment, an IPv6 source; and a frame the filter leaves out is not
+/// traced.
+#[test]
+fn every_verdict_and_cause_is_traced_as_decided() {
+    use aya::programs::TestRun;
+    use limiter::kernel::trace::KernelTracer;
+    use limiter_tests::{frames, loaded};
+    let mut dp = loaded(
+        "default: drop
+rules:
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 1, unit: minute, burst: 2 } }
+  - { name: bytes, match: { source: 198.20.0.0/16 }, key: source, limit: { bytes: 100, unit: minute } }
+  - { name: dry, match: { source: 198.19.128.0/24 }, key: source, limit: { rate: 1, unit: minute, burst: 1 }, action: shadow }
+  - { name: shared, match: { source: 198.21.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 100 }, aggregate: { rate: 1, unit: minute, burst: 1 } }
+  - { name: v6, match: { source: \"2001:db8::/32\" }, key: source, limit: { rate: 1, unit: minute, burst: 1 } }
+",
+    );
+    dp.engine
+        .block("198.18.9.9/32".parse().unwrap(), None)
+        .expect("blocking");
+    let filter = limiter::trace::TraceFilter {
+        source: None,
+        ..Default::default()
+    };
+    let mut tracer = KernelTracer::start(dp.pin_dir(), &filter).expect("tracing");
+    let run = |dp: &limiter_tests::Loaded, frame: &[u8]| {
+        dp.program()
+            .test_run(aya::programs::TestRunOptions {
+                data_in: Some(frame),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN")
+            .return_value
+    };
+    let v4 = |a, b, c, d| std::net::Ipv4Addr::new(a, b, c, d);
+    let mut expected: Vec<(&str, &str, Option<&str>, Option<&str>)> = Vec::new();
+    let mut send = |dp: &limiter_tests::Loaded,
+                    frame: Vec<u8>,
+                    line: (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    )| {
+        let verdict = run(dp, &frame);
+        let dropped = matches!(line.1, "dropped" | "blocked")
+            || (line.1 == "malformed" && line.2 == Some("tiny fragment"));
+        let want = if dropped {
+            limiter_tests::XDP_DROP
+        } else {
+            limiter_tests::XDP_PASS
+        };
+        assert_eq!(verdict, want, "{line:?}");
+        expected.push(line);
+    };
+    for _ in 0..2 {
+        send(
+            &dp,
+            frames::udp4(v4(198, 18, 0, 1), 53, 20),
+            ("198.18.0.1", "passed", None, Some("held")),
+        );
+    }
+    send(
+        &dp,
+        frames::udp4(v4(198, 18, 0, 1), 53, 20),
+        ("198.18.0.1", "dropped", Some("key packets"), Some("held")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 20, 0, 1), 53, 20),
+        ("198.20.0.1", "passed", None, Some("bytes")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 20, 0, 1), 53, 20),
+        ("198.20.0.1", "dropped", Some("key bytes"), Some("bytes")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 19, 128, 1), 53, 20),
+        ("198.19.128.1", "passed", None, Some("dry")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 19, 128, 1), 53, 20),
+        ("198.19.128.1", "shadow", Some("key packets"), Some("dry")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 21, 0, 1), 53, 20),
+        ("198.21.0.1", "passed", None, Some("shared")),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 21, 0, 2), 53, 20),
+        (
+            "198.21.0.2",
+            "dropped",
+            Some("aggregate packets"),
+            Some("shared"),
+        ),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(198, 18, 9, 9), 53, 20),
+        ("198.18.9.9", "blocked", Some("manual block"), None),
+    );
+    send(
+        &dp,
+        frames::udp4(v4(10, 0, 0, 1), 53, 20),
+        (
+            "10.0.0.1",
+            "dropped",
+            Some("rule action block"),
+            Some("default"),
+        ),
+    );
+    let v6 = frames::udp6("2001:db8::1".parse().unwrap(), 53, 20);
+    send(&dp, v6.clone(), ("2001:db8::1", "passed", None, Some("v6")));
+    send(
+        &dp,
+        v6,
+        ("2001:db8::1", "dropped", Some("key packets"), Some("v6")),
+    );
+    let tiny = frames::ipv4_fragment(&frames::udp4(v4(198, 18, 0, 3), 53, 20), true, 0);
+    send(
+        &dp,
+        tiny[..frames::L3 + 20 + 4].to_vec(),
+        ("198.18.0.3", "malformed", Some("tiny fragment"), None),
+    );
+    let whole = frames::udp4(v4(198, 18, 0, 4), 53, 20);
+    send(
+        &dp,
+        whole[..frames::L3 + 10].to_vec(),
+        ("-", "malformed", None, None),
+    );
+    let mut lines = Vec::new();
+    while let Some(line) = tracer.next_line() {
+        lines.push(line);
+    }
+    assert_eq!(lines.len(), expected.len(), "{lines:#?}");
+    for (line, (source, verdict, refused_by, rule)) in lines.iter().zip(&expected) {
+        let shown = line.source.map_or("-".to_owned(), |s| s.to_string());
+        assert_eq!(shown, *source, "{line:?}");
+        assert_eq!(line.verdict, *verdict, "{line:?}");
+        assert_eq!(line.refused_by.as_deref(), *refused_by, "{line:?}");
+        if let Some(rule) = rule {
+            assert_eq!(line.rule, *rule, "{line:?}");
+        }
+        assert_eq!(line.layer, "xdp");
+    }
+    // What is left: the aggregate's refusal shows the aggregate spent.
+    let aggregate = &lines[8];
+    assert!(
+        aggregate
+            .left
+            .iter()
+            .any(|l| l.meter == "aggregate packets" && l.left == 0 && l.of == 1),
+        "{aggregate:?}"
+    );
+    // A filter leaves out what it does not name.
+    drop(tracer);
+    let only_blocked = limiter::trace::TraceFilter {
+        verdicts: vec!["blocked".into()],
+        ..Default::default()
+    };
+    let mut tracer = KernelTracer::start(dp.pin_dir(), &only_blocked).expect("tracing");
+    run(&dp, &frames::udp4(v4(198, 18, 0, 1), 53, 20));
+    run(&dp, &frames::udp4(v4(198, 18, 9, 9), 53, 20));
+    let first = tracer.next_line().expect("the blocked frame");
+    assert_eq!(first.verdict, "blocked");
+    assert!(tracer.next_line().is_none(), "only the blocked frame");
+    assert_eq!(tracer.counts().unwrap(), [1, 0], "one sent, none lost");
+}
