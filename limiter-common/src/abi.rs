@@ -26,6 +26,8 @@ pub mod map_name {
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
     pub const ADMISSIONS: &str = "ADMISSIONS";
     pub const FRAGMENTS: &str = "FRAGMENTS";
+    pub const SOFT_LIMITS: &str = "SOFT_LIMITS";
+    pub const SOFT_STATS: &str = "SOFT_STATS";
     pub const TRACE: &str = "TRACE";
     pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
     pub const TRACE_COUNTS: &str = "TRACE_COUNTS";
@@ -195,6 +197,10 @@ pub mod rule_flag {
     pub const AGGREGATE_PACKETS: u32 = 1 << 5;
     /// `RuleConfig::aggregate_bytes` is in force.
     pub const AGGREGATE_BYTES: u32 = 1 << 6;
+    /// A soft packet limit is in force (`SOFT_LIMITS` at the rule's slot;
+    /// GCRA rules only): a packet the key's soft meter refuses is passed
+    /// all the same, and counted as over it (`SOFT_STATS`).
+    pub const SOFT: u32 = 1 << 7;
 }
 
 /// `RuleConfig::algorithm` values.
@@ -605,6 +611,7 @@ mod pod {
     unsafe impl aya::Pod for super::AggregateState {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
+    unsafe impl aya::Pod for crate::gcra::Gcra {}
     unsafe impl aya::Pod for crate::trace::TraceConfig {}
     unsafe impl aya::Pod for crate::trace::TraceEvent {}
 }

@@ -34,7 +34,7 @@ use limiter_common::{
 };
 use maps::{
     ADMISSIONS, AGGREGATES, BLOCKED_V4, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6,
-    RULE_STATS, RULES, V4_L16, V4_L24, V4_L32, V4_LISTS, WINDOW_SCRATCH,
+    RULE_STATS, RULES, SOFT_LIMITS, SOFT_STATS, V4_L16, V4_L24, V4_L32, V4_LISTS, WINDOW_SCRATCH,
 };
 use parse::{Packet, Source};
 use trace::Decided;
@@ -218,6 +218,12 @@ fn limit(
             Ok(slot) => {
                 let key_state = unsafe { &raw mut (*slot).state };
                 let verdict = meter(config, rule_id, rule, key_state, now, len);
+                if verdict.outcome == Outcome::Allowed
+                    && rule.flags & rule_flag::SOFT != 0
+                    && rule.algorithm == algorithm::GCRA
+                {
+                    over_soft(generation, iface, rule_id, key_state, now);
+                }
                 // For `limiter top`; see `KeyState::passed_packets`.
                 let key_state = unsafe { &mut *key_state };
                 if verdict.outcome == Outcome::Allowed {
@@ -283,6 +289,22 @@ fn stopped(value: u64) -> Decided {
         action::PASS
     };
     Decided::new(action, traced::PASSED, reason::NONE)
+}
+
+/// Charges a packet its key's soft meter (the third word of a GCRA key's
+/// state, which the hard meters leave free), and counts it when the soft
+/// meter refuses it: it is passed all the same.
+#[inline(always)]
+fn over_soft(generation: u32, iface: u32, rule_id: u32, state: *mut KeyState, now: u64) {
+    let Some(soft) = SOFT_LIMITS.get(rule_slot(generation, rule_id)) else {
+        return;
+    };
+    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    if acquire(&cell, soft, now, 1) == Outcome::Denied
+        && let Some(over) = SOFT_STATS.get_ptr_mut(counter_slot(iface, rule_id))
+    {
+        unsafe { *over += 1 };
+    }
 }
 
 #[inline(always)]

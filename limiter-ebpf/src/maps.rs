@@ -14,6 +14,7 @@ use limiter_common::{
         MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
         RuleConfig, RuleCounters, v4_table,
     },
+    gcra::Gcra,
     keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
     trace::{TraceConfig, TraceEvent},
     window::WindowState,
@@ -112,6 +113,17 @@ pub static CLOCK: Array<u64> = Array::pinned(1, 0);
 /// value rather than the stack, which the program has all but used up.
 #[map]
 pub static WINDOW_SCRATCH: PerCpuArray<[WindowState; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Soft packet limits by `rule_slot(generation, id)`, for rules with
+/// `rule_flag::SOFT`: kept apart from `RULES` so its layout, and the
+/// state pinned by earlier builds, stay as they were.
+#[map]
+pub static SOFT_LIMITS: Array<Gcra> = Array::pinned(GENERATIONS * MAX_RULES, 0);
+
+/// Per interface slot and rule (`counter_slot`), per CPU: packets passed
+/// over the rule's soft limit.
+#[map]
+pub static SOFT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_IFACES * MAX_RULES, 0);
 
 /// What `limiter trace` asks for (`trace::TraceConfig`); `on` is 0 while
 /// nobody traces, and then nothing else is read.

@@ -7,9 +7,12 @@ pub mod v4_table;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use limiter_common::abi::{
-    Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig, PrefixKey, RULE_NAME_LEN,
-    RuleConfig, action, algorithm, candidate_flag, rule_flag,
+use limiter_common::{
+    abi::{
+        Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig, PrefixKey, RULE_NAME_LEN,
+        RuleConfig, action, algorithm, candidate_flag, rule_flag,
+    },
+    gcra::Gcra,
 };
 
 use crate::rules::{
@@ -29,6 +32,8 @@ pub struct Tables {
     /// IPv6: (LPM prefix length, key, value), the generation in the key's
     /// first byte.
     pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
+    /// (rule id, soft packet meter) of the rules with a soft limit.
+    pub soft: Vec<(u32, Gcra)>,
 }
 
 /// Builds generation `generation` of `set`, whose rule `i` has id `ids[i]`.
@@ -57,6 +62,12 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
         rules,
         v4: Vec::new(),
         v6: Vec::new(),
+        soft: set
+            .rules
+            .iter()
+            .zip(ids)
+            .filter_map(|(rule, &id)| Some((id, rule.soft?.gcra)))
+            .collect(),
     };
     for (net, candidates) in prefixes(set, ids) {
         // The generation goes first in the key: 8 more bits to match.
@@ -112,6 +123,10 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
                 config.bytes = meter(m);
             }
         }
+    }
+    if rule.soft.is_some() {
+        // Its meter is in `Tables::soft`.
+        config.flags |= rule_flag::SOFT;
     }
     if let Some(aggregate) = rule.aggregate {
         if let Some(m) = aggregate.packets {

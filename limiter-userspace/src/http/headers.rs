@@ -12,6 +12,8 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// Names the rule whose soft limit the request went over (it was served).
+const X_RATELIMIT_OVER_SOFT: HeaderName = HeaderName::from_static("x-ratelimit-over-soft");
 
 /// What a rule's responses always say, written once per rule.
 pub(super) struct RuleFields {
@@ -47,6 +49,14 @@ impl RuleFields {
 /// next request would conform in a millisecond.
 pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
     let mut fields = Fields::default();
+    if admission.over_soft
+        && let Some(index) = admission.rule
+    {
+        let name = &limiter.header_fields[index].name;
+        fields.0[6] = HeaderValue::from_str(name)
+            .ok()
+            .map(|name| (X_RATELIMIT_OVER_SOFT, name));
+    }
     let (Some(index), Some(p)) = (admission.rule, limiter.quota(admission)) else {
         return fields;
     };
@@ -54,6 +64,7 @@ pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
     let Some((policy, limit)) = &rule.policy else {
         return fields;
     };
+    let over_soft = fields.0[6].take();
     fields.0 = [
         Some((RATELIMIT_POLICY, policy.clone())),
         Some((
@@ -72,13 +83,14 @@ pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
                 HeaderValue::from(p.retry_after_secs.max(1)),
             )
         }),
+        over_soft,
     ];
     fields
 }
 
 /// A response's rate-limit fields, computed when its request was judged.
 #[derive(Default)]
-pub struct Fields([Option<(HeaderName, HeaderValue)>; 6]);
+pub struct Fields([Option<(HeaderName, HeaderValue)>; 7]);
 
 impl Fields {
     pub fn apply(self, headers: &mut HeaderMap) {

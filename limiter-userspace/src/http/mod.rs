@@ -28,8 +28,8 @@ use limiter_common::{
     abi::FlowKey,
     log::Log,
     meter::{
-        AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire_all, acquire_delayed, order,
-        windows_all,
+        AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, acquire_delayed,
+        order, windows_all,
     },
     trace::reason,
     window::WindowState,
@@ -103,6 +103,8 @@ pub struct Admission {
     /// What refused it (`limiter_common::trace::reason`), if refused
     /// (or let through by a dry run): for `limiter proxy --trace`.
     pub refused_by: Option<u8>,
+    /// Admitted over the rule's soft limit: the response says so.
+    pub over_soft: bool,
 }
 
 /// A key's request meter as the request left it.
@@ -126,6 +128,7 @@ impl Admission {
             in_flight: None,
             too_many_in_flight: false,
             refused_by,
+            over_soft: false,
         }
     }
 }
@@ -196,15 +199,19 @@ pub struct HttpCounters {
     /// Of `dropped` and `shadow`: those whose key had as many requests in
     /// flight as the rule's `concurrent` allows.
     pub in_flight_excess: AtomicU64,
+    /// Of `passed`: those over the rule's soft limit.
+    pub over_soft: AtomicU64,
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
-/// the request meter (0) and the byte meter (1). What every request
-/// touches comes first, on the cache line of the `Arc`'s counts.
+/// the request meter (0) and the byte meter (1), and the cell of the soft
+/// request meter (2, as the kernel keeps it in a key's third word). What
+/// every request touches comes first, on the cache line of the `Arc`'s
+/// counts.
 #[derive(Default)]
 #[repr(C)]
 struct State {
-    cells: [AtomicU64; 2],
+    cells: [AtomicU64; 3],
     /// When the key was last seen (monotonic ns), for eviction, stored at
     /// most once a [`SEEN_GRANULE_NS`].
     last_seen: AtomicU64,
@@ -574,6 +581,16 @@ impl Limiter {
         };
         let now = judged_at.get();
         state.seen(now);
+        // The soft meter, charged like the kernel's: only what the hard
+        // limits admitted, never refusing.
+        let over_soft = allowed
+            && rule.soft.is_some_and(|soft| {
+                rule.algorithm == Algorithm::Gcra
+                    && acquire(&state.cells[2], &soft.gcra, now, 1) == Outcome::Denied
+            });
+        if over_soft {
+            counters.over_soft.fetch_add(1, Ordering::Relaxed);
+        }
         if by_aggregate {
             counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
         }
@@ -592,6 +609,7 @@ impl Limiter {
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
             refused_by,
+            over_soft,
         }
     }
 

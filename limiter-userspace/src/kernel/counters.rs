@@ -31,6 +31,9 @@ pub struct RuleStats {
     pub name: String,
     #[serde(flatten)]
     pub counters: RuleCounters,
+    /// Packets passed over the rule's soft limit (`soft` in the rule file).
+    #[serde(default)]
+    pub over_soft: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -112,6 +115,7 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
             id: *id,
             name: name.clone(),
             counters: RuleCounters::default(),
+            over_soft: 0,
         })
         .collect();
     for (ifindex, slot) in slots {
@@ -126,11 +130,21 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
             {
                 counters.add(cpu);
             }
+            let over_soft = match &maps.soft_stats {
+                Some(soft) => soft
+                    .get(&counter_slot(slot, *id), 0)
+                    .map_err(map_error(map_name::SOFT_STATS))?
+                    .iter()
+                    .sum(),
+                None => 0,
+            };
             snapshot.rules[i].counters.add(&counters);
+            snapshot.rules[i].over_soft += over_soft;
             rules.push(RuleStats {
                 id: *id,
                 name: name.clone(),
                 counters,
+                over_soft,
             });
         }
         snapshot.interfaces.push(InterfaceStats {

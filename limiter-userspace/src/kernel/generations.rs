@@ -88,6 +88,15 @@ impl Datapath {
                 .insert(&Key::new(*prefix, *key), candidates, 0)
                 .map_err(map_error(map_name::LPM_V6))?;
         }
+        if !tables.soft.is_empty() {
+            let soft = self.maps.soft_limits.as_mut().ok_or_else(|| {
+                KernelError::BadObject(format!("it has no map {}", map_name::SOFT_LIMITS))
+            })?;
+            for (id, gcra) in &tables.soft {
+                soft.set(rule_slot(generation, *id), gcra, 0)
+                    .map_err(map_error(map_name::SOFT_LIMITS))?;
+            }
+        }
         Ok(())
     }
 
@@ -140,6 +149,15 @@ impl Datapath {
                 .rule_stats
                 .set(counter_slot(iface, id), zeros, 0)
                 .map_err(map_error(map_name::RULE_STATS))?;
+            if let Some(soft) = &mut self.maps.soft_stats {
+                let zeros =
+                    PerCpuValues::try_from(vec![0u64; cpus]).map_err(|source| KernelError::Io {
+                        path: "/sys/devices/system/cpu/possible".into(),
+                        source,
+                    })?;
+                soft.set(counter_slot(iface, id), zeros, 0)
+                    .map_err(map_error(map_name::SOFT_STATS))?;
+            }
         }
         Ok(())
     }

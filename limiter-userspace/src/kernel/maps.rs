@@ -16,6 +16,7 @@ use limiter_common::{
         AggregateState, Block, Candidates, GlobalConfig, GlobalCounters, PrefixKey, RuleConfig,
         RuleCounters, map_name, v4_table,
     },
+    gcra::Gcra,
     keytable::{WAYS, buckets_for},
 };
 
@@ -49,6 +50,11 @@ pub struct Maps {
     /// Per CPU, per (interface slot, rule id) (`abi::counter_slot`).
     pub rule_stats: PerCpuArray<MapData, RuleCounters>,
     pub global_stats: PerCpuArray<MapData, GlobalCounters>,
+    /// Soft packet limits by rule slot, and the packets over them per
+    /// (interface, rule) and CPU; absent from the pins of a build that
+    /// had none.
+    pub soft_limits: Option<Array<MapData, Gcra>>,
+    pub soft_stats: Option<PerCpuArray<MapData, u64>>,
     /// The test build's clock (`--features test-clock`); absent otherwise.
     pub test_clock: Option<Array<MapData, u64>>,
 }
@@ -114,6 +120,8 @@ impl Maps {
             admissions: handle(open, map_name::ADMISSIONS)?,
             rule_stats: handle(open, map_name::RULE_STATS)?,
             global_stats: handle(open, map_name::GLOBAL_STATS)?,
+            soft_limits: handle(open, map_name::SOFT_LIMITS).ok(),
+            soft_stats: handle(open, map_name::SOFT_STATS).ok(),
             test_clock: None,
         })
     }

@@ -43,6 +43,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     let aggregate = Family::<Labels, Counter>::default();
     let contended = Family::<Labels, Counter>::default();
     let unadmitted = Family::<Labels, Counter>::default();
+    let over_soft = Family::<Labels, Counter>::default();
     // Slot 0 ("other": unregistered interfaces, test runs) only when used.
     let used = |iface: &&crate::kernel::counters::InterfaceStats| {
         iface.ifindex != 0 || iface.rules.iter().any(|r| r.counters != Default::default())
@@ -73,6 +74,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
             aggregate.get_or_create(&base).inc_by(c.aggregate_excess);
             contended.get_or_create(&base).inc_by(c.contended);
             unadmitted.get_or_create(&base).inc_by(c.unadmitted);
+            over_soft.get_or_create(&base).inc_by(rule.over_soft);
         }
     }
     registry.register(
@@ -100,6 +102,11 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         "limiter_contended_packets",
         "Packets treated as excess because every compare-and-swap lost the race",
         contended,
+    );
+    registry.register(
+        "limiter_over_soft_packets",
+        "Packets passed over the rule's soft limit (counted, not refused)",
+        over_soft,
     );
     registry.register(
         "limiter_unadmitted_packets",
@@ -291,6 +298,7 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
     let packets = Family::<Labels, Counter>::default();
     let bodies = Family::<Labels, Counter>::default();
     let in_flight = Family::<Labels, Counter>::default();
+    let over_soft = Family::<Labels, Counter>::default();
     for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
         let labels = |name: &str, value: &str| {
             vec![
@@ -316,6 +324,14 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
                 .get_or_create(&labels("action", action))
                 .inc_by(value);
         }
+        if rule.soft.is_some() {
+            over_soft
+                .get_or_create(&vec![
+                    ("layer".to_owned(), "http".to_owned()),
+                    ("rule".to_owned(), rule.name.clone()),
+                ])
+                .inc_by(counters.over_soft.load(Relaxed));
+        }
         if rule.concurrent.is_some() {
             in_flight
                 .get_or_create(&vec![
@@ -329,6 +345,11 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
         "limiter_packets",
         "Requests judged, by rule and verdict",
         packets,
+    );
+    registry.register(
+        "limiter_over_soft_packets",
+        "Requests served over the rule's soft limit (counted, not refused)",
+        over_soft,
     );
     registry.register(
         "limiter_body_over_limit_requests",

@@ -86,6 +86,10 @@ pub fn describe(rule: &Rule) -> Description {
                 Limit::Unlimited => "unlimited".to_owned(),
                 Limit::Metered { packets, bytes } => rates(packets, bytes),
             };
+            let limit = match rule.soft {
+                Some(soft) => format!("{limit} (soft {})", rates(Some(soft), None)),
+                None => limit,
+            };
             match (rule.concurrent, rule.limit) {
                 (None, _) => limit,
                 (Some(n), Limit::Unlimited) => format!("{} in flight", count(n.into())),

@@ -29,6 +29,11 @@ impl Rule {
         let fleet = self.fleet.map_or(String::new(), |f| {
             format!("|fleet/{}/{}", f.partitions, f.reserve)
         });
+        // Likewise a rule without a soft limit.
+        let fleet = match &self.soft {
+            Some(_) => format!("{fleet}|soft/{}", rate(&self.soft)),
+            None => fleet,
+        };
         let text = format!(
             "{}|{limit}|{}{fleet}{}",
             self.keys_text(),

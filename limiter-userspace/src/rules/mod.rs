@@ -57,6 +57,9 @@ pub struct Rule {
     pub limit: Limit,
     /// Budgets shared by all the rule's keys together (hierarchical limits).
     pub aggregate: Option<Rates>,
+    /// A soft packet (request) limit per key, below the hard one: what
+    /// goes over it is counted (`over_soft`) and passed. GCRA only.
+    pub soft: Option<Rate>,
     /// How every meter of the rule counts.
     pub algorithm: Algorithm,
     /// Pacing (layer 7 only): how long a request may be held until it

@@ -46,6 +46,9 @@ pub struct RuleEntry {
     pub limit: LimitField,
     /// One budget shared by every key of the rule.
     pub aggregate: Option<RateFields>,
+    /// A packet (request) rate below `limit`'s: above it, traffic is
+    /// counted as over it and still passed.
+    pub soft: Option<RateFields>,
     pub action: Option<Excess>,
     pub algorithm: Option<Algorithm>,
     /// Layer 7: at most this many requests of one key in flight at once.

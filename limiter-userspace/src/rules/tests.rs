@@ -577,3 +577,57 @@ fn concurrency_limits_are_layer7_and_at_least_one() {
         "{e}"
     );
 }
+
+#[test]
+fn soft_limits_are_packet_rates_below_the_hard_one() {
+    let rule = |soft: &str| {
+        format!(
+            "rules:\n  - {{ name: s, limit: {{ rate: 100, unit: second, burst: 20 }}, soft: {soft} }}\n"
+        )
+    };
+    let set = parse(&rule("{ rate: 50, unit: second, burst: 10 }")).unwrap();
+    let soft = set.rules[0].soft.expect("a soft limit");
+    assert_eq!((soft.rate, soft.burst), (50, 10));
+    assert_eq!(
+        describe::describe(&set.rules[0]).limit,
+        "100 pkts/s, burst 20 (soft 50 pkts/s, burst 10)"
+    );
+    // A rule without one keeps the fingerprint it had before soft limits.
+    let plain =
+        parse("rules:\n  - { name: s, limit: { rate: 100, unit: second, burst: 20 } }\n").unwrap();
+    assert_ne!(plain.rules[0].fingerprint(), set.rules[0].fingerprint());
+    assert_eq!(plain.rules[0].identity(), set.rules[0].identity());
+    for (soft, expected) in [
+        (
+            "{ rate: 200, unit: second }",
+            "rules[0].soft: 200 per 1s with a burst of 200 is not below the hard limit (100 per 1s, burst 20)",
+        ),
+        (
+            "{ rate: 100, unit: second, burst: 20 }",
+            "is not below the hard limit",
+        ),
+        (
+            "{ rate: 50, unit: second, burst: 30 }",
+            "is not below the hard limit",
+        ),
+        (
+            "{ rate: 50, unit: second, bytes: 10 }",
+            "rules[0].soft.bytes: a soft limit is a packet (request) rate",
+        ),
+        ("{ rate: 50, unit: fortnight }", "rules[0].soft.unit:"),
+    ] {
+        let e = error(&rule(soft));
+        assert!(e.contains(expected), "{soft}: {e}");
+    }
+    let e = error(
+        "rules:\n  - { name: s, algorithm: fixed_window, limit: { rate: 100, unit: second }, soft: { rate: 5, unit: second } }\n",
+    );
+    assert!(e.contains("rules[0].soft: needs algorithm gcra"), "{e}");
+    let e = error(
+        "rules:\n  - { name: s, limit: { bytes: 100, unit: second }, soft: { rate: 5, unit: second } }\n",
+    );
+    assert!(
+        e.contains("rules[0].soft: needs a hard packet limit"),
+        "{e}"
+    );
+}

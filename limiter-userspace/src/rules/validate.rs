@@ -175,6 +175,11 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .map(|rates| validate_rates(rates, algorithm))
         .transpose()
         .map_err(|(f, m)| (format!("aggregate.{f}"), m))?;
+    let soft = raw
+        .soft
+        .as_ref()
+        .map(|fields| soft_limit(fields, &limit, algorithm))
+        .transpose()?;
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
             fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
@@ -189,6 +194,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         keyed_by,
         limit,
         aggregate,
+        soft,
         algorithm,
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
@@ -198,6 +204,66 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             other => other,
         },
     })
+}
+
+/// A `soft` limit: a packet rate, on a GCRA rule, below its hard packet
+/// limit (at most its rate and its burst, and not both the same).
+fn soft_limit(
+    fields: &raw::RateFields,
+    limit: &Limit,
+    algorithm: Algorithm,
+) -> Result<Rate, Invalid> {
+    if algorithm != Algorithm::Gcra {
+        return Err(invalid(
+            "soft",
+            "needs algorithm gcra (a window key's state has no room for a third meter)",
+        ));
+    }
+    let Limit::Metered {
+        packets: Some(hard),
+        ..
+    } = limit
+    else {
+        return Err(invalid(
+            "soft",
+            "needs a hard packet limit to be below: `limit: { rate: ... }`",
+        ));
+    };
+    let stray = [
+        ("bytes", fields.bytes.is_some()),
+        ("burst_bytes", fields.burst_bytes.is_some()),
+        ("delay", fields.delay.is_some()),
+    ];
+    if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            format!("soft.{field}"),
+            "a soft limit is a packet (request) rate: `rate`, `unit` and `burst`",
+        ));
+    }
+    local_only(fields).map_err(|(f, m)| (format!("soft.{f}"), m))?;
+    let rates = validate_rates(fields, algorithm).map_err(|(f, m)| (format!("soft.{f}"), m))?;
+    let soft = rates
+        .packets
+        .ok_or_else(|| invalid("soft.rate", "a soft limit needs `rate`"))?;
+    // A longer emission interval is a lower rate.
+    let below = soft.gcra.emission_ns >= hard.gcra.emission_ns
+        && soft.burst <= hard.burst
+        && (soft.gcra.emission_ns, soft.burst) != (hard.gcra.emission_ns, hard.burst);
+    if !below {
+        return Err(invalid(
+            "soft",
+            format!(
+                "{} per {} with a burst of {} is not below the hard limit ({} per {}, burst {})",
+                soft.rate,
+                humantime::format_duration(soft.period),
+                soft.burst,
+                hard.rate,
+                humantime::format_duration(hard.period),
+                hard.burst
+            ),
+        ));
+    }
+    Ok(soft)
 }
 
 /// `scope`, `partitions` and `reserve` belong to an aggregate.
