@@ -3,6 +3,7 @@
 #![no_std]
 
 pub mod abi;
+pub mod escalation;
 pub mod gcra;
 pub mod keytable;
 #[cfg(feature = "user")]

@@ -315,6 +315,20 @@ async fn serve(
     Ok(())
 }
 
+/// Logs each escalation as an `escalated` event.
+pub fn log_escalations(escalated: &[crate::engine::escalate::Escalated]) {
+    for e in escalated {
+        let for_secs = e.block.as_secs_f64();
+        if e.enforced {
+            tracing::warn!(event = "escalated", prefix = %e.prefix, rule = %e.rule, for_secs, enforced = true,
+                "{} stayed over rule {:?}'s limit: blocked for {}", e.prefix, e.rule, humantime::format_duration(e.block));
+        } else {
+            tracing::warn!(event = "escalated", prefix = %e.prefix, rule = %e.rule, for_secs, enforced = false,
+                "{} stayed over rule {:?}'s limit: would be blocked for {} (dry run)", e.prefix, e.rule, humantime::format_duration(e.block));
+        }
+    }
+}
+
 /// Traces the kernel's decisions for a client: a thread follows the ring
 /// buffer and sends each line, and also logs it (`limiter::trace` target,
 /// debug level), until the client hangs up.
@@ -441,6 +455,12 @@ async fn housekeeping(shared: Arc<Shared>) {
             if let Err(e) = engine.refresh_clock() {
                 tracing::warn!(event = "error", error = %format!("{e:#}"), "refreshing the clock offset: {e:#}");
             }
+            match engine.escalate() {
+                Ok(escalated) => log_escalations(&escalated),
+                Err(e) => {
+                    tracing::warn!(event = "error", error = %format!("{e:#}"), "escalating: {e:#}")
+                }
+            }
             // Counting a million keys scans their tags: every 5 s is enough.
             if ticks % 5 == 1 {
                 let n = engine.datapath().maps().keys.count();
@@ -515,6 +535,7 @@ async fn scrape(
                 blocks,
                 pins_missing: shared.pins_missing.load(Ordering::Relaxed),
                 fleet: fleet_status(&shared),
+                escalations: engine.escalations(),
             },
         )))
     })

@@ -52,8 +52,13 @@ pub struct BlockView {
     pub expires_in_secs: Option<f64>,
     pub expired: bool,
     pub dropped_packets: u64,
+    /// The rule whose `escalate` made it, if one did (remembered by this
+    /// process only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalated_by: Option<String>,
 }
 
+pub mod escalate;
 mod fleet;
 
 pub struct Engine {
@@ -62,6 +67,8 @@ pub struct Engine {
     applied: Option<(RuleSet, Vec<u32>)>,
     /// Fleet rules' shares in force.
     fleet_shares: HashMap<crate::fleet::RuleRef, crate::fleet::Grant>,
+    /// Keys over their limit, and the blocks escalation made.
+    watch: escalate::Watch,
 }
 
 impl Engine {
@@ -71,6 +78,7 @@ impl Engine {
             datapath: Datapath::open(pin_dir, max_keys)?,
             applied: None,
             fleet_shares: HashMap::new(),
+            watch: escalate::Watch::default(),
         })
     }
 
@@ -81,6 +89,7 @@ impl Engine {
             datapath: Datapath::open_object(object, pin_dir, max_keys)?,
             applied: None,
             fleet_shares: HashMap::new(),
+            watch: escalate::Watch::default(),
         })
     }
 
@@ -305,6 +314,9 @@ impl Engine {
                 .then(|| block.expires_ns.saturating_sub(now) as f64 / 1e9),
             expired: block.expires_ns != 0 && block.expires_ns <= now,
             dropped_packets: block.dropped_packets,
+            escalated_by: IpNet::new(addr, prefix as u8)
+                .ok()
+                .and_then(|net| self.watch.made_by(&net)),
         };
         let mut out: Vec<BlockView> = self
             .datapath

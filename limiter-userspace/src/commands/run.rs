@@ -59,8 +59,20 @@ pub fn run(
         ticker.tick().await;
         let mut previous = session.snapshot()?;
         let mut filter_checked = Instant::now();
+        // Escalation looks at the keys once a second, as the daemon does.
+        let mut escalation = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
+                _ = escalation.tick() => {
+                    let engine = session.engine_mut();
+                    match engine.escalate() {
+                        Ok(escalated) => limiter::daemon::log_escalations(&escalated),
+                        Err(e) => tracing::warn!("escalating: {e:#}"),
+                    }
+                    if let Err(e) = engine.remove_expired_blocks() {
+                        tracing::warn!("removing expired blocks: {e:#}");
+                    }
+                }
                 _ = ticker.tick() => {
                     let now = session.snapshot()?;
                     println!("{}", text::summary_line(&previous, &now, interval));

@@ -3,7 +3,6 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
     thread,
     time::{Duration, Instant},
@@ -11,7 +10,7 @@ use std::{
 
 use anyhow::Result;
 use limiter::{
-    kernel::{Maps, require_root},
+    kernel::{Maps, keys::KeyTable, require_root},
     render::text,
     units,
 };
@@ -26,6 +25,9 @@ struct Row {
     passed_per_sec: f64,
     dropped_total: u64,
     passed_total: u64,
+    /// A block (`limiter block`, or escalation) covers the key's source:
+    /// its packets are dropped before any rule, and no longer counted here.
+    blocked: bool,
 }
 
 pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: bool) -> Result<()> {
@@ -67,6 +69,7 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
                 total.0 += passed;
                 total.1 += dropped;
                 Row {
+                    blocked: blocked(&maps, &KeyTable::prefix_of(key, rule)),
                     source: source(key, rule),
                     rule: rule.map_or(format!("#{} (removed)", key.rule_id()), name),
                     dropped_per_sec: dropped as f64 / elapsed,
@@ -101,7 +104,11 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
                 .iter()
                 .map(|r| {
                     vec![
-                        r.source.clone(),
+                        if r.blocked {
+                            format!("{} (blocked)", r.source)
+                        } else {
+                            r.source.clone()
+                        },
                         r.rule.clone(),
                         units::count(r.dropped_per_sec.round() as u64),
                         units::count(r.passed_per_sec.round() as u64),
@@ -137,23 +144,24 @@ fn name(rule: &RuleConfig) -> String {
     String::from_utf8_lossy(rule.name()).into_owned()
 }
 
+/// Whether a block covers the prefix's first address.
+fn blocked(maps: &Maps, net: &ipnet::IpNet) -> bool {
+    use aya::maps::lpm_trie::Key;
+    let block = match net.network() {
+        std::net::IpAddr::V4(a) => maps.blocks_v4.get(&Key::new(32, a.octets()), 0),
+        std::net::IpAddr::V6(a) => maps.blocks_v6.get(&Key::new(128, a.octets()), 0),
+    };
+    let now = limiter::clock::monotonic_ns();
+    block.is_ok_and(|b| b.expires_ns == 0 || b.expires_ns > now)
+}
+
 /// The key as a prefix: `198.18.0.1`, or `2001:db8:1::/64` for a /64 key.
 fn source(key: &FlowKey, rule: Option<&RuleConfig>) -> String {
-    let ones = |mask: &[u8]| mask.iter().map(|b| b.count_ones()).sum::<u32>();
-    let (addr, bits, full) = if key.is_v4() {
-        let a = Ipv4Addr::new(key.addr[12], key.addr[13], key.addr[14], key.addr[15]);
-        (IpAddr::V4(a), rule.map_or(32, |r| ones(&r.v4_key_mask)), 32)
+    let net = KeyTable::prefix_of(key, rule);
+    if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
     } else {
-        (
-            IpAddr::V6(Ipv6Addr::from(key.addr)),
-            rule.map_or(128, |r| ones(&r.v6_key_mask)),
-            128,
-        )
-    };
-    if bits == full {
-        addr.to_string()
-    } else {
-        format!("{addr}/{bits}")
+        net.to_string()
     }
 }
 

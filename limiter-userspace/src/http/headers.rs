@@ -49,6 +49,12 @@ impl RuleFields {
 /// next request would conform in a millisecond.
 pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
     let mut fields = Fields::default();
+    if admission.blocked_for_ns > 0 {
+        // Blocked by escalation: no meter to describe, only the wait.
+        let secs = admission.blocked_for_ns.div_ceil(1_000_000_000);
+        fields.0[5] = Some((http::header::RETRY_AFTER, HeaderValue::from(secs)));
+        return fields;
+    }
     if admission.over_soft
         && let Some(index) = admission.rule
     {

@@ -118,12 +118,16 @@ impl KeyStore {
     /// Returns the earliest time a key kept could next come to rest:
     /// until then, no scan can free anything.
     fn evict_at_rest(&self, keep: usize, now: u64, rest_ns: &[Option<u64>]) -> u64 {
-        let rests_at = |key: &StateKey, state: &State| match rest_ns[key.0] {
-            // GCRA: when both TATs have passed (0: never charged).
-            None => state.cells[0]
-                .load(Ordering::Acquire)
-                .max(state.cells[1].load(Ordering::Acquire)),
-            Some(ns) => state.last_seen().saturating_add(ns),
+        let rests_at = |key: &StateKey, state: &State| {
+            let meters = match rest_ns[key.0] {
+                // GCRA: when both TATs have passed (0: never charged).
+                None => state.cells[0]
+                    .load(Ordering::Acquire)
+                    .max(state.cells[1].load(Ordering::Acquire)),
+                Some(ns) => state.last_seen().saturating_add(ns),
+            };
+            // A key blocked by escalation is kept until its block ends.
+            meters.max(state.blocked_until.load(Ordering::Acquire))
         };
         let at_rest = |key: &StateKey, state: &Arc<State>| {
             rests_at(key, state) <= now && Arc::strong_count(state) == 1

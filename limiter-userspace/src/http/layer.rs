@@ -179,6 +179,11 @@ where
             let rule = limiter.rule_name(&admission);
             let mut response = Response::new(R::from(if admission.too_many_in_flight {
                 format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
+            } else if admission.blocked_for_ns > 0 {
+                format!(
+                    "429 Too Many Requests: blocked by rule {rule:?} for {} s more, after staying over its limit\n",
+                    admission.blocked_for_ns.div_ceil(1_000_000_000)
+                )
             } else {
                 format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
             }));

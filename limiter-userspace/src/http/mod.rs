@@ -26,6 +26,8 @@ use std::{
 
 use limiter_common::{
     abi::FlowKey,
+    escalation::Escalation,
+    gcra::Decision,
     log::Log,
     meter::{
         AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, acquire_delayed,
@@ -105,6 +107,8 @@ pub struct Admission {
     pub refused_by: Option<u8>,
     /// Admitted over the rule's soft limit: the response says so.
     pub over_soft: bool,
+    /// Refused because `escalate` blocked its key: for this long still.
+    pub blocked_for_ns: u64,
 }
 
 /// A key's request meter as the request left it.
@@ -129,6 +133,7 @@ impl Admission {
             too_many_in_flight: false,
             refused_by,
             over_soft: false,
+            blocked_for_ns: 0,
         }
     }
 }
@@ -201,6 +206,8 @@ pub struct HttpCounters {
     pub in_flight_excess: AtomicU64,
     /// Of `passed`: those over the rule's soft limit.
     pub over_soft: AtomicU64,
+    /// Keys blocked (or, under a dry run, counted) by `escalate`.
+    pub escalations: AtomicU64,
 }
 
 /// State of one key (or of a rule's aggregate): GCRA cells and windows for
@@ -217,6 +224,11 @@ struct State {
     last_seen: AtomicU64,
     /// Requests in flight (rules with `concurrent`).
     in_flight: AtomicU64,
+    /// Escalation (`escalate`): since when the key has been over its
+    /// limit at every request (0: it was not at the last), and until when
+    /// it is blocked (monotonic ns; 0: not blocked).
+    over_since: AtomicU64,
+    blocked_until: AtomicU64,
     windows: Mutex<[WindowState; 2]>,
     logs: Mutex<[Log; 2]>,
 }
@@ -518,6 +530,18 @@ impl Limiter {
             Limit::Unlimited => (None, None),
         };
         let counters = &self.counters[index];
+        // A key its escalation blocked is refused before anything else
+        // (under a dry run, passed and counted), and charged nothing.
+        let blocked_until = state.blocked_until.load(Ordering::Relaxed);
+        if blocked_until != 0 {
+            let now = self.clock.monotonic_ns();
+            if now < blocked_until {
+                return Admission {
+                    blocked_for_ns: blocked_until - now,
+                    ..self.excess(index, reason::BLOCK)
+                };
+            }
+        }
         // Counted in flight first: a request refused for that is charged
         // nothing; one the meters refuse is no longer in flight.
         let in_flight = match rule.concurrent {
@@ -591,6 +615,9 @@ impl Limiter {
         if over_soft {
             counters.over_soft.fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(escalation) = rule.escalate {
+            self.watch_escalation(rule, &escalation, state, counters, now);
+        }
         if by_aggregate {
             counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
         }
@@ -610,6 +637,58 @@ impl Limiter {
             too_many_in_flight: false,
             refused_by,
             over_soft,
+            blocked_for_ns: 0,
+        }
+    }
+
+    /// Escalation's look at a key, after one of its requests was judged
+    /// (`limiter_common::escalation`, as the daemon's at kernel keys): over
+    /// its limit when its next request would be refused.
+    fn watch_escalation(
+        &self,
+        rule: &Rule,
+        escalation: &Escalation,
+        state: &State,
+        counters: &HttpCounters,
+        now: u64,
+    ) {
+        let over = match (rule.algorithm, rule.limit) {
+            (_, Limit::Unlimited) => false,
+            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => [packets, bytes]
+                .iter()
+                .zip(&state.cells)
+                .any(|(meter, cell)| {
+                    meter.is_some_and(|m| {
+                        m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
+                    })
+                }),
+            (Algorithm::SlidingLog, Limit::Metered { packets, bytes }) => {
+                let now = self.clock.epoch_ns();
+                let mut logs = state.logs.lock().expect("log lock").clone();
+                [packets, bytes]
+                    .iter()
+                    .zip(logs.iter_mut())
+                    .any(|(meter, log)| meter.is_some_and(|m| !log.admit(&m.window, now, 1)))
+            }
+            (algorithm, Limit::Metered { packets, bytes }) => {
+                let now = self.clock.epoch_ns();
+                let windows = *state.windows.lock().expect("window lock");
+                let sliding = algorithm == Algorithm::SlidingWindow;
+                [packets, bytes].iter().zip(&windows).any(|(meter, w)| {
+                    meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
+                })
+            }
+        };
+        let (since, block) =
+            escalation.observe(state.over_since.load(Ordering::Relaxed), over, now);
+        state.over_since.store(since, Ordering::Relaxed);
+        if block {
+            // Under a dry run too: its requests are then counted as
+            // shadow-dropped (`excess`) and passed, until the block ends.
+            counters.escalations.fetch_add(1, Ordering::Relaxed);
+            state
+                .blocked_until
+                .store(now.saturating_add(escalation.block_ns), Ordering::Relaxed);
         }
     }
 

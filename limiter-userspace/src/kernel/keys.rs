@@ -6,11 +6,15 @@
 //! updating. The table's presence filter is rebuilt here too (see
 //! [`KeyTable::rebuild_filter`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering, fence},
+};
 
 use aya::maps::{Map, MapData, MapError};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::{
-    abi::{FlowKey, KeyState},
+    abi::{FlowKey, KeyState, RuleConfig},
     gcra::Gcra,
     keytable::{self, Slot, Tags, WAYS, filter_words, slot_index, tag},
     meter::{self, CarriedTat},
@@ -148,11 +152,32 @@ impl KeyTable {
     /// Every key and its state.
     pub fn dump(&self) -> Vec<(FlowKey, KeyState)> {
         let mut out = Vec::new();
+        self.visit(|key, state| out.push((*key, *state)));
+        out
+    }
+
+    /// Calls `f` with every key and a copy of its state, without
+    /// collecting them.
+    pub fn visit(&self, mut f: impl FnMut(&FlowKey, &KeyState)) {
         self.for_each_key(|bucket, way, _| {
             let slot = self.slot(bucket, way);
-            out.push((slot.key, slot.state));
+            f(&slot.key, &slot.state);
         });
-        out
+    }
+
+    /// The addresses a key stands for, as a prefix: its address, masked
+    /// by its rule (`rule`'s key masks; a whole address without one).
+    pub fn prefix_of(key: &FlowKey, rule: Option<&RuleConfig>) -> IpNet {
+        let ones = |mask: &[u8]| mask.iter().map(|b| b.count_ones()).sum::<u32>() as u8;
+        if key.is_v4() {
+            let a = Ipv4Addr::new(key.addr[12], key.addr[13], key.addr[14], key.addr[15]);
+            let bits = rule.map_or(32, |r| ones(&r.v4_key_mask));
+            IpNet::V4(Ipv4Net::new(a, bits).expect("at most 32 bits").trunc())
+        } else {
+            let a = Ipv6Addr::from(key.addr);
+            let bits = rule.map_or(128, |r| ones(&r.v6_key_mask));
+            IpNet::V6(Ipv6Net::new(a, bits).expect("at most 128 bits").trunc())
+        }
     }
 
     /// How many keys the table holds.

@@ -28,6 +28,8 @@ pub struct DaemonGauges {
     pub pins_missing: bool,
     /// Each fleet rule's share.
     pub fleet: Vec<ShareStatus>,
+    /// Escalations (`escalate`) per rule name since the daemon started.
+    pub escalations: Vec<(String, u64)>,
 }
 
 type Labels = Vec<(String, String)>;
@@ -107,6 +109,17 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         "limiter_over_soft_packets",
         "Packets passed over the rule's soft limit (counted, not refused)",
         over_soft,
+    );
+    let escalations = Family::<Labels, Counter>::default();
+    for (rule, n) in &facts.escalations {
+        escalations
+            .get_or_create(&vec![layer(), ("rule".to_owned(), rule.clone())])
+            .inc_by(*n);
+    }
+    registry.register(
+        "limiter_escalations",
+        "Keys blocked (or, under a dry run, counted) for staying over their rule's limit longer than its `escalate.after`",
+        escalations,
     );
     registry.register(
         "limiter_unadmitted_packets",
@@ -299,6 +312,7 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
     let bodies = Family::<Labels, Counter>::default();
     let in_flight = Family::<Labels, Counter>::default();
     let over_soft = Family::<Labels, Counter>::default();
+    let escalations = Family::<Labels, Counter>::default();
     for (rule, counters) in limiter.rules().rules.iter().zip(&limiter.counters) {
         let labels = |name: &str, value: &str| {
             vec![
@@ -323,6 +337,14 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
             bodies
                 .get_or_create(&labels("action", action))
                 .inc_by(value);
+        }
+        if rule.escalate.is_some() {
+            escalations
+                .get_or_create(&vec![
+                    ("layer".to_owned(), "http".to_owned()),
+                    ("rule".to_owned(), rule.name.clone()),
+                ])
+                .inc_by(counters.escalations.load(Relaxed));
         }
         if rule.soft.is_some() {
             over_soft
@@ -350,6 +372,11 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
         "limiter_over_soft_packets",
         "Requests served over the rule's soft limit (counted, not refused)",
         over_soft,
+    );
+    registry.register(
+        "limiter_escalations",
+        "Keys blocked (or, under a dry run, counted) for staying over their rule's limit longer than its `escalate.after`",
+        escalations,
     );
     registry.register(
         "limiter_body_over_limit_requests",

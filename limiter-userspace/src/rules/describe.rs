@@ -90,6 +90,14 @@ pub fn describe(rule: &Rule) -> Description {
                 Some(soft) => format!("{limit} (soft {})", rates(Some(soft), None)),
                 None => limit,
             };
+            let limit = match rule.escalate {
+                Some(e) => format!(
+                    "{limit}; over it {} blocks {}",
+                    humantime::format_duration(std::time::Duration::from_nanos(e.after_ns)),
+                    humantime::format_duration(std::time::Duration::from_nanos(e.block_ns))
+                ),
+                None => limit,
+            };
             match (rule.concurrent, rule.limit) {
                 (None, _) => limit,
                 (Some(n), Limit::Unlimited) => format!("{} in flight", count(n.into())),

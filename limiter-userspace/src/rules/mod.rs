@@ -60,6 +60,10 @@ pub struct Rule {
     /// A soft packet (request) limit per key, below the hard one: what
     /// goes over it is counted (`over_soft`) and passed. GCRA only.
     pub soft: Option<Rate>,
+    /// A key over its limit for longer than `after` is blocked for `block`
+    /// (the kernel: its source prefix, by the daemon or `limiter run`;
+    /// layer 7: the key, for this rule).
+    pub escalate: Option<limiter_common::escalation::Escalation>,
     /// How every meter of the rule counts.
     pub algorithm: Algorithm,
     /// Pacing (layer 7 only): how long a request may be held until it

@@ -49,6 +49,8 @@ pub struct RuleEntry {
     /// A packet (request) rate below `limit`'s: above it, traffic is
     /// counted as over it and still passed.
     pub soft: Option<RateFields>,
+    /// Block a key that stays over its limit `after` this long, for `block`.
+    pub escalate: Option<EscalateFields>,
     pub action: Option<Excess>,
     pub algorithm: Option<Algorithm>,
     /// Layer 7: at most this many requests of one key in flight at once.
@@ -174,6 +176,14 @@ pub enum Excess {
 pub enum LimitField {
     Unlimited,
     Rates(RateFields),
+}
+
+/// `escalate: { after: 10s, block: 10m }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalateFields {
+    pub after: String,
+    pub block: String,
 }
 
 /// The fields of a `limit` or `aggregate` mapping.

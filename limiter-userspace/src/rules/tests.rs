@@ -631,3 +631,42 @@ fn soft_limits_are_packet_rates_below_the_hard_one() {
         "{e}"
     );
 }
+
+#[test]
+fn escalation_takes_two_durations_of_a_second_or_more() {
+    let rule = |escalate: &str| {
+        format!(
+            "rules:\n  - {{ name: e, limit: {{ rate: 10, unit: second }}, escalate: {escalate} }}\n"
+        )
+    };
+    let set = parse(&rule("{ after: 10s, block: 10m }")).unwrap();
+    let e = set.rules[0].escalate.expect("escalation");
+    assert_eq!((e.after_ns, e.block_ns), (10_000_000_000, 600_000_000_000));
+    assert_eq!(
+        describe::describe(&set.rules[0]).limit,
+        "10 pkts/s, burst 10; over it 10s blocks 10m"
+    );
+    // Not what the buckets mean: the fingerprint is the rule's without it.
+    let plain = parse("rules:\n  - { name: e, limit: { rate: 10, unit: second } }\n").unwrap();
+    assert_eq!(plain.rules[0].fingerprint(), set.rules[0].fingerprint());
+    for (escalate, expected) in [
+        (
+            "{ after: 500ms, block: 10m }",
+            "rules[0].escalate.after: \"500ms\": at least 1s",
+        ),
+        (
+            "{ after: 10s, block: soon }",
+            "rules[0].escalate.block: \"soon\"",
+        ),
+        ("{ after: 10s }", "block"),
+    ] {
+        let e = error(&rule(escalate));
+        assert!(e.contains(expected), "{escalate}: {e}");
+    }
+    let e =
+        error("rules:\n  - { name: e, limit: unlimited, escalate: { after: 1s, block: 1s } }\n");
+    assert!(
+        e.contains("rules[0].escalate: has no effect on an unlimited rule"),
+        "{e}"
+    );
+}

@@ -180,6 +180,11 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .as_ref()
         .map(|fields| soft_limit(fields, &limit, algorithm))
         .transpose()?;
+    let escalate = raw
+        .escalate
+        .as_ref()
+        .map(|fields| escalation(fields, &limit))
+        .transpose()?;
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
             fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
@@ -195,6 +200,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         limit,
         aggregate,
         soft,
+        escalate,
         algorithm,
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
@@ -264,6 +270,39 @@ fn soft_limit(
         ));
     }
     Ok(soft)
+}
+
+/// `escalate: { after, block }`: both at least a second (the daemon looks
+/// at every key once a second), on a rule with a limit.
+fn escalation(
+    fields: &raw::EscalateFields,
+    limit: &Limit,
+) -> Result<limiter_common::escalation::Escalation, Invalid> {
+    if matches!(limit, Limit::Unlimited) {
+        return Err(invalid("escalate", "has no effect on an unlimited rule"));
+    }
+    let duration = |field: &str, text: &str| {
+        let d = humantime::parse_duration(text).map_err(|e| {
+            invalid(
+                format!("escalate.{field}"),
+                format!("{}: {e}", quoted(text)),
+            )
+        })?;
+        if d < std::time::Duration::from_secs(1) {
+            return Err(invalid(
+                format!("escalate.{field}"),
+                format!(
+                    "{}: at least 1s (keys are looked at once a second)",
+                    quoted(text)
+                ),
+            ));
+        }
+        Ok(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    };
+    Ok(limiter_common::escalation::Escalation {
+        after_ns: duration("after", &fields.after)?,
+        block_ns: duration("block", &fields.block)?,
+    })
 }
 
 /// `scope`, `partitions` and `reserve` belong to an aggregate.

@@ -1,0 +1,104 @@
+//! Escalation: a key that stays over its hard limit for longer than a
+//! rule's `after` is blocked for the rule's `block` time. The same watch
+//! in both layers: the daemon looks at every kernel key once a second,
+//! layer 7 at a key each time it judges one of its requests.
+
+use crate::{
+    abi::{KeyState, RuleConfig, algorithm, rule_flag},
+    gcra::Decision,
+    keytable::window_state,
+};
+
+/// A rule's `escalate: { after, block }`, in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Escalation {
+    pub after_ns: u64,
+    pub block_ns: u64,
+}
+
+impl Escalation {
+    /// A key looked at at `now`, over its limit or not, watched since
+    /// `over_since` (0: it was not over at the last look): the watch to
+    /// keep, and whether to block the key now. A look at which it is not
+    /// over ends the watch; so does a block.
+    pub fn observe(&self, over_since: u64, over: bool, now: u64) -> (u64, bool) {
+        if !over {
+            return (0, false);
+        }
+        let since = if over_since == 0 {
+            now.max(1)
+        } else {
+            over_since
+        };
+        if now.saturating_sub(since) >= self.after_ns {
+            (0, true)
+        } else {
+            (since, false)
+        }
+    }
+}
+
+/// Whether a kernel key, kept under `rule`, is over its limit at `now`:
+/// its next packet (of one byte, for a byte meter) would be refused.
+/// `realtime_offset_ns` as the kernel's windows take it.
+pub fn over_limit(state: &KeyState, rule: &RuleConfig, now: u64, realtime_offset_ns: u64) -> bool {
+    let meters = [
+        (rule_flag::LIMIT_PACKETS, &rule.packets, 0),
+        (rule_flag::LIMIT_BYTES, &rule.bytes, 1),
+    ];
+    meters.iter().any(|(flag, meter, i)| {
+        if rule.flags & flag == 0 {
+            return false;
+        }
+        if rule.algorithm == algorithm::GCRA {
+            return meter.gcra.check(state.meters[*i], now, 1) == Decision::Deny;
+        }
+        let sliding = rule.algorithm == algorithm::SLIDING_WINDOW;
+        let window = window_state(state, i + 1);
+        meter
+            .window
+            .check(&window, now.wrapping_add(realtime_offset_ns), 1, sliding)
+            .is_none()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gcra::Gcra;
+
+    #[test]
+    fn a_key_over_its_limit_at_every_look_is_blocked_after_the_wait() {
+        let e = Escalation {
+            after_ns: 10,
+            block_ns: 100,
+        };
+        assert_eq!(e.observe(0, true, 5), (5, false));
+        assert_eq!(e.observe(5, true, 14), (5, false));
+        assert_eq!(e.observe(5, true, 15), (0, true));
+        // One look within its limit starts the wait over.
+        assert_eq!(e.observe(5, false, 12), (0, false));
+        assert_eq!(e.observe(0, true, 13), (13, false));
+        // Time zero is a time too.
+        assert_eq!(e.observe(0, true, 0), (1, false));
+    }
+
+    #[test]
+    fn over_limit_is_the_next_packet_refused() {
+        let mut rule = RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            ..RuleConfig::default()
+        };
+        rule.packets.gcra = Gcra::new(10, 1_000_000_000, 2).unwrap();
+        let now = 1_000_000_000;
+        let at = |tat| KeyState {
+            meters: [tat, 0, 0],
+            ..KeyState::default()
+        };
+        assert!(!over_limit(&at(now), &rule, now, 0), "a whole bucket");
+        // One packet in: one more fits.
+        assert!(!over_limit(&at(now + 100_000_000), &rule, now, 0));
+        // The burst spent: the next is refused.
+        assert!(over_limit(&at(now + 200_000_000), &rule, now, 0));
+    }
+}

@@ -1,0 +1,141 @@
+//! Escalation for the kernel's keys (`escalate` in the rule file): once a
+//! second the daemon, or `limiter run`, looks at every key of the rules
+//! that escalate; a key over its limit at every look for the rule's
+//! `after` has its source prefix blocked for the rule's `block`, as
+//! `limiter block` would (before any rule; expiring by itself). Under a
+//! dry run (`action: shadow`) it is counted and logged, not blocked. The
+//! watch (`limiter_common::escalation`) is layer 7's too.
+
+use std::{collections::HashMap, time::Duration};
+
+use anyhow::Result;
+use ipnet::IpNet;
+use limiter_common::{
+    abi::{FlowKey, RuleConfig},
+    escalation::{Escalation, over_limit},
+};
+
+use super::Engine;
+use crate::kernel::keys::KeyTable;
+
+/// Keys over their limit since when, escalations per rule, and the blocks
+/// they made.
+#[derive(Default)]
+pub struct Watch {
+    over_since: HashMap<FlowKey, u64>,
+    /// Keys a dry run would have blocked, until when: not counted again
+    /// meanwhile, as a block would have stopped them.
+    dry_until: HashMap<FlowKey, u64>,
+    /// Escalations per rule name, since the process started.
+    counts: HashMap<String, u64>,
+    made: HashMap<IpNet, String>,
+}
+
+impl Watch {
+    /// The rule whose escalation made the block of `net`, if one did.
+    pub fn made_by(&self, net: &IpNet) -> Option<String> {
+        self.made.get(net).cloned()
+    }
+}
+
+/// One escalation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Escalated {
+    pub prefix: IpNet,
+    pub rule: String,
+    pub block: Duration,
+    /// False under a dry run: counted, not blocked.
+    pub enforced: bool,
+}
+
+impl Engine {
+    /// Looks at every key of the rules that escalate, and blocks those
+    /// over their limit for long enough; what it escalated.
+    pub fn escalate(&mut self) -> Result<Vec<Escalated>> {
+        let Some((set, ids)) = &self.applied else {
+            return Ok(Vec::new());
+        };
+        let config = self.datapath.config()?;
+        let mut rules: HashMap<u32, (String, Escalation, bool, RuleConfig)> = HashMap::new();
+        for (rule, &id) in set.rules.iter().zip(ids) {
+            let Some(escalation) = rule.escalate else {
+                continue;
+            };
+            let Ok(kernel) = self
+                .datapath
+                .maps()
+                .rules
+                .get(&limiter_common::abi::rule_slot(config.generation, id), 0)
+            else {
+                continue;
+            };
+            let dry_run = kernel.flags & limiter_common::abi::rule_flag::SHADOW != 0;
+            rules.insert(id, (rule.name.clone(), escalation, dry_run, kernel));
+        }
+        if rules.is_empty() {
+            self.watch.over_since.clear();
+            return Ok(Vec::new());
+        }
+        let now = self.datapath.clock_ns();
+        self.watch.dry_until.retain(|_, until| *until > now);
+        let mut over_since = HashMap::new();
+        let mut due = Vec::new();
+        let mut dry_until = Vec::new();
+        self.datapath.maps().keys.visit(|key, state| {
+            let Some((name, escalation, dry_run, kernel)) = rules.get(&key.rule_id()) else {
+                return;
+            };
+            if self.watch.dry_until.contains_key(key) {
+                return;
+            }
+            let over = over_limit(state, kernel, now, config.realtime_offset_ns);
+            let since = self.watch.over_since.get(key).copied().unwrap_or(0);
+            let (since, block) = escalation.observe(since, over, now);
+            if since != 0 {
+                over_since.insert(*key, since);
+            }
+            if block {
+                if *dry_run {
+                    dry_until.push((*key, now.saturating_add(escalation.block_ns)));
+                }
+                due.push(Escalated {
+                    prefix: KeyTable::prefix_of(key, Some(kernel)),
+                    rule: name.clone(),
+                    block: Duration::from_nanos(escalation.block_ns),
+                    enforced: !dry_run,
+                });
+            }
+        });
+        self.watch.over_since = over_since;
+        self.watch.dry_until.extend(dry_until);
+        for escalated in &due {
+            if escalated.enforced {
+                self.block(escalated.prefix, Some(escalated.block))?;
+                self.watch
+                    .made
+                    .insert(escalated.prefix, escalated.rule.clone());
+            }
+            *self.watch.counts.entry(escalated.rule.clone()).or_default() += 1;
+        }
+        // Forget what it made once the block is gone.
+        let blocked: Vec<IpNet> = self
+            .blocks()?
+            .into_iter()
+            .filter_map(|b| b.prefix.parse().ok())
+            .collect();
+        self.watch.made.retain(|net, _| blocked.contains(net));
+        Ok(due)
+    }
+
+    /// Escalations per rule name since this process started.
+    pub fn escalations(&self) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = self
+            .watch
+            .counts
+            .iter()
+            .map(|(rule, n)| (rule.clone(), *n))
+            .collect();
+        counts.sort();
+        counts
+    }
+}

@@ -1,0 +1,170 @@
+//! Escalation: a key over its limit for longer than `escalate.after` is
+//! blocked for `escalate.block`, in the kernel (by the daemon, on real
+//! traffic, arrivals counted at the receiver) and through the proxy; a
+//! dry-run rule counts it and blocks nothing; a source within its limit
+//! is never blocked; a block ends by itself.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
+};
+
+use limiter::lab::{Lab, RX_IFACE};
+use limiter_tests::{Daemon, TempDir, exchange, flood, sources, status};
+use serde_json::Value;
+
+const RULES: &str = "rules:
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 4s } }
+  - { name: dry, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, action: shadow, escalate: { after: 1s, block: 10m } }
+";
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+fn blocks(daemon: &Daemon) -> Vec<Value> {
+    let out = daemon.cli(&["rules", "show", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let view: Value = serde_json::from_slice(&out.stdout).expect("rules show JSON");
+    view["blocks"].as_array().cloned().unwrap_or_default()
+}
+
+/// 198.18.0.1 floods at 400 pps against 100/s: after 2 s over its limit
+/// the daemon blocks it (within a second more), so it gets at most its
+/// burst and 3.5 s of its rate; 198.19.0.1 does the same under a dry run
+/// and gets everything, its escalation counted, nothing blocked;
+/// 198.18.0.2 at 50 pps is never blocked. The block is listed with the
+/// rule that made it, `top` shows the source blocked, and once the block
+/// ends the source's packets arrive again.
+#[test]
+fn a_source_over_its_limit_too_long_is_blocked_by_the_daemon() {
+    let lab = Lab::create("lt-escalate").expect("lab");
+    let daemon = Daemon::start(&lab, "escalate", &[RX_IFACE], RULES).expect("daemon");
+    let (abusive, dry, polite) = (v4(198, 18, 0, 1), v4(198, 19, 0, 1), v4(198, 18, 0, 2));
+    let mut flooding = sources(&lab, 0, &[abusive, dry], 400, 32);
+    flooding.extend(sources(&lab, 0, &[polite], 50, 32));
+    let (report, received) = flood(&lab, &flooding, Duration::from_secs(6));
+    let arrived = |s: &IpAddr| received.get(s).copied().unwrap_or(0);
+    let got = arrived(&abusive);
+    assert!(
+        (200..=380).contains(&got),
+        "198.18.0.1 got {got}: 10 + 100/s for 2 to 3.5 s, then nothing (without the block: 610)"
+    );
+    assert_eq!(arrived(&dry), report.sent[1], "a dry run blocks nothing");
+    assert_eq!(arrived(&polite), report.sent[2], "within its limit");
+    let listed = blocks(&daemon);
+    let block = listed
+        .iter()
+        .find(|b| b["prefix"] == "198.18.0.1/32")
+        .unwrap_or_else(|| panic!("no block for 198.18.0.1: {listed:?}"));
+    assert_eq!(block["escalated_by"], "held");
+    assert!(block["dropped_packets"].as_u64().unwrap() > 0);
+    assert!(
+        !listed.iter().any(|b| b["prefix"] == "198.19.0.1/32"),
+        "the dry run blocked: {listed:?}"
+    );
+    let top = daemon.cli(&["top", "--once", "--json", "--interval", "200ms"]);
+    let top: Value = serde_json::from_slice(&top.stdout).expect("top JSON");
+    let row = top["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["source"] == "198.18.0.1")
+        .cloned()
+        .expect("198.18.0.1 in top");
+    assert_eq!(row["blocked"], true);
+    let log = daemon.log();
+    assert!(
+        log.contains("stayed over rule \"held\"'s limit: blocked for 4s"),
+        "{log}"
+    );
+    assert!(log.contains("would be blocked for 10m (dry run)"), "{log}");
+    // The block (4 s) ends by itself: the source's packets arrive again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blocks(&daemon)
+        .iter()
+        .any(|b| b["prefix"] == "198.18.0.1/32")
+    {
+        assert!(Instant::now() < deadline, "the block did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (report, after) = flood(
+        &lab,
+        &sources(&lab, 0, &[abusive], 5, 32),
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        after.get(&abusive).copied().unwrap_or(0) - got,
+        report.sent[0],
+        "after the block, within its burst"
+    );
+    let (_, scrape) =
+        limiter_tests::http_request(&lab.rx, daemon.metrics_port, "/metrics", "").expect("scrape");
+    for (rule, n) in [("held", 1), ("dry", 1)] {
+        let line = format!("limiter_escalations_total{{layer=\"xdp\",rule=\"{rule}\"}} {n}");
+        assert!(scrape.contains(&line), "{line} in {scrape}");
+    }
+}
+
+/// Through the proxy: 2 a second, burst 2, blocked for 2 s after 1 s over
+/// it. Requests every 100 ms: two pass, then 429s from the meter (with a
+/// request every 500 ms passing), then, a second after the key went over
+/// its limit, 429s saying the key is blocked, with a
+/// `Retry-After` of the block's rest, also once the meter would admit
+/// again; after the block, a request passes. The metric counts one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-escalate");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n",
+    );
+    let metrics = limiter_tests::free_loopback_addr();
+    let p = limiter_tests::proxy(&config, &upstream, &["--metrics", &metrics]);
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let mut answers = Vec::new();
+        for _ in 0..16 {
+            answers.push(exchange(p.addr, get));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let statuses: Vec<&str> = answers.iter().map(|a| status(a)).collect();
+        assert_eq!(&statuses[..2], ["200", "200"], "{statuses:?}");
+        let blocked: Vec<bool> = answers
+            .iter()
+            .map(|a| a.contains("blocked by rule \"api\""))
+            .collect();
+        let first_blocked = blocked.iter().position(|&b| b).expect("blocked");
+        assert!(
+            (10..=13).contains(&first_blocked),
+            "blocked from request {first_blocked} (a second over the limit after the 2nd): {statuses:?}"
+        );
+        // Before: the meter's 429s, and a request every 500 ms passing;
+        // from then on, blocked.
+        assert!(statuses[first_blocked..].iter().all(|s| *s == "429"), "{statuses:?}");
+        assert!(blocked[first_blocked..].iter().all(|&b| b), "{statuses:?}");
+        // Blocked, though its bucket has refilled (0.6 s at 2/s).
+        std::thread::sleep(Duration::from_millis(600));
+        let still = exchange(p.addr, get);
+        assert!(still.contains("blocked by rule \"api\""), "{still}");
+        assert!(
+            still.to_ascii_lowercase().contains("retry-after: 1")
+                || still.to_ascii_lowercase().contains("retry-after: 2"),
+            "{still}"
+        );
+        std::thread::sleep(Duration::from_millis(2_000));
+        assert_eq!(status(&exchange(p.addr, get)), "200", "the block ended");
+        let scrape = exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(
+            scrape.contains("limiter_escalations_total{layer=\"http\",rule=\"api\"} 1"),
+            "{scrape}"
+        );
+    })
+    .await
+    .unwrap();
+}
