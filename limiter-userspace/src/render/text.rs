@@ -200,12 +200,17 @@ pub fn rules_view_text(view: &RulesView) -> String {
                         (_, Some(s)) => format!("in {s:.0} s"),
                     },
                     count(b.dropped_packets),
+                    b.escalated_by
+                        .as_ref()
+                        .map_or("limiter block".into(), |rule| {
+                            format!("escalated by {rule}")
+                        }),
                 ]
             })
             .collect();
         out.push('\n');
         out.push_str(&table(
-            &["BLOCKED PREFIX", "EXPIRES", "DROPPED pkts"],
+            &["BLOCKED PREFIX", "EXPIRES", "DROPPED pkts", "BY"],
             &rows,
         ));
     }
