@@ -34,8 +34,8 @@ fn blocks(daemon: &Daemon) -> Vec<Value> {
 }
 
 /// 198.18.0.1 floods at 400 pps against 100/s: after 2 s over its limit
-/// the daemon blocks it (within a second more), so it gets at most its
-/// burst and 3.5 s of its rate; 198.19.0.1 does the same under a dry run
+/// the daemon blocks it (looking once a second), so it gets at most its
+/// burst and 4 s of its rate; 198.19.0.1 does the same under a dry run
 /// and gets everything, its escalation counted, nothing blocked;
 /// 198.18.0.2 at 50 pps is never blocked. The block is listed with the
 /// rule that made it, `top` shows the source blocked, and once the block
@@ -50,9 +50,12 @@ fn a_source_over_its_limit_too_long_is_blocked_by_the_daemon() {
     let (report, received) = flood(&lab, &flooding, Duration::from_secs(6));
     let arrived = |s: &IpAddr| received.get(s).copied().unwrap_or(0);
     let got = arrived(&abusive);
+    // Looks come once a second: the first finds it over within a second
+    // of it going over, and the block comes at the first look `after`
+    // later (one more if the looks ran early by a hair): 2 to 4 s.
     assert!(
-        (200..=380).contains(&got),
-        "198.18.0.1 got {got}: 10 + 100/s for 2 to 3.5 s, then nothing (without the block: 610)"
+        (200..=450).contains(&got),
+        "198.18.0.1 got {got}: 10 + 100/s for 2 to 4 s, then nothing (without the block: 610)"
     );
     assert_eq!(arrived(&dry), report.sent[1], "a dry run blocks nothing");
     assert_eq!(arrived(&polite), report.sent[2], "within its limit");
