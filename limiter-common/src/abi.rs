@@ -300,6 +300,8 @@ pub mod candidate_flag {
     pub const MATCH_DEST_PORT: u8 = 1 << 1;
     /// The rule is `limit: unlimited` (an exemption).
     pub const UNLIMITED: u8 = 1 << 2;
+    /// The rule names TCP flags (`Candidate::tcp_flags_mask`/`_value`).
+    pub const MATCH_TCP_FLAGS: u8 = 1 << 3;
 }
 
 /// A rule that may apply to packets from a source prefix, with the
@@ -314,16 +316,25 @@ pub struct Candidate {
     pub protocol: u8,
     /// [`candidate_flag`] bits.
     pub flags: u8,
-    pub _pad: [u8; 2],
+    /// With `MATCH_TCP_FLAGS`: the TCP flags byte of a segment, masked by
+    /// `tcp_flags_mask`, must equal `tcp_flags_value` (`syn,!ack`: mask
+    /// SYN|ACK, value SYN). Padding in builds before it: zero, unused.
+    pub tcp_flags_mask: u8,
+    pub tcp_flags_value: u8,
 }
 
 impl Candidate {
-    /// Whether this candidate applies to a packet with this protocol and
+    /// Whether this candidate applies to a packet with this protocol,
     /// destination port ([`NO_PORT`] when the packet has none, e.g. a
-    /// later fragment).
+    /// later fragment) and TCP flags (0 for anything but a TCP segment).
     #[inline(always)]
-    pub fn matches(&self, protocol: u8, dest_port: u32) -> bool {
+    pub fn matches(&self, protocol: u8, dest_port: u32, tcp_flags: u8) -> bool {
         if self.flags & candidate_flag::MATCH_PROTOCOL != 0 && self.protocol != protocol {
+            return false;
+        }
+        if self.flags & candidate_flag::MATCH_TCP_FLAGS != 0
+            && tcp_flags & self.tcp_flags_mask != self.tcp_flags_value
+        {
             return false;
         }
         if self.flags & candidate_flag::MATCH_DEST_PORT != 0 {
@@ -340,6 +351,10 @@ impl Candidate {
     /// it names (protocol, port) is known to match.
     #[inline(always)]
     pub fn may_match_unknown_port(&self, protocol: u8) -> bool {
+        // A segment whose header cannot be read shows no flags either.
+        if self.flags & candidate_flag::MATCH_TCP_FLAGS != 0 {
+            return false;
+        }
         let names_protocol = self.flags & candidate_flag::MATCH_PROTOCOL != 0;
         let names_port = self.flags & candidate_flag::MATCH_DEST_PORT != 0;
         let exempts = self.flags & candidate_flag::UNLIMITED != 0;
@@ -661,22 +676,38 @@ mod tests {
     #[test]
     fn candidates_match_protocol_and_port() {
         let any = Candidate::default();
-        assert!(any.matches(17, 53) && any.matches(6, NO_PORT));
+        assert!(any.matches(17, 53, 0) && any.matches(6, NO_PORT, 0));
         let udp = Candidate {
             protocol: 17,
             flags: candidate_flag::MATCH_PROTOCOL,
             ..Candidate::default()
         };
-        assert!(udp.matches(17, 53) && udp.matches(17, NO_PORT));
-        assert!(!udp.matches(6, 53));
+        assert!(udp.matches(17, 53, 0) && udp.matches(17, NO_PORT, 0));
+        assert!(!udp.matches(6, 53, 0));
         let dns = Candidate {
             protocol: 17,
             dest_port: 53,
             flags: candidate_flag::MATCH_PROTOCOL | candidate_flag::MATCH_DEST_PORT,
             ..Candidate::default()
         };
-        assert!(dns.matches(17, 53));
-        assert!(!dns.matches(17, 54) && !dns.matches(6, 53) && !dns.matches(17, NO_PORT));
+        assert!(dns.matches(17, 53, 0));
+        assert!(!dns.matches(17, 54, 0) && !dns.matches(6, 53, 0) && !dns.matches(17, NO_PORT, 0));
+        // `syn,!ack`: a SYN, not a SYN-ACK nor any other segment.
+        let syn = Candidate {
+            protocol: 6,
+            flags: candidate_flag::MATCH_PROTOCOL | candidate_flag::MATCH_TCP_FLAGS,
+            tcp_flags_mask: 0x12,
+            tcp_flags_value: 0x02,
+            ..Candidate::default()
+        };
+        assert!(syn.matches(6, 22, 0x02));
+        assert!(
+            !syn.matches(6, 22, 0x12) && !syn.matches(6, 22, 0x10) && !syn.matches(17, 22, 0x02)
+        );
+        assert!(
+            !syn.may_match_unknown_port(6),
+            "an unreadable header shows no flags"
+        );
         // A port unknown: any port, any protocol if that is unknown too.
         assert!(dns.may_match_unknown_port(17) && dns.may_match_unknown_port(UNKNOWN_PROTOCOL));
         assert!(!dns.may_match_unknown_port(6));

@@ -365,7 +365,7 @@ fn match_rule(generation: u32, packet: &Packet) -> u32 {
         if i as u32 >= candidates.len {
             break;
         }
-        if candidate.matches(packet.protocol, packet.dest_port)
+        if candidate.matches(packet.protocol, packet.dest_port, packet.tcp_flags)
             || (packet.port_unknown && candidate.may_match_unknown_port(packet.protocol))
         {
             return u32::from(candidate.rule);

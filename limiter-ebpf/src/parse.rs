@@ -51,6 +51,9 @@ pub struct Packet {
     /// protocols, for later fragments, which carry no transport header, and
     /// when the transport header cannot be read.
     pub dest_port: u32,
+    /// The TCP flags byte of a TCP segment whose header was read; 0 for
+    /// anything else.
+    pub tcp_flags: u8,
     pub fragment: bool,
     /// The transport header should be there but cannot be read: cut short,
     /// or behind more IPv6 extension headers than the parser walks.
@@ -143,6 +146,7 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         source: Source::V4(source),
         protocol,
         dest_port: NO_PORT,
+        tcp_flags: 0,
         fragment: fragment_offset != 0 || more_fragments,
         unreadable: false,
         port_unknown: fragment_offset != 0,
@@ -180,7 +184,10 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             }
         }
         match parse_transport(ctx, transport, ip_end, packet.protocol) {
-            Ok(port) if readable => packet.dest_port = port,
+            Ok((port, tcp_flags)) if readable => {
+                packet.dest_port = port;
+                packet.tcp_flags = tcp_flags;
+            }
             _ => {
                 packet.unreadable = true;
                 packet.port_unknown = true;
@@ -230,6 +237,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
         source: Source::V6(source),
         protocol,
         dest_port: NO_PORT,
+        tcp_flags: 0,
         fragment,
         unreadable: true,
         port_unknown: true,
@@ -282,6 +290,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         source: Source::V6(source),
                         protocol: UNKNOWN_PROTOCOL,
                         dest_port: NO_PORT,
+                        tcp_flags: 0,
                         fragment,
                         unreadable: false,
                         port_unknown: true,
@@ -295,10 +304,11 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             }
             _ => {
                 return Ok(match parse_transport(ctx, offset, ip_end, next) {
-                    Ok(dest_port) => Packet {
+                    Ok((dest_port, tcp_flags)) => Packet {
                         source: Source::V6(source),
                         protocol: next,
                         dest_port,
+                        tcp_flags,
                         fragment,
                         unreadable: false,
                         port_unknown: false,
@@ -321,16 +331,17 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     ))
 }
 
-/// The destination port of a transport header at `offset`, requiring the
-/// protocol's whole fixed header to be present, within the frame and
-/// within the IP datagram (which ends at `ip_end`).
+/// The destination port of a transport header at `offset` (and a TCP
+/// segment's flags), requiring the protocol's whole fixed header to be
+/// present, within the frame and within the IP datagram (which ends at
+/// `ip_end`).
 #[inline(always)]
 fn parse_transport(
     ctx: &XdpContext,
     offset: usize,
     ip_end: usize,
     protocol: u8,
-) -> Result<u32, Malformed> {
+) -> Result<(u32, u8), Malformed> {
     let header_len = match protocol {
         proto::TCP => 20,
         proto::UDP => 8,
@@ -340,9 +351,9 @@ fn parse_transport(
                 return Err(Malformed);
             }
             ptr_at::<[u8; 4]>(ctx, offset)?;
-            return Ok(NO_PORT);
+            return Ok((NO_PORT, 0));
         }
-        _ => return Ok(NO_PORT),
+        _ => return Ok((NO_PORT, 0)),
     };
     if offset > MAX_OFFSET
         || offset + header_len > ip_end
@@ -355,5 +366,12 @@ fn parse_transport(
     // value, which the verifier cannot follow across merged paths.
     let port: *const [u8; 2] = ptr_at(ctx, offset + 2)?;
     let port = unsafe { core::ptr::read_volatile(port) };
-    Ok(u32::from(u16::from_be_bytes(port)))
+    // TCP's flags byte, within the 20 bytes checked above.
+    let tcp_flags = if protocol == proto::TCP {
+        let flags: *const u8 = ptr_at(ctx, offset + 13)?;
+        unsafe { core::ptr::read_volatile(flags) }
+    } else {
+        0
+    };
+    Ok((u32::from(u16::from_be_bytes(port)), tcp_flags))
 }

@@ -182,12 +182,17 @@ fn candidate(id: u32, rule: &Rule) -> Candidate {
     if matches!(rule.limit, Limit::Unlimited) {
         flags |= candidate_flag::UNLIMITED;
     }
+    let tcp = rule.matches.tcp_flags.unwrap_or_default();
+    if rule.matches.tcp_flags.is_some() {
+        flags |= candidate_flag::MATCH_TCP_FLAGS;
+    }
     Candidate {
         rule: u16::try_from(id).expect("rule ids are below MAX_RULES"),
         dest_port: rule.matches.dest_port.unwrap_or(0),
         protocol: rule.matches.protocol.unwrap_or(0),
         flags,
-        _pad: [0; 2],
+        tcp_flags_mask: tcp.mask,
+        tcp_flags_value: tcp.value,
     }
 }
 

@@ -197,3 +197,15 @@ pub fn ipv6_chain(src: Ipv6Addr, chain: &[Ext], dest_port: u16) -> Vec<u8> {
     frame.extend_from_slice(&payload);
     frame
 }
+
+/// A TCP frame of [`tcp4`] or [`tcp6`] with its flags byte set to
+/// `flags` (its checksum left as it was: the limiter reads none).
+pub fn with_tcp_flags(mut frame: Vec<u8>, flags: u8) -> Vec<u8> {
+    let ip_header = if frame[12..14] == [0x86, 0xdd] {
+        40
+    } else {
+        20
+    };
+    frame[L3 + ip_header + 13] = flags;
+    frame
+}

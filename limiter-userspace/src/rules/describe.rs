@@ -34,6 +34,9 @@ pub fn describe(rule: &Rule) -> Description {
     if let Some(port) = m.dest_port {
         matches.push(format!("port {port}"));
     }
+    if let Some(flags) = m.tcp_flags {
+        matches.push(format!("flags {}", flags.text()));
+    }
     matches.extend(describe_request(&rule.request));
     let rates = |packets: Option<Rate>, bytes: Option<Rate>| {
         // Windows and logs admit `rate` per window: no burst to show.

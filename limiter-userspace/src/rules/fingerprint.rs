@@ -65,8 +65,12 @@ impl Rule {
     /// The algorithm, the match and the key, as both texts write them.
     fn keys_text(&self) -> String {
         let m = &self.matches;
+        // Nothing for a rule without TCP flags: its text is what it was.
+        let tcp = m
+            .tcp_flags
+            .map_or(String::new(), |f| format!("|tcp/{}/{}", f.mask, f.value));
         format!(
-            "{:?}|{}|{}|{}|{}/{}",
+            "{:?}|{}|{}|{}|{}/{}{tcp}",
             self.algorithm,
             m.source.map_or("*".to_owned(), |s| s.to_string()),
             m.protocol.map_or("*".to_owned(), |p| p.to_string()),

@@ -72,7 +72,9 @@ pub fn match_order(set: &RuleSet) -> Vec<usize> {
         let rule = &set.rules[i];
         let m = &rule.matches;
         let prefix = m.source.map_or(0, |s| s.prefix_len());
-        let specificity = u8::from(m.protocol.is_some()) + u8::from(m.dest_port.is_some());
+        let specificity = u8::from(m.protocol.is_some())
+            + u8::from(m.dest_port.is_some())
+            + u8::from(m.tcp_flags.is_some());
         (
             std::cmp::Reverse(rule.request.conditions()),
             std::cmp::Reverse(prefix),
@@ -84,27 +86,39 @@ pub fn match_order(set: &RuleSet) -> Vec<usize> {
 }
 
 /// The first rule in `order` ([`match_order`]) that applies to a packet
-/// from `source` with this protocol and port: the rule the kernel applies.
+/// from `source` with this protocol, port and TCP flags (`None`: not a
+/// TCP segment, or flags unknown): the rule the kernel applies.
 pub fn first_match(
     set: &RuleSet,
     order: &[usize],
     source: IpAddr,
     protocol: u8,
     dest_port: Option<u16>,
+    tcp_flags: Option<u8>,
 ) -> Option<usize> {
-    order
-        .iter()
-        .copied()
-        .find(|&i| set.rules[i].matches.applies(source, protocol, dest_port))
+    order.iter().copied().find(|&i| {
+        set.rules[i]
+            .matches
+            .applies(source, protocol, dest_port, tcp_flags)
+    })
 }
 
 impl Match {
-    /// Whether a packet from `source` with this protocol and port is one
-    /// this match names.
-    fn applies(&self, source: IpAddr, protocol: u8, dest_port: Option<u16>) -> bool {
+    /// Whether a packet from `source` with this protocol, port and TCP
+    /// flags is one this match names.
+    fn applies(
+        &self,
+        source: IpAddr,
+        protocol: u8,
+        dest_port: Option<u16>,
+        tcp_flags: Option<u8>,
+    ) -> bool {
         self.source.is_none_or(|s| s.contains(&source))
             && self.protocol.is_none_or(|p| p == protocol)
             && self.dest_port.is_none_or(|p| Some(p) == dest_port)
+            && self
+                .tcp_flags
+                .is_none_or(|f| tcp_flags.is_some_and(|t| t & f.mask == f.value))
     }
 }
 
@@ -120,9 +134,11 @@ pub fn first_request_match(
     request: Option<&HttpRequest<'_>>,
 ) -> Option<usize> {
     const TCP: u8 = 6;
+    // A request is not a segment: a rule on TCP flags (connection
+    // attempts) is the kernel's and never matches one.
     order.iter().copied().find(|&i| {
         let rule = &set.rules[i];
-        rule.matches.applies(source, TCP, dest_port)
+        rule.matches.applies(source, TCP, dest_port, None)
             && rule.request.matches(request)
             && keyable(&rule.keyed_by, request)
     })
@@ -135,5 +151,5 @@ pub fn matching_rule(
     protocol: u8,
     dest_port: Option<u16>,
 ) -> Option<usize> {
-    first_match(set, &match_order(set), source, protocol, dest_port)
+    first_match(set, &match_order(set), source, protocol, dest_port, None)
 }

@@ -159,6 +159,37 @@ pub struct Match {
     pub source: Option<IpNet>,
     pub protocol: Option<u8>,
     pub dest_port: Option<u16>,
+    /// TCP segments whose flags, masked, have this value (`syn,!ack`).
+    pub tcp_flags: Option<TcpFlags>,
+}
+
+/// `match.tcp_flags`: the flags named (`mask`), and which of them must be
+/// set (`value`); the rest must be clear.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TcpFlags {
+    pub mask: u8,
+    pub value: u8,
+}
+
+impl TcpFlags {
+    /// The flags' names, in the order of their bits.
+    pub const NAMES: [&'static str; 8] = ["fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr"];
+
+    /// As written in a rule file: `syn,!ack`.
+    pub fn text(&self) -> String {
+        (0..8)
+            .filter(|bit| self.mask & (1 << bit) != 0)
+            .map(|bit| {
+                let name = Self::NAMES[bit];
+                if self.value & (1 << bit) != 0 {
+                    name.to_owned()
+                } else {
+                    format!("!{name}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
 
 /// Prefix lengths that form a key: one bucket per source `/v4` or `/v6`.

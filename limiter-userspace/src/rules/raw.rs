@@ -79,6 +79,8 @@ pub struct MatchFields {
     pub source: Option<String>,
     pub protocol: Option<Protocol>,
     pub dest_port: Option<u16>,
+    /// TCP flags, named and negated with `!`: `syn,!ack`.
+    pub tcp_flags: Option<String>,
     /// Layer 7: one method or a list.
     pub method: Option<Strings>,
     /// Layer 7: the request's host, without its port.

@@ -670,3 +670,52 @@ fn escalation_takes_two_durations_of_a_second_or_more() {
         "{e}"
     );
 }
+
+#[test]
+fn tcp_flags_name_flags_set_and_clear_on_tcp_rules() {
+    let rule = |flags: &str| {
+        format!(
+            "rules:\n  - {{ name: t, match: {{ protocol: tcp, tcp_flags: \"{flags}\" }}, limit: {{ rate: 10, unit: second }} }}\n"
+        )
+    };
+    let set = parse(&rule("syn,!ack")).unwrap();
+    let flags = set.rules[0].matches.tcp_flags.expect("flags");
+    assert_eq!((flags.mask, flags.value), (0x12, 0x02));
+    assert_eq!(flags.text(), "syn,!ack");
+    assert_eq!(
+        describe::describe(&set.rules[0]).matches,
+        "any source tcp flags syn,!ack"
+    );
+    for (flags, expected) in [
+        (
+            "syn,!akc",
+            "rules[0].match.tcp_flags: \"syn,!akc\": \"akc\" is not a TCP flag",
+        ),
+        ("syn,!syn", "syn named twice"),
+    ] {
+        let e = error(&rule(flags));
+        assert!(e.contains(expected), "{flags}: {e}");
+    }
+    let e = error(
+        "rules:\n  - { name: t, match: { protocol: udp, tcp_flags: syn }, limit: { rate: 1, unit: second } }\n",
+    );
+    assert!(
+        e.contains("rules[0].match.tcp_flags: needs protocol tcp"),
+        "{e}"
+    );
+    // More specific than the same rule without flags, whatever the order.
+    let set = parse(
+        "rules:\n  - { name: all-tcp, match: { protocol: tcp }, limit: { rate: 100, unit: second } }\n  - { name: syns, match: { protocol: tcp, tcp_flags: syn }, limit: { rate: 1, unit: second } }\n",
+    )
+    .unwrap();
+    let order = matching::match_order(&set);
+    let source = "198.51.100.1".parse().unwrap();
+    let rule_of = |flags| matching::first_match(&set, &order, source, 6, Some(22), flags);
+    assert_eq!(rule_of(Some(0x02)), Some(1));
+    assert_eq!(rule_of(Some(0x10)), Some(0));
+    assert_eq!(
+        rule_of(None),
+        Some(0),
+        "unknown flags never match a flags rule"
+    );
+}

@@ -15,7 +15,7 @@ use limiter_common::{
 
 use super::{
     Algorithm, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch, Rule,
-    RuleSet, matching, raw, request,
+    RuleSet, TcpFlags, matching, raw, request,
 };
 use crate::yaml::quoted;
 
@@ -112,10 +112,18 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             "needs protocol tcp, udp or sctp",
         ));
     }
+    let tcp_flags = match &raw.matches.tcp_flags {
+        None => None,
+        Some(_) if protocol != Some(6) => {
+            return Err(invalid("match.tcp_flags", "needs protocol tcp"));
+        }
+        Some(text) => Some(tcp_flags(text).map_err(|m| invalid("match.tcp_flags", m))?),
+    };
     let matches = Match {
         source,
         protocol,
         dest_port: raw.matches.dest_port,
+        tcp_flags,
     };
     let request = request::request_match(&raw.matches)?;
     let (keyed_by, source_key) = match &raw.key {
@@ -210,6 +218,35 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             other => other,
         },
     })
+}
+
+/// `syn`, `syn,!ack`, `rst`: each flag named is set, or with `!` clear.
+fn tcp_flags(text: &str) -> Result<TcpFlags, String> {
+    let mut flags = TcpFlags::default();
+    for part in text.split(',').map(str::trim) {
+        let (clear, name) = match part.strip_prefix('!') {
+            Some(name) => (true, name.trim()),
+            None => (false, part),
+        };
+        let bit = TcpFlags::NAMES
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!(
+                    "{}: {name:?} is not a TCP flag (one of {}, each maybe with `!`, comma-separated)",
+                    quoted(text),
+                    TcpFlags::NAMES.join(", ")
+                )
+            })?;
+        if flags.mask & (1 << bit) != 0 {
+            return Err(format!("{}: {name} named twice", quoted(text)));
+        }
+        flags.mask |= 1 << bit;
+        if !clear {
+            flags.value |= 1 << bit;
+        }
+    }
+    Ok(flags)
 }
 
 /// A `soft` limit: a packet rate, on a GCRA rule, below its hard packet
