@@ -28,6 +28,7 @@ pub mod map_name {
     pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const SOFT_LIMITS: &str = "SOFT_LIMITS";
     pub const SOFT_STATS: &str = "SOFT_STATS";
+    pub const COSTS: &str = "COSTS";
     pub const TRACE: &str = "TRACE";
     pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
     pub const TRACE_COUNTS: &str = "TRACE_COUNTS";
@@ -201,6 +202,55 @@ pub mod rule_flag {
     /// GCRA rules only): a packet the key's soft meter refuses is passed
     /// all the same, and counted as over it (`SOFT_STATS`).
     pub const SOFT: u32 = 1 << 7;
+    /// Packets cost credits by class (`COSTS` at the rule's slot): the
+    /// packet meters (the key's and the aggregate's) charge them instead
+    /// of 1.
+    pub const COSTS: u32 = 1 << 8;
+}
+
+/// Classes of a rule's `cost`, at most.
+pub const MAX_COST_CLASSES: usize = 4;
+
+/// One class of packets and what each costs: TCP segments whose flags,
+/// masked, have this value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CostClass {
+    pub credits: u32,
+    pub tcp_flags_mask: u8,
+    pub tcp_flags_value: u8,
+    pub _pad: [u8; 2],
+}
+
+/// A rule's packet costs (`COSTS`, by `rule_slot`): the first class a
+/// packet is in says what it costs; 1 when it is in none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Costs {
+    pub classes: [CostClass; MAX_COST_CLASSES],
+    pub len: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Costs>() == 40);
+
+impl Costs {
+    /// What a packet of this protocol and these TCP flags costs.
+    #[inline(always)]
+    pub fn credits(&self, protocol: u8, tcp_flags: u8) -> u64 {
+        let mut i = 0;
+        while i < MAX_COST_CLASSES {
+            if i as u32 >= self.len {
+                break;
+            }
+            let class = &self.classes[i];
+            if protocol == 6 && tcp_flags & class.tcp_flags_mask == class.tcp_flags_value {
+                return u64::from(class.credits);
+            }
+            i += 1;
+        }
+        1
+    }
 }
 
 /// `RuleConfig::algorithm` values.
@@ -627,6 +677,7 @@ mod pod {
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
     unsafe impl aya::Pod for crate::gcra::Gcra {}
+    unsafe impl aya::Pod for super::Costs {}
     unsafe impl aya::Pod for crate::trace::TraceConfig {}
     unsafe impl aya::Pod for crate::trace::TraceEvent {}
 }

@@ -33,8 +33,9 @@ use limiter_common::{
     window::WindowState,
 };
 use maps::{
-    ADMISSIONS, AGGREGATES, BLOCKED_V4, BLOCKS_V4, BLOCKS_V6, CONFIG, GLOBAL_STATS, IFACES, LPM_V6,
-    RULE_STATS, RULES, SOFT_LIMITS, SOFT_STATS, V4_L16, V4_L24, V4_L32, V4_LISTS, WINDOW_SCRATCH,
+    ADMISSIONS, AGGREGATES, BLOCKED_V4, BLOCKS_V4, BLOCKS_V6, CONFIG, COSTS, GLOBAL_STATS, IFACES,
+    LPM_V6, RULE_STATS, RULES, SOFT_LIMITS, SOFT_STATS, V4_L16, V4_L24, V4_L32, V4_LISTS,
+    WINDOW_SCRATCH,
 };
 use parse::{Packet, Source};
 use trace::Decided;
@@ -153,6 +154,14 @@ fn limit(
         return stopped(u64::from(rule.flags) ^ counters.passed_packets);
     }
     let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
+    // What the packet costs its packet meters: 1, or its class's credits.
+    let credits = if rule.flags & rule_flag::COSTS != 0 {
+        COSTS
+            .get(rule_slot(generation, rule_id))
+            .map_or(1, |costs| costs.credits(packet.protocol, packet.tcp_flags))
+    } else {
+        1
+    };
     let key = match packet.source {
         Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
         Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
@@ -211,18 +220,27 @@ fn limit(
         let slot = match slot {
             Some(slot) => Ok(slot.as_ptr()),
             None => new_key(
-                config, generation, global, rule_id, rule, &key, counters, now, len,
+                config,
+                generation,
+                global,
+                rule_id,
+                rule,
+                &key,
+                counters,
+                now,
+                Charged { len, credits },
             ),
         };
         match slot {
             Ok(slot) => {
                 let key_state = unsafe { &raw mut (*slot).state };
-                let verdict = meter(config, rule_id, rule, key_state, now, len);
+                let charged = Charged { len, credits };
+                let verdict = meter(config, rule_id, rule, key_state, now, charged);
                 if verdict.outcome == Outcome::Allowed
                     && rule.flags & rule_flag::SOFT != 0
                     && rule.algorithm == algorithm::GCRA
                 {
-                    over_soft(generation, iface, rule_id, key_state, now);
+                    over_soft(generation, iface, rule_id, key_state, now, credits);
                 }
                 // For `limiter top`; see `KeyState::passed_packets`.
                 let key_state = unsafe { &mut *key_state };
@@ -295,12 +313,19 @@ fn stopped(value: u64) -> Decided {
 /// state, which the hard meters leave free), and counts it when the soft
 /// meter refuses it: it is passed all the same.
 #[inline(always)]
-fn over_soft(generation: u32, iface: u32, rule_id: u32, state: *mut KeyState, now: u64) {
+fn over_soft(
+    generation: u32,
+    iface: u32,
+    rule_id: u32,
+    state: *mut KeyState,
+    now: u64,
+    credits: u64,
+) {
     let Some(soft) = SOFT_LIMITS.get(rule_slot(generation, rule_id)) else {
         return;
     };
     let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
-    if acquire(&cell, soft, now, 1) == Outcome::Denied
+    if acquire(&cell, soft, now, credits) == Outcome::Denied
         && let Some(over) = SOFT_STATS.get_ptr_mut(counter_slot(iface, rule_id))
     {
         unsafe { *over += 1 };
@@ -406,8 +431,9 @@ fn new_key(
     key: &FlowKey,
     counters: &mut RuleCounters,
     now: u64,
-    len: u64,
+    charged: Charged,
 ) -> Result<*mut Slot, Verdict> {
+    let Charged { len, credits } = charged;
     let refused = |refused_by| {
         Err(Verdict {
             outcome: Outcome::Denied,
@@ -423,7 +449,7 @@ fn new_key(
             && deny(
                 &rule.aggregate_packets_at(now).gcra,
                 aggregate.meters[0][0],
-                1,
+                credits,
             )
         {
             return refused(order::AGGREGATE_PACKETS);
@@ -450,6 +476,31 @@ fn new_key(
     Ok(state)
 }
 
+/// What a packet costs: its length to the byte meters, its credits (1
+/// unless the rule has `cost`) to the packet meters.
+#[derive(Clone, Copy)]
+struct Charged {
+    len: u64,
+    credits: u64,
+}
+
+impl Charged {
+    /// In one word, as a subprogram takes it (five arguments at most): a
+    /// frame's length fits 32 bits, and so do credits.
+    #[inline(always)]
+    fn word(self) -> u64 {
+        (self.len & 0xffff_ffff) | self.credits << 32
+    }
+
+    #[inline(always)]
+    fn of_word(word: u64) -> Self {
+        Self {
+            len: word & 0xffff_ffff,
+            credits: word >> 32,
+        }
+    }
+}
+
 /// Charges the packet to its key's meters and the rule's aggregate meters.
 #[inline(always)]
 fn meter(
@@ -458,7 +509,7 @@ fn meter(
     rule: &RuleConfig,
     state: *mut KeyState,
     now: u64,
-    len: u64,
+    charged: Charged,
 ) -> Verdict {
     let Some(aggregate) = AGGREGATES.get_ptr_mut(rule_id) else {
         return Verdict {
@@ -467,12 +518,12 @@ fn meter(
         };
     };
     let verdict = if rule.algorithm == algorithm::GCRA {
-        meter_gcra_call(rule, state, aggregate, now, len)
+        meter_gcra_call(rule, state, aggregate, now, charged.word())
     } else {
         let packet = PacketCharge {
             now,
             realtime_offset_ns: config.realtime_offset_ns,
-            len,
+            charged,
         };
         meter_windows_call(rule, state, aggregate, &packet)
     };
@@ -506,9 +557,15 @@ fn meter_gcra_call(
     state: *mut KeyState,
     aggregate: *mut AggregateState,
     now: u64,
-    len: u64,
+    charged: u64,
 ) -> u64 {
-    verdict_word(meter_gcra(rule, state, aggregate, now, len))
+    verdict_word(meter_gcra(
+        rule,
+        state,
+        aggregate,
+        now,
+        Charged::of_word(charged),
+    ))
 }
 
 /// A packet's time and length, for [`meter_windows_call`].
@@ -517,7 +574,7 @@ struct PacketCharge {
     now: u64,
     /// `GlobalConfig::realtime_offset_ns`: windows are kept in epoch ns.
     realtime_offset_ns: u64,
-    len: u64,
+    charged: Charged,
 }
 
 /// [`meter_windows`] as a BPF subprogram: each meter's stack frame is its
@@ -541,8 +598,9 @@ fn meter_gcra(
     state: *mut KeyState,
     aggregate: *mut AggregateState,
     now: u64,
-    len: u64,
+    charged: Charged,
 ) -> Verdict {
+    let Charged { len, credits } = charged;
     // A key's state and its rule's aggregate each keep a packet meter
     // (pair index 0) and a byte meter (1); `cells` lists them in `order`.
     const _: () = assert!(
@@ -564,14 +622,14 @@ fn meter_gcra(
     charges[order::KEY_PACKETS] = has(rule_flag::LIMIT_PACKETS).then_some((
         &cells[order::KEY_PACKETS],
         &rule.packets.gcra,
-        1,
+        credits,
     ));
     charges[order::KEY_BYTES] =
         has(rule_flag::LIMIT_BYTES).then_some((&cells[order::KEY_BYTES], &rule.bytes.gcra, len));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then_some((
         &cells[order::AGGREGATE_PACKETS],
         &rule.aggregate_packets_at(now).gcra,
-        1,
+        credits,
     ));
     charges[order::AGGREGATE_BYTES] = has(rule_flag::AGGREGATE_BYTES).then_some((
         &cells[order::AGGREGATE_BYTES],
@@ -594,7 +652,7 @@ fn meter_windows(
     let PacketCharge {
         now,
         realtime_offset_ns,
-        len,
+        charged: Charged { len, credits },
     } = *packet;
     let contended = Verdict {
         outcome: Outcome::Contended,
@@ -624,14 +682,14 @@ fn meter_windows(
     let has = |flag: u32| rule.flags & flag != 0;
     let mut charges: [WindowCharge<'_>; order::METERS] = [const { None }; order::METERS];
     charges[order::KEY_PACKETS] =
-        has(rule_flag::LIMIT_PACKETS).then_some((&mut *key_packets, &rule.packets.window, 1));
+        has(rule_flag::LIMIT_PACKETS).then_some((&mut *key_packets, &rule.packets.window, credits));
     charges[order::KEY_BYTES] =
         has(rule_flag::LIMIT_BYTES).then_some((&mut *key_bytes, &rule.bytes.window, len));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then(|| {
         (
             WindowState::in_slots(aggregate_packets),
             aggregate_packets_window,
-            1,
+            credits,
         )
     });
     charges[order::AGGREGATE_BYTES] = has(rule_flag::AGGREGATE_BYTES).then(|| {

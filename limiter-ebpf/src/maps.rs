@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        AggregateState, BLOCKED_V4_WORDS, Block, Candidates, DEFAULT_MAX_KEYS, FirstFragment,
-        FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, MAX_BLOCKS,
+        AggregateState, BLOCKED_V4_WORDS, Block, Candidates, Costs, DEFAULT_MAX_KEYS,
+        FirstFragment, FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, MAX_BLOCKS,
         MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
         RuleConfig, RuleCounters, v4_table,
     },
@@ -124,6 +124,10 @@ pub static SOFT_LIMITS: Array<Gcra> = Array::pinned(GENERATIONS * MAX_RULES, 0);
 /// over the rule's soft limit.
 #[map]
 pub static SOFT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_IFACES * MAX_RULES, 0);
+
+/// Packet costs by class (`rule_flag::COSTS`), by `rule_slot`.
+#[map]
+pub static COSTS: Array<Costs> = Array::pinned(GENERATIONS * MAX_RULES, 0);
 
 /// What `limiter trace` asks for (`trace::TraceConfig`); `on` is 0 while
 /// nobody traces, and then nothing else is read.

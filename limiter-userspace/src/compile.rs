@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{
     abi::{
-        Candidate, Candidates, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig, PrefixKey, RULE_NAME_LEN,
-        RuleConfig, action, algorithm, candidate_flag, rule_flag,
+        Candidate, Candidates, CostClass, Costs, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig,
+        PrefixKey, RULE_NAME_LEN, RuleConfig, action, algorithm, candidate_flag, rule_flag,
     },
     gcra::Gcra,
 };
@@ -34,6 +34,9 @@ pub struct Tables {
     pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
     /// (rule id, soft packet meter) of the rules with a soft limit.
     pub soft: Vec<(u32, Gcra)>,
+    /// (rule id, packet classes and their credits) of the rules with a
+    /// `cost` by TCP flags.
+    pub costs: Vec<(u32, Costs)>,
 }
 
 /// Builds generation `generation` of `set`, whose rule `i` has id `ids[i]`.
@@ -67,6 +70,12 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
             .iter()
             .zip(ids)
             .filter_map(|(rule, &id)| Some((id, rule.soft?.gcra)))
+            .collect(),
+        costs: set
+            .rules
+            .iter()
+            .zip(ids)
+            .filter_map(|(rule, &id)| Some((id, kernel_costs(rule)?)))
             .collect(),
     };
     for (net, candidates) in prefixes(set, ids) {
@@ -128,6 +137,10 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
         // Its meter is in `Tables::soft`.
         config.flags |= rule_flag::SOFT;
     }
+    if rule.costs.iter().any(|c| c.tcp_flags.is_some()) {
+        // Its classes are in `Tables::costs`.
+        config.flags |= rule_flag::COSTS;
+    }
     if let Some(aggregate) = rule.aggregate {
         if let Some(m) = aggregate.packets {
             config.flags |= rule_flag::AGGREGATE_PACKETS;
@@ -145,6 +158,25 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
         }
     }
     config
+}
+
+/// A rule's classes by TCP flags, as the kernel reads them; `None` when it
+/// has none (its classes of requests are layer 7's).
+fn kernel_costs(rule: &Rule) -> Option<Costs> {
+    let mut costs = Costs::default();
+    for class in &rule.costs {
+        let Some(flags) = class.tcp_flags else {
+            continue;
+        };
+        costs.classes[costs.len as usize] = CostClass {
+            credits: u32::try_from(class.credits).unwrap_or(u32::MAX),
+            tcp_flags_mask: flags.mask,
+            tcp_flags_value: flags.value,
+            _pad: [0; 2],
+        };
+        costs.len += 1;
+    }
+    (costs.len > 0).then_some(costs)
 }
 
 fn name_bytes(name: &str) -> [u8; RULE_NAME_LEN] {

@@ -564,11 +564,18 @@ impl Limiter {
         rates[order::KEY_BYTES] = bytes;
         rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index);
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
+        // A request's credits (`cost`): its class's, or 1.
+        let credits = request.http.as_ref().map_or(1, |http| {
+            rule.costs
+                .iter()
+                .find(|class| class.holds_request(http))
+                .map_or(1, |class| class.credits)
+        });
         let cost = |i: usize| {
             if order::charges_bytes(i) {
                 request.bytes
             } else {
-                1
+                credits
             }
         };
         let mut delay_ns = 0;
@@ -582,7 +589,7 @@ impl Limiter {
                 let gcra = packets.as_ref().map(|m| m.gcra).unwrap_or_default();
                 let now = self.clock.monotonic_ns();
                 judged_at.set(now);
-                match acquire_delayed(&state.cells[0], &gcra, now, 1, max) {
+                match acquire_delayed(&state.cells[0], &gcra, now, credits, max) {
                     Some(wait) => {
                         delay_ns = wait;
                         true
@@ -610,7 +617,7 @@ impl Limiter {
         let over_soft = allowed
             && rule.soft.is_some_and(|soft| {
                 rule.algorithm == Algorithm::Gcra
-                    && acquire(&state.cells[2], &soft.gcra, now, 1) == Outcome::Denied
+                    && acquire(&state.cells[2], &soft.gcra, now, credits) == Outcome::Denied
             });
         if over_soft {
             counters.over_soft.fetch_add(1, Ordering::Relaxed);

@@ -88,6 +88,16 @@ impl Datapath {
                 .insert(&Key::new(*prefix, *key), candidates, 0)
                 .map_err(map_error(map_name::LPM_V6))?;
         }
+        if !tables.costs.is_empty() {
+            let costs = self.maps.costs.as_mut().ok_or_else(|| {
+                KernelError::BadObject(format!("it has no map {}", map_name::COSTS))
+            })?;
+            for (id, classes) in &tables.costs {
+                costs
+                    .set(rule_slot(generation, *id), classes, 0)
+                    .map_err(map_error(map_name::COSTS))?;
+            }
+        }
         if !tables.soft.is_empty() {
             let soft = self.maps.soft_limits.as_mut().ok_or_else(|| {
                 KernelError::BadObject(format!("it has no map {}", map_name::SOFT_LIMITS))

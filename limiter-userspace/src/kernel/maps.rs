@@ -13,8 +13,8 @@ use aya::{
 use aya_obj::{EbpfSectionKind, Object, maps::PinningType};
 use limiter_common::{
     abi::{
-        AggregateState, Block, Candidates, GlobalConfig, GlobalCounters, PrefixKey, RuleConfig,
-        RuleCounters, map_name, v4_table,
+        AggregateState, Block, Candidates, Costs, GlobalConfig, GlobalCounters, PrefixKey,
+        RuleConfig, RuleCounters, map_name, v4_table,
     },
     gcra::Gcra,
     keytable::{WAYS, buckets_for},
@@ -55,6 +55,8 @@ pub struct Maps {
     /// had none.
     pub soft_limits: Option<Array<MapData, Gcra>>,
     pub soft_stats: Option<PerCpuArray<MapData, u64>>,
+    /// Packet costs by class, by rule slot (absent from older pins).
+    pub costs: Option<Array<MapData, Costs>>,
     /// The test build's clock (`--features test-clock`); absent otherwise.
     pub test_clock: Option<Array<MapData, u64>>,
 }
@@ -122,6 +124,7 @@ impl Maps {
             global_stats: handle(open, map_name::GLOBAL_STATS)?,
             soft_limits: handle(open, map_name::SOFT_LIMITS).ok(),
             soft_stats: handle(open, map_name::SOFT_STATS).ok(),
+            costs: handle(open, map_name::COSTS).ok(),
             test_clock: None,
         })
     }

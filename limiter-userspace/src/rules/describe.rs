@@ -93,6 +93,22 @@ pub fn describe(rule: &Rule) -> Description {
                 Some(soft) => format!("{limit} (soft {})", rates(Some(soft), None)),
                 None => limit,
             };
+            let limit = if rule.costs.is_empty() {
+                limit
+            } else {
+                let classes: Vec<String> = rule
+                    .costs
+                    .iter()
+                    .map(|c| {
+                        let what = match c.tcp_flags {
+                            Some(flags) => format!("flags {}", flags.text()),
+                            None => describe_request(&c.request).join(" "),
+                        };
+                        format!("{what} = {}", count(c.credits))
+                    })
+                    .collect();
+                format!("{limit} (credits: {}, else 1)", classes.join(", "))
+            };
             let limit = match rule.escalate {
                 Some(e) => format!(
                     "{limit}; over it {} blocks {}",

@@ -34,6 +34,12 @@ impl Rule {
             Some(_) => format!("{fleet}|soft/{}", rate(&self.soft)),
             None => fleet,
         };
+        // And without costs: a credit means something else than a packet.
+        let fleet = if self.costs.is_empty() {
+            fleet
+        } else {
+            format!("{fleet}|cost/{:?}", self.costs)
+        };
         let text = format!(
             "{}|{limit}|{}{fleet}{}",
             self.keys_text(),

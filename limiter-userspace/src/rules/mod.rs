@@ -60,6 +60,10 @@ pub struct Rule {
     /// A soft packet (request) limit per key, below the hard one: what
     /// goes over it is counted (`over_soft`) and passed. GCRA only.
     pub soft: Option<Rate>,
+    /// What a packet (request) costs its packet meters, by class (`cost`):
+    /// the first class it is in; 1 when none. At most
+    /// `abi::MAX_COST_CLASSES`.
+    pub costs: Vec<CostClass>,
     /// A key over its limit for longer than `after` is blocked for `block`
     /// (the kernel: its source prefix, by the daemon or `limiter run`;
     /// layer 7: the key, for this rule).
@@ -96,6 +100,12 @@ impl Rule {
             .first_field()
             .or_else(|| (self.keyed_by != [KeyPart::Source]).then_some("key"))
             .or_else(|| self.concurrent.is_some().then_some("concurrent"))
+            .or_else(|| {
+                self.costs
+                    .iter()
+                    .any(|c| !c.request.is_empty())
+                    .then_some("cost (by a request's fields)")
+            })
     }
 
     /// A fleet-wide rule's whole budget: its aggregate packet rate
@@ -161,6 +171,32 @@ pub struct Match {
     pub dest_port: Option<u16>,
     /// TCP segments whose flags, masked, have this value (`syn,!ack`).
     pub tcp_flags: Option<TcpFlags>,
+}
+
+/// A class of packets or requests and what each costs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CostClass {
+    /// Layer 3/4: TCP segments with these flags (`tcp_flags`).
+    pub tcp_flags: Option<TcpFlags>,
+    /// Layer 7: requests this matches (method, host, path, headers).
+    pub request: RequestMatch,
+    pub credits: u64,
+}
+
+impl CostClass {
+    /// Whether a packet with these TCP flags (`None`: not a TCP segment)
+    /// is in the class; a class of requests holds no packet.
+    pub fn holds_packet(&self, tcp_flags: Option<u8>) -> bool {
+        self.request.is_empty()
+            && self
+                .tcp_flags
+                .is_some_and(|f| tcp_flags.is_some_and(|t| t & f.mask == f.value))
+    }
+
+    /// Whether a request is in the class; a class of segments holds none.
+    pub fn holds_request(&self, request: &HttpRequest<'_>) -> bool {
+        self.tcp_flags.is_none() && self.request.matches(Some(request))
+    }
 }
 
 /// `match.tcp_flags`: the flags named (`mask`), and which of them must be

@@ -51,6 +51,9 @@ pub struct RuleEntry {
     pub soft: Option<RateFields>,
     /// Block a key that stays over its limit `after` this long, for `block`.
     pub escalate: Option<EscalateFields>,
+    /// What one packet (request) costs its packet meters, by class: the
+    /// first class it is in; 1 when none.
+    pub cost: Option<Vec<CostEntry>>,
     pub action: Option<Excess>,
     pub algorithm: Option<Algorithm>,
     /// Layer 7: at most this many requests of one key in flight at once.
@@ -178,6 +181,15 @@ pub enum Excess {
 pub enum LimitField {
     Unlimited,
     Rates(RateFields),
+}
+
+/// One class of `cost`: `{ match: { tcp_flags: "syn,!ack" }, credits: 10 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostEntry {
+    #[serde(rename = "match")]
+    pub matches: MatchFields,
+    pub credits: u64,
 }
 
 /// `escalate: { after: 10s, block: 10m }`.

@@ -719,3 +719,65 @@ fn tcp_flags_name_flags_set_and_clear_on_tcp_rules() {
         "unknown flags never match a flags rule"
     );
 }
+
+#[test]
+fn costs_are_classes_of_segments_or_of_requests() {
+    let rule = |cost: &str| {
+        format!(
+            "rules:\n  - {{ name: c, limit: {{ rate: 100, unit: second, burst: 20 }}, cost: {cost} }}\n"
+        )
+    };
+    let set = parse(&rule(
+        "[ { match: { tcp_flags: \"syn,!ack\" }, credits: 10 }, { match: { method: POST }, credits: 5 } ]",
+    ))
+    .unwrap();
+    let r = &set.rules[0];
+    assert_eq!(r.costs.len(), 2);
+    assert_eq!(
+        describe::describe(r).limit,
+        "100 pkts/s, burst 20 (credits: flags syn,!ack = 10, POST = 5, else 1)"
+    );
+    let e = set.kernel_compatible().unwrap_err();
+    assert!(e.contains("cost (by a request's fields)"), "{e}");
+    let kernel = parse(&rule("[ { match: { tcp_flags: syn }, credits: 20 } ]")).unwrap();
+    assert!(kernel.kernel_compatible().is_ok());
+    assert!(kernel.rules[0].costs[0].holds_packet(Some(0x12)));
+    assert!(
+        !kernel.rules[0].costs[0].holds_packet(None),
+        "not a TCP segment"
+    );
+    for (cost, expected) in [
+        (
+            "[ { match: { tcp_flags: syn }, credits: 21 } ]",
+            "rules[0].cost[0].credits: 21: from 1 to 20",
+        ),
+        (
+            "[ { match: { tcp_flags: syn }, credits: 0 } ]",
+            "rules[0].cost[0].credits: 0: from 1 to 20",
+        ),
+        (
+            "[ { match: { }, credits: 2 } ]",
+            "rules[0].cost[0].match: names no class",
+        ),
+        (
+            "[ { match: { tcp_flags: syn, method: GET }, credits: 2 } ]",
+            "not both",
+        ),
+        (
+            "[ { match: { protocol: tcp }, credits: 2 } ]",
+            "rules[0].cost[0].match.protocol: a class is told by",
+        ),
+        (
+            "[ { match: { tcp_flags: sin }, credits: 2 } ]",
+            "rules[0].cost[0].match.tcp_flags:",
+        ),
+        ("[]", "rules[0].cost: 1 to 4 classes"),
+    ] {
+        let e = error(&rule(cost));
+        assert!(e.contains(expected), "{cost}: {e}");
+    }
+    let e = error(
+        "rules:\n  - { name: c, limit: { bytes: 100, unit: second }, cost: [ { match: { tcp_flags: syn }, credits: 2 } ] }\n",
+    );
+    assert!(e.contains("rules[0].cost: needs a packet limit"), "{e}");
+}

@@ -7,15 +7,15 @@ use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 use limiter_common::{
-    abi::{DEFAULT_MAX_KEYS, MAX_CANDIDATES, MAX_KEYS, MAX_RULES, RULE_NAME_LEN},
+    abi::{DEFAULT_MAX_KEYS, MAX_CANDIDATES, MAX_COST_CLASSES, MAX_KEYS, MAX_RULES, RULE_NAME_LEN},
     gcra::Gcra,
     keytable::MAX_WINDOW_LIMIT,
     window::Window,
 };
 
 use super::{
-    Algorithm, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch, Rule,
-    RuleSet, TcpFlags, matching, raw, request,
+    Algorithm, CostClass, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch,
+    Rule, RuleSet, TcpFlags, matching, raw, request,
 };
 use crate::yaml::quoted;
 
@@ -188,6 +188,10 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .as_ref()
         .map(|fields| soft_limit(fields, &limit, algorithm))
         .transpose()?;
+    let costs = match &raw.cost {
+        None => Vec::new(),
+        Some(entries) => cost_classes(entries, &limit, aggregate.as_ref())?,
+    };
     let escalate = raw
         .escalate
         .as_ref()
@@ -208,6 +212,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         limit,
         aggregate,
         soft,
+        costs,
         escalate,
         algorithm,
         delay,
@@ -307,6 +312,98 @@ fn soft_limit(
         ));
     }
     Ok(soft)
+}
+
+/// `cost`: classes of segments (`tcp_flags`) or of requests (method,
+/// host, path, headers), each costing 1 or more credits, no more than the
+/// packet limit's burst (a packet of the class could never pass).
+fn cost_classes(
+    entries: &[raw::CostEntry],
+    limit: &Limit,
+    aggregate: Option<&Rates>,
+) -> Result<Vec<CostClass>, Invalid> {
+    let Limit::Metered {
+        packets: Some(packets),
+        ..
+    } = limit
+    else {
+        return Err(invalid(
+            "cost",
+            "needs a packet limit (`limit: { rate: ... }`), which then counts credits",
+        ));
+    };
+    if entries.is_empty() || entries.len() > MAX_COST_CLASSES {
+        return Err(invalid(
+            "cost",
+            format!("1 to {MAX_COST_CLASSES} classes, each {{ match: {{...}}, credits: N }}"),
+        ));
+    }
+    // The most a packet may cost: what a whole budget holds.
+    let budget = |rate: &Rate| {
+        if rate.window.length_ns != 0 {
+            rate.window.limit
+        } else {
+            rate.burst
+        }
+    };
+    let most = std::iter::once(packets)
+        .chain(aggregate.and_then(|a| a.packets.as_ref()))
+        .map(budget)
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut classes = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let at = |field: &str| format!("cost[{i}].{field}");
+        let m = &entry.matches;
+        let addresses = [
+            ("match.source", m.source.is_some()),
+            ("match.protocol", m.protocol.is_some()),
+            ("match.dest_port", m.dest_port.is_some()),
+        ];
+        if let Some((field, _)) = addresses.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                at(field),
+                "a class is told by tcp_flags (layer 3/4) or by method, host, path, path_prefix, headers (layer 7); the rule's match picks the traffic",
+            ));
+        }
+        let tcp_flags = m
+            .tcp_flags
+            .as_deref()
+            .map(tcp_flags)
+            .transpose()
+            .map_err(|e| invalid(at("match.tcp_flags"), e))?;
+        let request = request::request_match(m).map_err(|(f, e)| (at(&f), e))?;
+        match (tcp_flags.is_some(), request.is_empty()) {
+            (true, false) => {
+                return Err(invalid(
+                    at("match"),
+                    "a class is of segments (tcp_flags) or of requests, not both",
+                ));
+            }
+            (false, true) => {
+                return Err(invalid(
+                    at("match"),
+                    "names no class: give tcp_flags, or method, host, path, path_prefix, headers",
+                ));
+            }
+            _ => {}
+        }
+        if entry.credits == 0 || entry.credits > most {
+            return Err(invalid(
+                at("credits"),
+                format!(
+                    "{}: from 1 to {most} (a packet costing more than a whole budget could never pass)",
+                    entry.credits
+                ),
+            ));
+        }
+        classes.push(CostClass {
+            tcp_flags,
+            request,
+            credits: entry.credits,
+        });
+    }
+    Ok(classes)
 }
 
 /// `escalate: { after, block }`: both at least a second (the daemon looks
