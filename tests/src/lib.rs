@@ -815,3 +815,112 @@ pub fn json_lines(log: &str) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect()
 }
+
+/// `limiter run` on the lab's receiving side with `rules` (written to
+/// `dir`), its pins under `/sys/fs/bpf/limiter-test-{name}`.
+pub fn run_in_lab(lab: &Lab, dir: &TempDir, name: &str, rules: &str) -> RunningLimiter {
+    let config = dir.write("rules.yaml", rules);
+    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{name}"));
+    RunningLimiter::start(
+        lab.rx.name(),
+        &[lab::RX_IFACE],
+        &config,
+        &pin_dir,
+        dir.0.join("run.log"),
+    )
+    .expect("limiter run")
+}
+
+/// The verdict of a loaded program on `frame`, with its own clock.
+pub fn verdict(datapath: &Datapath, frame: &[u8]) -> u32 {
+    datapath
+        .program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
+}
+
+/// A TCP listener in the lab's receiving namespace that counts, itself,
+/// the connections it accepts and the bytes it reads.
+pub struct CountingListener {
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl CountingListener {
+    /// Listens on `addr` (the receiver's side of the lab). The lab's
+    /// arrival counters drop what they count: they are removed, so the
+    /// segments reach the stack.
+    pub fn start(lab: &Lab, addr: std::net::SocketAddr) -> Self {
+        use std::sync::{Arc, atomic::Ordering};
+        lab.rx
+            .exec("nft", &["delete", "table", "netdev", "limiter_lab"])
+            .expect("nft");
+        let listener = lab
+            .rx
+            .enter(|| std::net::TcpListener::bind(addr))
+            .expect("netns")
+            .expect("bind");
+        let counting = Self {
+            accepted: Default::default(),
+            received: Default::default(),
+        };
+        let (accepted, received) = (
+            Arc::clone(&counting.accepted),
+            Arc::clone(&counting.received),
+        );
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let received = Arc::clone(&received);
+                thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = std::io::Read::read(&mut stream, &mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        received.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        counting
+    }
+
+    /// Waits until it has read `bytes` in all (panics after 10 s).
+    pub fn wait_received(&self, bytes: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.received.load(std::sync::atomic::Ordering::SeqCst) < bytes {
+            assert!(Instant::now() < deadline, "the data did not arrive");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A TCP connection from the lab's sending namespace.
+pub fn connect_from_sender(
+    lab: &Lab,
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    lab.tx
+        .enter(|| std::net::TcpStream::connect_timeout(&addr, timeout))
+        .expect("netns")
+}
+
+/// `limiter proxy` in front of a fresh upstream, with `rules`; the
+/// directory holding them lives as long as it is kept.
+pub async fn proxy_for(name: &str, rules: &str, extra: &[&str]) -> (Proxy, TempDir) {
+    let upstream = format!("http://{}", upstream().await);
+    let dir = TempDir::new(name);
+    let config = dir.write("rules.yaml", rules);
+    (proxy(&config, &upstream, extra), dir)
+}

@@ -4,18 +4,14 @@
 //! the listener counts), and through the proxy (a POST costs 4).
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    net::{Ipv4Addr, SocketAddr},
     time::Duration,
 };
 
-use limiter::lab::{Lab, RX_IFACE};
+use limiter::lab::Lab;
 use limiter_tests::{
-    RunningLimiter, TempDir, XDP_DROP, XDP_PASS, exchange, frames, loaded, snapshot, status,
+    CountingListener, TempDir, XDP_DROP, XDP_PASS, connect_from_sender, exchange, frames, loaded,
+    run_in_lab, snapshot, status, verdict,
 };
 
 const SYN: u8 = 0x02;
@@ -31,16 +27,7 @@ fn the_kernel_charges_each_class_its_credits() {
   - { name: any, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 2, unit: minute, burst: 2 }, cost: [ { match: { tcp_flags: syn }, credits: 2 } ] }
 ",
     );
-    let run = |frame: &[u8]| {
-        use aya::programs::TestRun;
-        dp.program()
-            .test_run(aya::programs::TestRunOptions {
-                data_in: Some(frame),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN")
-            .return_value
-    };
+    let run = |frame: &[u8]| verdict(&dp, frame);
     let segment =
         |flags| frames::with_tcp_flags(frames::tcp4(Ipv4Addr::new(198, 18, 0, 1), 443), flags);
     let verdicts = [SYN, SYN, SYN, ACK, ACK, ACK].map(|flags| run(&segment(flags)));
@@ -70,57 +57,18 @@ fn the_kernel_charges_each_class_its_credits() {
 #[test]
 fn connection_attempts_cost_more_on_real_connections() {
     let lab = Lab::create("lt-credits").expect("lab");
-    lab.rx
-        .exec("nft", &["delete", "table", "netdev", "limiter_lab"])
-        .expect("nft");
     let dir = TempDir::new("credits");
-    let config = dir.write(
-        "rules.yaml",
+    let running = run_in_lab(
+        &lab,
+        &dir,
+        "credits",
         "rules:
   - { name: conns, match: { source: 198.19.0.1/32, protocol: tcp, dest_port: 8080 }, key: source, limit: { rate: 1, unit: hour, burst: 40 }, cost: [ { match: { tcp_flags: \"syn,!ack\" }, credits: 10 } ] }
 ",
     );
-    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-credits");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
     let addr: SocketAddr = "198.19.0.2:8080".parse().unwrap();
-    let listener = lab
-        .rx
-        .enter(|| TcpListener::bind(addr))
-        .expect("netns")
-        .expect("bind");
-    let accepted = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicU64::new(0));
-    {
-        let (accepted, received) = (Arc::clone(&accepted), Arc::clone(&received));
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                accepted.fetch_add(1, Ordering::SeqCst);
-                let received = Arc::clone(&received);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 4096];
-                    while let Ok(n) = std::io::Read::read(&mut stream, &mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        received.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                });
-            }
-        });
-    }
-    let connect = || {
-        lab.tx
-            .enter(|| TcpStream::connect_timeout(&addr, Duration::from_millis(1500)))
-            .expect("netns")
-    };
+    let listener = CountingListener::start(&lab, addr);
+    let connect = || connect_from_sender(&lab, addr, Duration::from_millis(1500));
     let mut connections = Vec::new();
     for _ in 0..3 {
         connections.push(connect().expect("within the budget"));
@@ -128,19 +76,8 @@ fn connection_attempts_cost_more_on_real_connections() {
     let refused = connect().expect_err("a fourth attempt costs 10 of the 7 left");
     assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut, "{refused}");
     std::io::Write::write_all(&mut connections[0], b"hello").expect("writing");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while received.load(Ordering::SeqCst) < 5 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the message did not arrive"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(
-        accepted.load(Ordering::SeqCst),
-        3,
-        "the listener's own count"
-    );
+    listener.wait_received(5);
+    assert_eq!(listener.accepted(), 3, "the listener's own count");
     drop(connections);
     running.stop().expect("limiter run stops cleanly");
 }
@@ -149,13 +86,12 @@ fn connection_attempts_cost_more_on_real_connections() {
 /// POST, POST, then a POST refused; GET, GET, then a GET refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_charges_a_request_its_class_credits() {
-    let upstream = format!("http://{}", limiter_tests::upstream().await);
-    let dir = TempDir::new("proxy-credits");
-    let config = dir.write(
-        "rules.yaml",
+    let (p, _dir) = limiter_tests::proxy_for(
+        "proxy-credits",
         "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 10, unit: minute, burst: 10 }, cost: [ { match: { method: [POST, PUT] }, credits: 4 } ] }\n",
-    );
-    let p = limiter_tests::proxy(&config, &upstream, &[]);
+        &[],
+    )
+    .await;
     tokio::task::spawn_blocking(move || {
         let request = |method: &str| {
             let text = format!(

@@ -10,7 +10,7 @@ use std::{
 };
 
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{Daemon, TempDir, exchange, flood, sources, status};
+use limiter_tests::{Daemon, exchange, flood, sources, status};
 use serde_json::Value;
 
 const RULES: &str = "rules:
@@ -121,14 +121,13 @@ fn a_source_over_its_limit_too_long_is_blocked_by_the_daemon() {
 /// again; after the block, a request passes. The metric counts one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
-    let upstream = format!("http://{}", limiter_tests::upstream().await);
-    let dir = TempDir::new("proxy-escalate");
-    let config = dir.write(
-        "rules.yaml",
-        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n",
-    );
     let metrics = limiter_tests::free_loopback_addr();
-    let p = limiter_tests::proxy(&config, &upstream, &["--metrics", &metrics]);
+    let (p, _dir) = limiter_tests::proxy_for(
+        "proxy-escalate",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n",
+        &["--metrics", &metrics],
+    )
+    .await;
     tokio::task::spawn_blocking(move || {
         let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         let mut answers = Vec::new();

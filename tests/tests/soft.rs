@@ -6,14 +6,13 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    path::Path,
     time::Duration,
 };
 
-use limiter::lab::{Lab, RX_IFACE};
+use limiter::lab::Lab;
 use limiter_tests::{
-    RunningLimiter, TempDir, XDP_PASS, exchange, flood, frames, limiter_command, loaded_object,
-    run_at, snapshot, sources, status, test_clock_object,
+    TempDir, XDP_PASS, exchange, flood, frames, limiter_command, loaded_object, run_at, run_in_lab,
+    snapshot, sources, status, test_clock_object,
 };
 
 /// Hard 10/s with a burst of 5, soft 2/s with a burst of 2. Five packets
@@ -67,21 +66,15 @@ fn the_kernel_counts_what_goes_over_the_soft_limit_and_passes_it() {
 fn over_the_soft_limit_on_real_traffic_everything_arrives_and_is_counted() {
     let lab = Lab::create("lt-soft").expect("lab");
     let dir = TempDir::new("soft");
-    let config = dir.write(
-        "rules.yaml",
+    let running = run_in_lab(
+        &lab,
+        &dir,
+        "soft",
         "rules:
   - { name: soft, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 1000, unit: second, burst: 100 }, soft: { rate: 100, unit: second, burst: 10 } }
 ",
     );
-    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-soft");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
+    let pin_dir = running.pin_dir.clone();
     let source = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
     let duration = Duration::from_secs(3);
     let (report, received) = flood(&lab, &sources(&lab, 0, &[source], 300, 32), duration);
@@ -116,14 +109,13 @@ fn over_the_soft_limit_on_real_traffic_everything_arrives_and_is_counted() {
 /// counts the two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_serves_over_the_soft_limit_and_says_so() {
-    let upstream = format!("http://{}", limiter_tests::upstream().await);
-    let dir = TempDir::new("proxy-soft");
-    let config = dir.write(
-        "rules.yaml",
-        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 3, unit: minute, burst: 3 }, soft: { rate: 1, unit: minute, burst: 1 } }\n",
-    );
     let metrics = limiter_tests::free_loopback_addr();
-    let p = limiter_tests::proxy(&config, &upstream, &["--metrics", &metrics]);
+    let (p, _dir) = limiter_tests::proxy_for(
+        "proxy-soft",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 3, unit: minute, burst: 3 }, soft: { rate: 1, unit: minute, burst: 1 } }\n",
+        &["--metrics", &metrics],
+    )
+    .await;
     tokio::task::spawn_blocking(move || {
         let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         let answers: Vec<String> = (0..4).map(|_| exchange(p.addr, get)).collect();

@@ -5,18 +5,16 @@
 //! never connect, an established connection's data is not limited.
 
 use std::{
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    io::Write,
+    net::{Ipv4Addr, SocketAddr},
     time::Duration,
 };
 
-use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{RunningLimiter, TempDir, XDP_DROP, XDP_PASS, frames, loaded, snapshot};
+use limiter::lab::Lab;
+use limiter_tests::{
+    CountingListener, TempDir, XDP_DROP, XDP_PASS, connect_from_sender, frames, loaded, run_in_lab,
+    snapshot, verdict,
+};
 
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
@@ -30,16 +28,7 @@ fn tcp_flags_pick_the_rule_of_a_segment() {
   - { name: syn6, match: { source: \"2001:db8::/32\", protocol: tcp, tcp_flags: syn }, limit: { rate: 1, unit: minute, burst: 1 } }
 ",
     );
-    let run = |frame: &[u8]| {
-        use aya::programs::TestRun;
-        dp.program()
-            .test_run(aya::programs::TestRunOptions {
-                data_in: Some(frame),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN")
-            .return_value
-    };
+    let run = |frame: &[u8]| verdict(&dp, frame);
     let v4 = |flags| frames::with_tcp_flags(frames::tcp4(Ipv4Addr::new(198, 18, 0, 1), 22), flags);
     let v6 =
         |flags| frames::with_tcp_flags(frames::tcp6("2001:db8::1".parse().unwrap(), 22), flags);
@@ -78,62 +67,18 @@ fn tcp_flags_pick_the_rule_of_a_segment() {
 #[test]
 fn connection_attempts_per_source_on_real_connections() {
     let lab = Lab::create("lt-tcpflags").expect("lab");
-    // The lab's arrival counters drop what they count: here segments must
-    // reach the stack, and the listener counts.
-    lab.rx
-        .exec("nft", &["delete", "table", "netdev", "limiter_lab"])
-        .expect("nft");
     let dir = TempDir::new("tcpflags");
-    let config = dir.write(
-        "rules.yaml",
+    let running = run_in_lab(
+        &lab,
+        &dir,
+        "tcpflags",
         "rules:
   - { name: connects, match: { source: 198.19.0.1/32, protocol: tcp, dest_port: 8080, tcp_flags: \"syn,!ack\" }, key: source, limit: { rate: 1, unit: hour, burst: 3 } }
 ",
     );
-    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-tcpflags");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
     let addr: SocketAddr = "198.19.0.2:8080".parse().unwrap();
-    let listener = lab
-        .rx
-        .enter(|| TcpListener::bind(addr))
-        .expect("netns")
-        .expect("bind");
-    let accepted = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicU64::new(0));
-    let server = {
-        let (accepted, received) = (Arc::clone(&accepted), Arc::clone(&received));
-        std::thread::spawn(move || {
-            let mut readers = Vec::new();
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                if accepted.fetch_add(1, Ordering::SeqCst) == 99 {
-                    break;
-                }
-                let received = Arc::clone(&received);
-                readers.push(std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = stream.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        received.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                }));
-            }
-        })
-    };
-    let connect = || {
-        lab.tx
-            .enter(|| TcpStream::connect_timeout(&addr, Duration::from_millis(1500)))
-            .expect("netns")
-    };
+    let listener = CountingListener::start(&lab, addr);
+    let connect = || connect_from_sender(&lab, addr, Duration::from_millis(1500));
     let mut connections = Vec::new();
     let mut refused = 0;
     for _ in 0..5 {
@@ -151,19 +96,7 @@ fn connection_attempts_per_source_on_real_connections() {
         .write_all(&data)
         .expect("writing on an established connection");
     drop(connections);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while received.load(Ordering::SeqCst) < data.len() as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the data did not arrive"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        accepted.load(Ordering::SeqCst),
-        3,
-        "the listener's own count"
-    );
-    drop(server);
+    listener.wait_received(data.len() as u64);
+    assert_eq!(listener.accepted(), 3, "the listener's own count");
     running.stop().expect("limiter run stops cleanly");
 }

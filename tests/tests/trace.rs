@@ -6,13 +6,12 @@
 use std::{
     io::{BufRead, BufReader, Read},
     net::{IpAddr, Ipv4Addr},
-    path::Path,
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{Daemon, RunningLimiter, TempDir, flood, limiter_command, sources};
+use limiter_tests::{Daemon, TempDir, flood, limiter_command, run_in_lab, sources};
 use serde_json::Value;
 
 const RULES: &str = "rules:
@@ -97,17 +96,8 @@ fn v4(c: u8, d: u8) -> IpAddr {
 fn trace_explains_each_decision_about_one_source() {
     let lab = Lab::create("lt-trace").expect("lab");
     let dir = TempDir::new("trace");
-    let config = dir.write("rules.yaml", RULES);
-    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-trace");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
-    let pins = pin_dir.to_string_lossy().into_owned();
+    let running = run_in_lab(&lab, &dir, "trace", RULES);
+    let pins = running.pin_dir.to_string_lossy().into_owned();
     let tracer = Tracer::start(
         &lab,
         &[
@@ -199,17 +189,8 @@ fn trace_explains_each_decision_about_one_source() {
 fn a_sampled_trace_keeps_one_in_n_of_the_verdicts_asked_for() {
     let lab = Lab::create("lt-trace-sample").expect("lab");
     let dir = TempDir::new("trace-sample");
-    let config = dir.write("rules.yaml", RULES);
-    let pin_dir = Path::new("/sys/fs/bpf/limiter-test-trace-sample");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
-    let pins = pin_dir.to_string_lossy().into_owned();
+    let running = run_in_lab(&lab, &dir, "trace-sample", RULES);
+    let pins = running.pin_dir.to_string_lossy().into_owned();
     let tracer = Tracer::start(
         &lab,
         &[
@@ -322,7 +303,6 @@ fn trace_through_the_daemon() {
 /// traced.
 #[test]
 fn every_verdict_and_cause_is_traced_as_decided() {
-    use aya::programs::TestRun;
     use limiter::kernel::trace::KernelTracer;
     use limiter_tests::{frames, loaded};
     let mut dp = loaded(
@@ -343,15 +323,7 @@ rules:
         ..Default::default()
     };
     let mut tracer = KernelTracer::start(dp.pin_dir(), &filter).expect("tracing");
-    let run = |dp: &limiter_tests::Loaded, frame: &[u8]| {
-        dp.program()
-            .test_run(aya::programs::TestRunOptions {
-                data_in: Some(frame),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN")
-            .return_value
-    };
+    let run = |dp: &limiter_tests::Loaded, frame: &[u8]| limiter_tests::verdict(dp, frame);
     let v4 = |a, b, c, d| std::net::Ipv4Addr::new(a, b, c, d);
     let mut expected: Vec<(&str, &str, Option<&str>, Option<&str>)> = Vec::new();
     let mut send = |dp: &limiter_tests::Loaded,
@@ -373,87 +345,77 @@ rules:
         assert_eq!(verdict, want, "{line:?}");
         expected.push(line);
     };
-    for _ in 0..2 {
-        send(
-            &dp,
-            frames::udp4(v4(198, 18, 0, 1), 53, 20),
-            ("198.18.0.1", "passed", None, Some("held")),
-        );
-    }
-    send(
-        &dp,
-        frames::udp4(v4(198, 18, 0, 1), 53, 20),
-        ("198.18.0.1", "dropped", Some("key packets"), Some("held")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 20, 0, 1), 53, 20),
-        ("198.20.0.1", "passed", None, Some("bytes")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 20, 0, 1), 53, 20),
-        ("198.20.0.1", "dropped", Some("key bytes"), Some("bytes")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 19, 128, 1), 53, 20),
-        ("198.19.128.1", "passed", None, Some("dry")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 19, 128, 1), 53, 20),
-        ("198.19.128.1", "shadow", Some("key packets"), Some("dry")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 21, 0, 1), 53, 20),
-        ("198.21.0.1", "passed", None, Some("shared")),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 21, 0, 2), 53, 20),
-        (
-            "198.21.0.2",
-            "dropped",
-            Some("aggregate packets"),
-            Some("shared"),
-        ),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(198, 18, 9, 9), 53, 20),
-        ("198.18.9.9", "blocked", Some("manual block"), None),
-    );
-    send(
-        &dp,
-        frames::udp4(v4(10, 0, 0, 1), 53, 20),
-        (
-            "10.0.0.1",
-            "dropped",
-            Some("rule action block"),
-            Some("default"),
-        ),
-    );
+    let udp = |a, b, c, d| frames::udp4(v4(a, b, c, d), 53, 20);
+    let tiny = frames::ipv4_fragment(&udp(198, 18, 0, 3), true, 0);
+    let whole = udp(198, 18, 0, 4);
     let v6 = frames::udp6("2001:db8::1".parse().unwrap(), 53, 20);
-    send(&dp, v6.clone(), ("2001:db8::1", "passed", None, Some("v6")));
-    send(
-        &dp,
-        v6,
-        ("2001:db8::1", "dropped", Some("key packets"), Some("v6")),
-    );
-    let tiny = frames::ipv4_fragment(&frames::udp4(v4(198, 18, 0, 3), 53, 20), true, 0);
-    send(
-        &dp,
-        tiny[..frames::L3 + 20 + 4].to_vec(),
-        ("198.18.0.3", "malformed", Some("tiny fragment"), None),
-    );
-    let whole = frames::udp4(v4(198, 18, 0, 4), 53, 20);
-    send(
-        &dp,
-        whole[..frames::L3 + 10].to_vec(),
-        ("-", "malformed", None, None),
-    );
+    let held = ("198.18.0.1", "passed", None, Some("held"));
+    let sent = [
+        (udp(198, 18, 0, 1), held),
+        (udp(198, 18, 0, 1), held),
+        (
+            udp(198, 18, 0, 1),
+            ("198.18.0.1", "dropped", Some("key packets"), Some("held")),
+        ),
+        (
+            udp(198, 20, 0, 1),
+            ("198.20.0.1", "passed", None, Some("bytes")),
+        ),
+        (
+            udp(198, 20, 0, 1),
+            ("198.20.0.1", "dropped", Some("key bytes"), Some("bytes")),
+        ),
+        (
+            udp(198, 19, 128, 1),
+            ("198.19.128.1", "passed", None, Some("dry")),
+        ),
+        (
+            udp(198, 19, 128, 1),
+            ("198.19.128.1", "shadow", Some("key packets"), Some("dry")),
+        ),
+        (
+            udp(198, 21, 0, 1),
+            ("198.21.0.1", "passed", None, Some("shared")),
+        ),
+        (
+            udp(198, 21, 0, 2),
+            (
+                "198.21.0.2",
+                "dropped",
+                Some("aggregate packets"),
+                Some("shared"),
+            ),
+        ),
+        (
+            udp(198, 18, 9, 9),
+            ("198.18.9.9", "blocked", Some("manual block"), None),
+        ),
+        (
+            udp(10, 0, 0, 1),
+            (
+                "10.0.0.1",
+                "dropped",
+                Some("rule action block"),
+                Some("default"),
+            ),
+        ),
+        (v6.clone(), ("2001:db8::1", "passed", None, Some("v6"))),
+        (
+            v6,
+            ("2001:db8::1", "dropped", Some("key packets"), Some("v6")),
+        ),
+        (
+            tiny[..frames::L3 + 20 + 4].to_vec(),
+            ("198.18.0.3", "malformed", Some("tiny fragment"), None),
+        ),
+        (
+            whole[..frames::L3 + 10].to_vec(),
+            ("-", "malformed", None, None),
+        ),
+    ];
+    for (frame, line) in sent {
+        send(&dp, frame, line);
+    }
     let mut lines = Vec::new();
     while let Some(line) = tracer.next_line() {
         lines.push(line);
