@@ -11,7 +11,7 @@ use std::{
 };
 
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{Daemon, TempDir, flood, limiter_command, run_in_lab, sources};
+use limiter_tests::{Daemon, RunningLimiter, TempDir, flood, limiter_command, run_in_lab, sources};
 use serde_json::Value;
 
 const RULES: &str = "rules:
@@ -56,6 +56,14 @@ impl Tracer {
         }
     }
 
+    /// [`Tracer::start`] against the pins of `limiter run` (no daemon).
+    fn of_run(lab: &Lab, running: &RunningLimiter, args: &[&str]) -> Self {
+        let pins = running.pin_dir.to_string_lossy().into_owned();
+        let mut all = vec!["--pin-dir", &pins, "--socket", "/nonexistent/control.sock"];
+        all.extend_from_slice(args);
+        Self::start(lab, &all)
+    }
+
     /// Its lines, parsed, once it exits (within 20 s).
     fn lines(mut self) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -98,13 +106,22 @@ fn trace_explains_each_decision_about_one_source() {
     let dir = TempDir::new("trace");
     let running = run_in_lab(&lab, &dir, "trace", RULES);
     let pins = running.pin_dir.to_string_lossy().into_owned();
-    let tracer = Tracer::start(
-        &lab,
-        &[
+    // `limiter trace` run to its end, against the same pins.
+    let trace_once = |args: &[&str]| {
+        let mut all = vec![
+            "trace",
             "--pin-dir",
             &pins,
             "--socket",
             "/nonexistent/control.sock",
+        ];
+        all.extend_from_slice(args);
+        limiter_command(Some(lab.rx.name()), &all)
+    };
+    let tracer = Tracer::of_run(
+        &lab,
+        &running,
+        &[
             "--source",
             "198.18.0.1",
             "--count",
@@ -114,18 +131,7 @@ fn trace_explains_each_decision_about_one_source() {
         ],
     );
     // Another tracer at the same time is refused, and says why.
-    let second = limiter_command(
-        Some(lab.rx.name()),
-        &[
-            "trace",
-            "--pin-dir",
-            &pins,
-            "--socket",
-            "/nonexistent/control.sock",
-        ],
-    )
-    .output()
-    .expect("running a second trace");
+    let second = trace_once(&[]).output().expect("running a second trace");
     let said = String::from_utf8_lossy(&second.stderr);
     assert!(
         !second.status.success() && said.contains("another `limiter trace`"),
@@ -160,20 +166,9 @@ fn trace_explains_each_decision_about_one_source() {
         }
     }
     // The trace is off once its tracer is gone: the next tracer starts.
-    let again = limiter_command(
-        Some(lab.rx.name()),
-        &[
-            "trace",
-            "--pin-dir",
-            &pins,
-            "--socket",
-            "/nonexistent/control.sock",
-            "--duration",
-            "200ms",
-        ],
-    )
-    .output()
-    .expect("tracing again");
+    let again = trace_once(&["--duration", "200ms"])
+        .output()
+        .expect("tracing again");
     assert!(
         again.status.success(),
         "{}",
@@ -190,21 +185,10 @@ fn a_sampled_trace_keeps_one_in_n_of_the_verdicts_asked_for() {
     let lab = Lab::create("lt-trace-sample").expect("lab");
     let dir = TempDir::new("trace-sample");
     let running = run_in_lab(&lab, &dir, "trace-sample", RULES);
-    let pins = running.pin_dir.to_string_lossy().into_owned();
-    let tracer = Tracer::start(
+    let tracer = Tracer::of_run(
         &lab,
-        &[
-            "--pin-dir",
-            &pins,
-            "--socket",
-            "/nonexistent/control.sock",
-            "--verdict",
-            "passed",
-            "--sample",
-            "4",
-            "--duration",
-            "4s",
-        ],
+        &running,
+        &["--verdict", "passed", "--sample", "4", "--duration", "4s"],
     );
     let roomy: Vec<IpAddr> = (1..=4)
         .map(|d| IpAddr::V4(Ipv4Addr::new(198, 19, 0, d)))

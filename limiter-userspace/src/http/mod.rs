@@ -846,14 +846,7 @@ impl Limiter {
         match admission.quota? {
             QuotaAt::Ready(quota) => Some(quota),
             QuotaAt::Gcra { tat, now } => {
-                let rule = &self.rules.rules[admission.rule?];
-                let Limit::Metered {
-                    packets: Some(meter),
-                    ..
-                } = rule.limit
-                else {
-                    return None;
-                };
+                let meter = self.rules.rules[admission.rule?].packet_rate()?;
                 let g = meter.gcra;
                 let used = tat.saturating_sub(now).min(g.capacity_ns);
                 Some(Quota {
@@ -872,13 +865,7 @@ impl Limiter {
     pub fn budget(&self, admission: &Admission) -> Option<(u64, u64)> {
         let quota = self.quota(admission)?;
         let rule = &self.rules.rules[admission.rule?];
-        let Limit::Metered {
-            packets: Some(meter),
-            ..
-        } = rule.limit
-        else {
-            return None;
-        };
+        let meter = rule.packet_rate()?;
         let of = match rule.algorithm {
             Algorithm::Gcra => meter.gcra.burst,
             _ => meter.window.limit,

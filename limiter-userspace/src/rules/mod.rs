@@ -108,6 +108,14 @@ impl Rule {
             })
     }
 
+    /// The rule's packet (request) limit per key, if it has one.
+    pub fn packet_rate(&self) -> Option<Rate> {
+        match self.limit {
+            Limit::Metered { packets, .. } => packets,
+            Limit::Unlimited => None,
+        }
+    }
+
     /// A fleet-wide rule's whole budget: its aggregate packet rate
     /// (validation makes every fleet rule have one).
     pub fn fleet_rate(&self) -> Option<Rate> {
