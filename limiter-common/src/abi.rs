@@ -235,16 +235,20 @@ pub struct Costs {
 const _: () = assert!(core::mem::size_of::<Costs>() == 40);
 
 impl Costs {
-    /// What a packet of this protocol and these TCP flags costs.
+    /// What a packet of this protocol, destination port and TCP flags
+    /// costs (flags are known only with the port: [`Candidate::matches`]).
     #[inline(always)]
-    pub fn credits(&self, protocol: u8, tcp_flags: u8) -> u64 {
+    pub fn credits(&self, protocol: u8, dest_port: u32, tcp_flags: u8) -> u64 {
+        if protocol != 6 || dest_port == NO_PORT {
+            return 1;
+        }
         let mut i = 0;
         while i < MAX_COST_CLASSES {
             if i as u32 >= self.len {
                 break;
             }
             let class = &self.classes[i];
-            if protocol == 6 && tcp_flags & class.tcp_flags_mask == class.tcp_flags_value {
+            if tcp_flags & class.tcp_flags_mask == class.tcp_flags_value {
                 return u64::from(class.credits);
             }
             i += 1;
@@ -382,8 +386,10 @@ impl Candidate {
         if self.flags & candidate_flag::MATCH_PROTOCOL != 0 && self.protocol != protocol {
             return false;
         }
+        // Flags are known only of a segment whose header was read, which
+        // is when its port is: `!ack` says nothing of an unread header.
         if self.flags & candidate_flag::MATCH_TCP_FLAGS != 0
-            && tcp_flags & self.tcp_flags_mask != self.tcp_flags_value
+            && (dest_port == NO_PORT || tcp_flags & self.tcp_flags_mask != self.tcp_flags_value)
         {
             return false;
         }
@@ -758,6 +764,16 @@ mod tests {
         assert!(
             !syn.may_match_unknown_port(6),
             "an unreadable header shows no flags"
+        );
+        let not_ack = Candidate {
+            tcp_flags_mask: 0x10,
+            tcp_flags_value: 0,
+            ..syn
+        };
+        assert!(not_ack.matches(6, 22, 0x02));
+        assert!(
+            !not_ack.matches(6, NO_PORT, 0),
+            "a later fragment's flags are unknown"
         );
         // A port unknown: any port, any protocol if that is unknown too.
         assert!(dns.may_match_unknown_port(17) && dns.may_match_unknown_port(UNKNOWN_PROTOCOL));

@@ -53,6 +53,9 @@ pub mod reason {
     /// Layer 7: the key had as many requests in flight as its rule's
     /// `concurrent` allows.
     pub const IN_FLIGHT: u8 = 10;
+    /// Layer 7: the key is blocked by its rule's `escalate`. (In the
+    /// kernel an escalation is a block: [`BLOCK`].)
+    pub const ESCALATED: u8 = 11;
     /// Nothing refused the packet (passed, or malformed).
     pub const NONE: u8 = 0xff;
 
@@ -68,8 +71,9 @@ pub mod reason {
             RULE_BLOCKS => "rule action block",
             FRAGMENT => "first fragment's fate",
             TINY_FRAGMENT => "tiny fragment",
-            BLOCK => "manual block",
+            BLOCK => "block (limiter block or escalation)",
             IN_FLIGHT => "requests in flight",
+            ESCALATED => "escalation block",
             _ => "",
         }
     }

@@ -158,7 +158,9 @@ fn limit(
     let credits = if rule.flags & rule_flag::COSTS != 0 {
         COSTS
             .get(rule_slot(generation, rule_id))
-            .map_or(1, |costs| costs.credits(packet.protocol, packet.tcp_flags))
+            .map_or(1, |costs| {
+                costs.credits(packet.protocol, packet.dest_port, packet.tcp_flags)
+            })
     } else {
         1
     };

@@ -143,9 +143,11 @@ pub static TRACE_EVENTS: RingBuf = RingBuf::pinned(1 << 20, 0);
 pub static TRACE_COUNTS: PerCpuArray<[u64; 2]> = PerCpuArray::pinned(1, 0);
 
 /// Index 0: the trace program (`limiter_trace`), which the limiter tail
-/// calls while someone traces. Filled by the loader of this object.
+/// calls while someone traces. Filled by the loader of this object;
+/// pinned, so the entry outlives the process that loaded it (a program
+/// array is emptied when no process or pin holds it any more).
 #[map]
-pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub static TRACE_PROG: ProgramArray = ProgramArray::pinned(1, 0);
 
 /// The decision handed to the trace program, per CPU (XDP runs to the end
 /// on its CPU, tail call included).

@@ -225,11 +225,11 @@ fn a_sampled_trace_keeps_one_in_n_of_the_verdicts_asked_for() {
 }
 
 /// Through the daemon: the same lines, streamed over its control socket,
-/// and the trace logged as events; a tracer that dies is noticed.
+/// and the trace logged as events; once the daemon is gone, from its pins.
 #[test]
 fn trace_through_the_daemon() {
     let lab = Lab::create("lt-trace-daemon").expect("lab");
-    let daemon = Daemon::start(&lab, "trace-daemon", &[RX_IFACE], RULES).expect("daemon");
+    let mut daemon = Daemon::start(&lab, "trace-daemon", &[RX_IFACE], RULES).expect("daemon");
     let socket = daemon.socket.to_string_lossy().into_owned();
     let tracer = Tracer::start(
         &lab,
@@ -277,6 +277,29 @@ fn trace_through_the_daemon() {
         !wrong.status.success() && said.contains("no such rule") && said.contains("held"),
         "{said}"
     );
+    // The daemon gone (`kill -9`), its program enforces on (its link is
+    // pinned), and so does its trace program: a trace from the pins runs.
+    daemon.kill9();
+    let pins = daemon.pin_dir.to_string_lossy().into_owned();
+    let tracer = Tracer::start(
+        &lab,
+        &[
+            "--pin-dir",
+            &pins,
+            "--socket",
+            "/nonexistent/control.sock",
+            "--count",
+            "3",
+            "--duration",
+            "15s",
+        ],
+    );
+    flood(
+        &lab,
+        &sources(&lab, 0, &[v4(0, 7)], 40, 32),
+        Duration::from_secs(1),
+    );
+    assert_eq!(tracer.lines().len(), 3, "traced without the daemon");
 }
 
 /// Every verdict and cause as the kernel decided it, on crafted frames
@@ -372,7 +395,12 @@ rules:
         ),
         (
             udp(198, 18, 9, 9),
-            ("198.18.9.9", "blocked", Some("manual block"), None),
+            (
+                "198.18.9.9",
+                "blocked",
+                Some("block (limiter block or escalation)"),
+                None,
+            ),
         ),
         (
             udp(10, 0, 0, 1),

@@ -23,6 +23,9 @@ use crate::kernel::keys::KeyTable;
 #[derive(Default)]
 pub struct Watch {
     over_since: HashMap<FlowKey, u64>,
+    /// Each key's count of refused packets at the last look (keys that
+    /// have refused any): a key that refused one since is over its limit.
+    dropped: HashMap<FlowKey, u32>,
     /// Keys a dry run would have blocked, until when: not counted again
     /// meanwhile, as a block would have stopped them.
     dry_until: HashMap<FlowKey, u64>,
@@ -69,7 +72,8 @@ impl Engine {
             else {
                 continue;
             };
-            let dry_run = kernel.flags & limiter_common::abi::rule_flag::SHADOW != 0;
+            let dry_run = kernel.flags & limiter_common::abi::rule_flag::SHADOW != 0
+                || config.flags & limiter_common::abi::global_flag::SHADOW != 0;
             rules.insert(id, (rule.name.clone(), escalation, dry_run, kernel));
         }
         if rules.is_empty() {
@@ -79,6 +83,7 @@ impl Engine {
         let now = self.datapath.clock_ns();
         self.watch.dry_until.retain(|_, until| *until > now);
         let mut over_since = HashMap::new();
+        let mut dropped = HashMap::new();
         let mut due = Vec::new();
         let mut dry_until = Vec::new();
         self.datapath.maps().keys.visit(|key, state| {
@@ -88,7 +93,17 @@ impl Engine {
             if self.watch.dry_until.contains_key(key) {
                 return;
             }
-            let over = over_limit(state, kernel, now, config.realtime_offset_ns);
+            // Over: it refused a packet since the last look, or would
+            // refuse the next one now.
+            let refused_since = self
+                .watch
+                .dropped
+                .get(key)
+                .is_some_and(|&before| before != state.dropped_packets);
+            if state.dropped_packets != 0 {
+                dropped.insert(*key, state.dropped_packets);
+            }
+            let over = refused_since || over_limit(state, kernel, now, config.realtime_offset_ns);
             let since = self.watch.over_since.get(key).copied().unwrap_or(0);
             let (since, block) = escalation.observe(since, over, now);
             if since != 0 {
@@ -107,7 +122,16 @@ impl Engine {
             }
         });
         self.watch.over_since = over_since;
+        self.watch.dropped = dropped;
         self.watch.dry_until.extend(dry_until);
+        let blocked_now: Vec<IpNet> = self
+            .blocks()?
+            .into_iter()
+            .filter(|b| !b.expired)
+            .filter_map(|b| b.prefix.parse().ok())
+            .collect();
+        // A prefix blocked already (by hand, for ever maybe) keeps its block.
+        due.retain(|e| !blocked_now.contains(&e.prefix));
         for escalated in &due {
             if escalated.enforced {
                 self.block(escalated.prefix, Some(escalated.block))?;

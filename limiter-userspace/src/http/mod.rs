@@ -229,6 +229,8 @@ struct State {
     /// it is blocked (monotonic ns; 0: not blocked).
     over_since: AtomicU64,
     blocked_until: AtomicU64,
+    /// When a request of the key was last refused (monotonic ns).
+    last_refused: AtomicU64,
     windows: Mutex<[WindowState; 2]>,
     logs: Mutex<[Log; 2]>,
 }
@@ -538,7 +540,7 @@ impl Limiter {
             if now < blocked_until {
                 return Admission {
                     blocked_for_ns: blocked_until - now,
-                    ..self.excess(index, reason::BLOCK)
+                    ..self.excess(index, reason::ESCALATED)
                 };
             }
         }
@@ -623,6 +625,9 @@ impl Limiter {
             counters.over_soft.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(escalation) = rule.escalate {
+            if !allowed {
+                state.last_refused.store(now.max(1), Ordering::Relaxed);
+            }
             self.watch_escalation(rule, &escalation, state, counters, now);
         }
         if by_aggregate {
@@ -686,6 +691,10 @@ impl Limiter {
                 })
             }
         };
+        // Over, as the daemon looks once a second: refused within the last
+        // second, or refusing the next request now.
+        let last_refused = state.last_refused.load(Ordering::Relaxed);
+        let over = over || (last_refused != 0 && now.saturating_sub(last_refused) < 1_000_000_000);
         let (since, block) =
             escalation.observe(state.over_since.load(Ordering::Relaxed), over, now);
         state.over_since.store(since, Ordering::Relaxed);

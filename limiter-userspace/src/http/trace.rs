@@ -50,9 +50,11 @@ impl HttpTracer {
         port: Option<u16>,
         bytes: u64,
     ) {
+        let blocked = admission.refused_by == Some(limiter_common::trace::reason::ESCALATED);
         let verdict = match (admission.allowed, admission.shadow) {
             (_, true) => verdict::SHADOW,
             (true, false) => verdict::PASSED,
+            (false, false) if blocked => verdict::BLOCKED,
             (false, false) => verdict::DROPPED,
         };
         let mut event = TraceEvent {

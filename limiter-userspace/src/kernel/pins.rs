@@ -158,17 +158,6 @@ impl PinLock {
         })?;
         Ok(Self { _lock: lock })
     }
-
-    /// Whether someone holds the trace claim of `pin_dir` now.
-    pub fn tracing(pin_dir: &Path) -> bool {
-        let Ok(file) = fs::File::open(lock_path(pin_dir, "trace")) else {
-            return false;
-        };
-        matches!(
-            Flock::lock(file, FlockArg::LockSharedNonblock),
-            Err((_, Errno::EWOULDBLOCK))
-        )
-    }
 }
 
 /// An exclusive lock on the file at `path` with our pid written in it, or

@@ -33,8 +33,14 @@ pub struct KernelTracer {
     global: Array<MapData, GlobalConfig>,
     /// Traced and lost (ring full) before this trace began.
     counts_at_start: [u64; 2],
-    /// Rule names and configs by (generation, id), read once each.
-    rule_cache: HashMap<(u32, u32), RuleConfig>,
+    /// Rule configs by id in the active generation, read once each;
+    /// emptied when the generation flips (a rule set was applied).
+    rule_cache: HashMap<u32, RuleConfig>,
+    /// The generation the cache (and the `--rule` id) is of.
+    cached_generation: u32,
+    /// The filter as asked (its rule by name, found again after a flip).
+    filter: TraceFilter,
+    ifindex: u32,
     /// `CLOCK_REALTIME − CLOCK_MONOTONIC`, read at the start.
     realtime_offset_ns: u64,
     _lock: PinLock,
@@ -75,6 +81,9 @@ impl KernelTracer {
         };
         let wanted = filter.config(rule, ifindex)?;
         let mut tracer = Self {
+            cached_generation: generation,
+            filter: filter.clone(),
+            ifindex,
             counts_at_start: sum(&counts)?,
             config,
             events,
@@ -168,18 +177,27 @@ impl KernelTracer {
     }
 
     fn rule(&mut self, generation: u32, id: u32) -> Option<RuleConfig> {
-        if let Some(rule) = self.rule_cache.get(&(generation, id)) {
+        let active = self.global.get(&0, 0).ok()?.generation;
+        if active != self.cached_generation {
+            // A rule set was applied: its rules, and maybe another id for
+            // the rule traced by name.
+            self.rule_cache.clear();
+            self.cached_generation = active;
+            if let Some(name) = &self.filter.rule
+                && let Ok(id) = rule_id(&self.rules, active, name)
+                && let Ok(config) = self.filter.config(Some(id), self.ifindex)
+            {
+                let _ = self.config.set(0, config, 0);
+            }
+        }
+        if generation == active
+            && let Some(rule) = self.rule_cache.get(&id)
+        {
             return Some(*rule);
         }
         let rule = self.rules.get(&rule_slot(generation, id), 0).ok()?;
-        // Another generation's table is rewritten at the next apply: only
-        // the active one's rules are remembered.
-        if self
-            .global
-            .get(&0, 0)
-            .is_ok_and(|g| g.generation == generation)
-        {
-            self.rule_cache.insert((generation, id), rule);
+        if generation == active {
+            self.rule_cache.insert(id, rule);
         }
         Some(rule)
     }
@@ -208,9 +226,14 @@ pub fn stop_abandoned(pin_dir: &Path) -> Result<bool> {
         return Ok(false);
     };
     let mut config: Array<MapData, TraceConfig> = Map::from_map_data(data)?.try_into()?;
-    if config.get(&0, 0)?.on == 0 || PinLock::tracing(pin_dir) {
+    if config.get(&0, 0)?.on == 0 {
         return Ok(false);
     }
+    // Held while it resets, so a tracer starting meanwhile is not stopped:
+    // if someone holds it, someone traces.
+    let Ok(_lock) = PinLock::trace(pin_dir) else {
+        return Ok(false);
+    };
     config.set(0, TraceConfig::default(), 0)?;
     Ok(true)
 }

@@ -663,6 +663,18 @@ fn escalation_takes_two_durations_of_a_second_or_more() {
         let e = error(&rule(escalate));
         assert!(e.contains(expected), "{escalate}: {e}");
     }
+    let e = error(
+        "rules:\n  - { name: e, limit: { rate: 10, unit: second, delay: 1s }, escalate: { after: 1s, block: 1s } }\n",
+    );
+    assert!(
+        e.contains("rules[0].escalate: has no effect with limit.delay"),
+        "{e}"
+    );
+    let e = error(&rule("{ after: 1s, block: 400d }"));
+    assert!(
+        e.contains("rules[0].escalate.block: \"400d\": at most a year"),
+        "{e}"
+    );
     let e =
         error("rules:\n  - { name: e, limit: unlimited, escalate: { after: 1s, block: 1s } }\n");
     assert!(
@@ -776,6 +788,14 @@ fn costs_are_classes_of_segments_or_of_requests() {
         let e = error(&rule(cost));
         assert!(e.contains(expected), "{cost}: {e}");
     }
+    // A soft limit is a budget too: a class over its burst is always over it.
+    let e = error(
+        "rules:\n  - { name: c, limit: { rate: 100, unit: second, burst: 20 }, soft: { rate: 50, unit: second, burst: 5 }, cost: [ { match: { tcp_flags: syn }, credits: 6 } ] }\n",
+    );
+    assert!(
+        e.contains("rules[0].cost[0].credits: 6: from 1 to 5"),
+        "{e}"
+    );
     let e = error(
         "rules:\n  - { name: c, limit: { bytes: 100, unit: second }, cost: [ { match: { tcp_flags: syn }, credits: 2 } ] }\n",
     );

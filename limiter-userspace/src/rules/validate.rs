@@ -190,13 +190,20 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .transpose()?;
     let costs = match &raw.cost {
         None => Vec::new(),
-        Some(entries) => cost_classes(entries, &limit, aggregate.as_ref())?,
+        Some(entries) => cost_classes(entries, &limit, aggregate.as_ref(), soft.as_ref())?,
     };
     let escalate = raw
         .escalate
         .as_ref()
         .map(|fields| escalation(fields, &limit))
         .transpose()?;
+    if escalate.is_some() && delay.is_some() {
+        // A paced request is held, not refused: pacing never goes over.
+        return Err(invalid(
+            "escalate",
+            "has no effect with limit.delay (pacing holds requests instead of refusing them)",
+        ));
+    }
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
             fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
@@ -321,6 +328,7 @@ fn cost_classes(
     entries: &[raw::CostEntry],
     limit: &Limit,
     aggregate: Option<&Rates>,
+    soft: Option<&Rate>,
 ) -> Result<Vec<CostClass>, Invalid> {
     let Limit::Metered {
         packets: Some(packets),
@@ -346,9 +354,12 @@ fn cost_classes(
             rate.burst
         }
     };
+    // (The kernel keeps credits in 32 bits.)
     let most = std::iter::once(packets)
         .chain(aggregate.and_then(|a| a.packets.as_ref()))
+        .chain(soft)
         .map(budget)
+        .chain([u64::from(u32::MAX)])
         .min()
         .unwrap_or(u64::MAX);
     let mut classes = Vec::new();
@@ -427,6 +438,15 @@ fn escalation(
                 format!("escalate.{field}"),
                 format!(
                     "{}: at least 1s (keys are looked at once a second)",
+                    quoted(text)
+                ),
+            ));
+        }
+        if d > std::time::Duration::from_secs(365 * 86_400) {
+            return Err(invalid(
+                format!("escalate.{field}"),
+                format!(
+                    "{}: at most a year (`limiter block` blocks for ever)",
                     quoted(text)
                 ),
             ));
