@@ -206,6 +206,9 @@ pub mod rule_flag {
     /// packet meters (the key's and the aggregate's) charge them instead
     /// of 1.
     pub const COSTS: u32 = 1 << 8;
+    /// `RuleConfig::bytes` is a second packet limit (`limits: [...]`):
+    /// the key's byte meter charges a packet's credits, not its length.
+    pub const BYTES_COUNT_PACKETS: u32 = 1 << 9;
 }
 
 /// Classes of a rule's `cost`, at most.

@@ -551,6 +551,17 @@ fn verdict_word(verdict: Verdict) -> u64 {
     outcome | ((verdict.refused_by as u64) << 8)
 }
 
+/// What the key's byte meter charges: the frame's length, or its
+/// credits when the meter is a second packet limit
+/// (`rule_flag::BYTES_COUNT_PACKETS`). Without a branch: the verifier
+/// would explore every meter after it twice.
+#[inline(always)]
+fn key_bytes_cost(flags: u32, len: u64, credits: u64) -> u64 {
+    const SHIFT: u32 = rule_flag::BYTES_COUNT_PACKETS.trailing_zeros();
+    let pick = u64::from((flags >> SHIFT) & 1);
+    len * (1 - pick) + credits * pick
+}
+
 /// [`meter_gcra`] as a BPF subprogram, for its stack frame (see
 /// [`meter_windows_call`]).
 #[inline(never)]
@@ -626,8 +637,13 @@ fn meter_gcra(
         &rule.packets.gcra,
         credits,
     ));
-    charges[order::KEY_BYTES] =
-        has(rule_flag::LIMIT_BYTES).then_some((&cells[order::KEY_BYTES], &rule.bytes.gcra, len));
+    // The key's byte meter counts credits when it is a second packet limit.
+    let key_bytes_cost = key_bytes_cost(rule.flags, len, credits);
+    charges[order::KEY_BYTES] = has(rule_flag::LIMIT_BYTES).then_some((
+        &cells[order::KEY_BYTES],
+        &rule.bytes.gcra,
+        key_bytes_cost,
+    ));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then_some((
         &cells[order::AGGREGATE_PACKETS],
         &rule.aggregate_packets_at(now).gcra,
@@ -685,8 +701,12 @@ fn meter_windows(
     let mut charges: [WindowCharge<'_>; order::METERS] = [const { None }; order::METERS];
     charges[order::KEY_PACKETS] =
         has(rule_flag::LIMIT_PACKETS).then_some((&mut *key_packets, &rule.packets.window, credits));
-    charges[order::KEY_BYTES] =
-        has(rule_flag::LIMIT_BYTES).then_some((&mut *key_bytes, &rule.bytes.window, len));
+    let key_bytes_cost = key_bytes_cost(rule.flags, len, credits);
+    charges[order::KEY_BYTES] = has(rule_flag::LIMIT_BYTES).then_some((
+        &mut *key_bytes,
+        &rule.bytes.window,
+        key_bytes_cost,
+    ));
     charges[order::AGGREGATE_PACKETS] = has(rule_flag::AGGREGATE_PACKETS).then(|| {
         (
             WindowState::in_slots(aggregate_packets),

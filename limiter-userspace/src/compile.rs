@@ -137,6 +137,12 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
         // Its meter is in `Tables::soft`.
         config.flags |= rule_flag::SOFT;
     }
+    if let Some(second) = rule.second_packets {
+        // In the byte meter's place, counting packets (validation keeps a
+        // rule with a second packet limit from having a byte limit).
+        config.flags |= rule_flag::LIMIT_BYTES | rule_flag::BYTES_COUNT_PACKETS;
+        config.bytes = meter(second);
+    }
     if rule.costs.iter().any(|c| c.tcp_flags.is_some()) {
         // Its classes are in `Tables::costs`.
         config.flags |= rule_flag::COSTS;

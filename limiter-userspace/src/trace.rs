@@ -242,12 +242,22 @@ pub fn kernel_budgets(rule: &RuleConfig, event: &TraceEvent, realtime_offset_ns:
             )
         };
         left.push(Left {
-            meter: reason::name(i as u8).to_owned(),
+            meter: meter_name(rule, i as u8).to_owned(),
             left: remaining,
             of,
         });
     }
     left
+}
+
+/// A kernel rule's meter `i` (`meter::order`) as a trace line names it:
+/// the byte meter is the key's second packet limit when the rule has one.
+pub fn meter_name(rule: &RuleConfig, i: u8) -> &'static str {
+    if usize::from(i) == order::KEY_BYTES && rule.flags & rule_flag::BYTES_COUNT_PACKETS != 0 {
+        "key packets (second limit)"
+    } else {
+        reason::name(i)
+    }
 }
 
 /// The refusal's cause as a trace line names it.

@@ -563,7 +563,9 @@ impl Limiter {
         // In `order`: the key's packets and bytes, the aggregate's.
         let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
         rates[order::KEY_PACKETS] = packets;
-        rates[order::KEY_BYTES] = bytes;
+        // A second packet limit takes the byte meter's place, as in the
+        // kernel (validation keeps the two apart).
+        rates[order::KEY_BYTES] = bytes.or(rule.second_packets);
         rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index);
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         // A request's credits (`cost`): its class's, or 1.
@@ -573,8 +575,9 @@ impl Limiter {
                 .find(|class| class.holds_request(http))
                 .map_or(1, |class| class.credits)
         });
+        let second_counts_packets = rule.second_packets.is_some();
         let cost = |i: usize| {
-            if order::charges_bytes(i) {
+            if order::charges_bytes(i) && !(i == order::KEY_BYTES && second_counts_packets) {
                 request.bytes
             } else {
                 credits
@@ -666,18 +669,20 @@ impl Limiter {
     ) {
         let over = match (rule.algorithm, rule.limit) {
             (_, Limit::Unlimited) => false,
-            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => [packets, bytes]
-                .iter()
-                .zip(&state.cells)
-                .any(|(meter, cell)| {
-                    meter.is_some_and(|m| {
-                        m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
+            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => {
+                [packets, bytes.or(rule.second_packets)]
+                    .iter()
+                    .zip(&state.cells)
+                    .any(|(meter, cell)| {
+                        meter.is_some_and(|m| {
+                            m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
+                        })
                     })
-                }),
+            }
             (Algorithm::SlidingLog, Limit::Metered { packets, bytes }) => {
                 let now = self.clock.epoch_ns();
                 let mut logs = state.logs.lock().expect("log lock").clone();
-                [packets, bytes]
+                [packets, bytes.or(rule.second_packets)]
                     .iter()
                     .zip(logs.iter_mut())
                     .any(|(meter, log)| meter.is_some_and(|m| !log.admit(&m.window, now, 1)))
@@ -686,9 +691,12 @@ impl Limiter {
                 let now = self.clock.epoch_ns();
                 let windows = *state.windows.lock().expect("window lock");
                 let sliding = algorithm == Algorithm::SlidingWindow;
-                [packets, bytes].iter().zip(&windows).any(|(meter, w)| {
-                    meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
-                })
+                [packets, bytes.or(rule.second_packets)]
+                    .iter()
+                    .zip(&windows)
+                    .any(|(meter, w)| {
+                        meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
+                    })
             }
         };
         // Over, as the daemon looks once a second: refused within the last

@@ -17,11 +17,14 @@ use anyhow::{Context, Result, bail};
 use aya::maps::{Array, Map, MapData, PerCpuArray, RingBuf};
 use limiter_common::{
     abi::{GlobalConfig, MAX_RULES, NO_PORT, RuleConfig, map_name, rule_slot},
+    meter::order,
     trace::{TraceConfig, TraceEvent, verdict},
 };
 
 use super::{maps::pinned_data, pins::PinLock};
-use crate::trace::{TraceFilter, TraceLine, kernel_budgets, protocol_name, refused_by, time_of};
+use crate::trace::{
+    TraceFilter, TraceLine, kernel_budgets, meter_name, protocol_name, refused_by, time_of,
+};
 
 /// A running trace of the limiter pinned at a directory; tracing stops
 /// when it is dropped.
@@ -170,7 +173,12 @@ impl KernelTracer {
                 .filter(|_| matches!(event.protocol, 6 | 17 | 132)),
             rule: rule_name,
             verdict: verdict::name(event.verdict).into(),
-            refused_by: refused_by(event.reason),
+            refused_by: match &rule {
+                Some(rule) if usize::from(event.reason) < order::METERS => {
+                    Some(meter_name(rule, event.reason).to_owned())
+                }
+                _ => refused_by(event.reason),
+            },
             left,
             bytes: u64::from(event.len),
         }

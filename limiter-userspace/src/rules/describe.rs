@@ -89,6 +89,10 @@ pub fn describe(rule: &Rule) -> Description {
                 Limit::Unlimited => "unlimited".to_owned(),
                 Limit::Metered { packets, bytes } => rates(packets, bytes),
             };
+            let limit = match rule.second_packets {
+                Some(second) => format!("{limit} + {}", rates(Some(second), None)),
+                None => limit,
+            };
             let limit = match rule.soft {
                 Some(soft) => format!("{limit} (soft {})", rates(Some(soft), None)),
                 None => limit,

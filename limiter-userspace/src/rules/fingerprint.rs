@@ -34,6 +34,11 @@ impl Rule {
             Some(_) => format!("{fleet}|soft/{}", rate(&self.soft)),
             None => fleet,
         };
+        // And without a second packet limit.
+        let fleet = match &self.second_packets {
+            Some(_) => format!("{fleet}|second/{}", rate(&self.second_packets)),
+            None => fleet,
+        };
         // And without costs: a credit means something else than a packet.
         let fleet = if self.costs.is_empty() {
             fleet

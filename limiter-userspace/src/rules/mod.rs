@@ -60,6 +60,10 @@ pub struct Rule {
     /// A soft packet (request) limit per key, below the hard one: what
     /// goes over it is counted (`over_soft`) and passed. GCRA only.
     pub soft: Option<Rate>,
+    /// A second packet (request) limit on the same key (`limits: [...]`,
+    /// say 10/s and 250/day): a packet passes only if both allow it. Kept
+    /// in the meter a byte limit would use, so never with one.
+    pub second_packets: Option<Rate>,
     /// What a packet (request) costs its packet meters, by class (`cost`):
     /// the first class it is in; 1 when none. At most
     /// `abi::MAX_COST_CLASSES`.

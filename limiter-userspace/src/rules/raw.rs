@@ -43,7 +43,12 @@ pub struct RuleEntry {
     /// `source`, `source/N`, or (layer 7) `header:NAME`, `path`, `method`,
     /// `host`; one or a list, whose parts together form the key.
     pub key: Option<Strings>,
-    pub limit: LimitField,
+    /// One limit (`limit`), or several (`limits`): exactly one of them.
+    pub limit: Option<LimitField>,
+    /// Several limits on the same key, all of which a packet must pass:
+    /// two at most (two packet rates, or a packet and a byte rate), each
+    /// with its unit.
+    pub limits: Option<Vec<RateFields>>,
     /// One budget shared by every key of the rule.
     pub aggregate: Option<RateFields>,
     /// A packet (request) rate below `limit`'s: above it, traffic is

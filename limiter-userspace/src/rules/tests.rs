@@ -801,3 +801,59 @@ fn costs_are_classes_of_segments_or_of_requests() {
     );
     assert!(e.contains("rules[0].cost: needs a packet limit"), "{e}");
 }
+
+#[test]
+fn several_limits_are_two_at_most() {
+    let rule = |limits: &str| format!("rules:\n  - {{ name: m, limits: {limits} }}\n");
+    let set = parse(&rule(
+        "[ { rate: 10, unit: second }, { rate: 250, unit: day } ]",
+    ))
+    .unwrap();
+    let r = &set.rules[0];
+    assert_eq!(r.packet_rate().map(|m| m.rate), Some(10));
+    assert_eq!(r.second_packets.map(|m| m.rate), Some(250));
+    assert_eq!(
+        describe::describe(r).limit,
+        "10 pkts/s, burst 10 + 250 pkts/day, burst 250"
+    );
+    let mixed = parse(&rule(
+        "[ { rate: 10, unit: second }, { bytes: 1000000, unit: minute } ]",
+    ))
+    .unwrap();
+    assert!(mixed.rules[0].second_packets.is_none());
+    // One limit in `limits` is the same rule as `limit`.
+    let one = parse(&rule("[ { rate: 10, unit: second } ]")).unwrap();
+    let plain = parse("rules:\n  - { name: m, limit: { rate: 10, unit: second } }\n").unwrap();
+    assert_eq!(one.rules[0].fingerprint(), plain.rules[0].fingerprint());
+    for (limits, expected) in [
+        (
+            "[ { rate: 1, unit: second }, { rate: 2, unit: minute }, { rate: 3, unit: hour } ]",
+            "rules[0].limits: one or two limits per key",
+        ),
+        (
+            "[ { rate: 1, bytes: 5, unit: second }, { rate: 2, unit: minute } ]",
+            "one or two limits per key",
+        ),
+        ("[]", "one or two limits per key"),
+        (
+            "[ { rate: 1, unit: second, delay: 1s } ]",
+            "rules[0].limits[0].delay: pacing takes one `limit`",
+        ),
+        (
+            "[ { rate: 1, unit: fortnight } ]",
+            "rules[0].limits[0].unit:",
+        ),
+    ] {
+        let e = error(&rule(limits));
+        assert!(e.contains(expected), "{limits}: {e}");
+    }
+    let e = error(
+        "rules:\n  - { name: m, limit: { rate: 1, unit: second }, limits: [ { rate: 2, unit: minute } ] }\n",
+    );
+    assert!(
+        e.contains("rules[0].limits: give `limit` or `limits`, not both"),
+        "{e}"
+    );
+    let e = error("rules:\n  - { name: m }\n");
+    assert!(e.contains("rules[0].limit: missing"), "{e}");
+}

@@ -131,8 +131,34 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         Some(raw::Strings(parts)) => request::key_parts(parts).map_err(|m| invalid("key", m))?,
     };
     let algorithm = raw.algorithm.unwrap_or_default();
-    let limit = match &raw.limit {
-        raw::LimitField::Unlimited => {
+    let mut second_packets = None;
+    let limit_field = match (&raw.limit, &raw.limits) {
+        (Some(_), Some(_)) => {
+            return Err(invalid("limits", "give `limit` or `limits`, not both"));
+        }
+        (None, None) => {
+            return Err(invalid(
+                "limit",
+                "missing: `limit: { rate: 100, unit: second }`, `limit: unlimited`, or `limits: [...]`",
+            ));
+        }
+        (None, Some(list)) => {
+            let (limit, second) = several_limits(list, algorithm)?;
+            second_packets = second;
+            limit
+        }
+        (Some(raw::LimitField::Unlimited), None) => Limit::Unlimited,
+        (Some(raw::LimitField::Rates(rates)), None) => {
+            let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            key_window_fits(&m).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            Limit::Metered {
+                packets: m.packets,
+                bytes: m.bytes,
+            }
+        }
+    };
+    let limit = match limit_field {
+        Limit::Unlimited => {
             let pointless = [
                 // A concurrency limit counts per key.
                 ("key", raw.key.is_some() && raw.concurrent.is_none()),
@@ -145,21 +171,14 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             }
             Limit::Unlimited
         }
-        raw::LimitField::Rates(rates) => {
-            let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
-            key_window_fits(&m).map_err(|(f, m)| (format!("limit.{f}"), m))?;
-            Limit::Metered {
-                packets: m.packets,
-                bytes: m.bytes,
-            }
-        }
+        metered => metered,
     };
     let delay = match &raw.limit {
-        raw::LimitField::Rates(raw::RateFields {
+        Some(raw::LimitField::Rates(raw::RateFields {
             delay: Some(delay),
             bytes,
             ..
-        }) => {
+        })) => {
             let field = "limit.delay";
             if algorithm != Algorithm::Gcra || bytes.is_some() || raw.aggregate.is_some() {
                 return Err(invalid(
@@ -174,7 +193,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         }
         _ => None,
     };
-    if let raw::LimitField::Rates(fields) = &raw.limit {
+    if let Some(raw::LimitField::Rates(fields)) = &raw.limit {
         local_only(fields).map_err(|(f, m)| (format!("limit.{f}"), m))?;
     }
     let aggregate = raw
@@ -190,7 +209,12 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .transpose()?;
     let costs = match &raw.cost {
         None => Vec::new(),
-        Some(entries) => cost_classes(entries, &limit, aggregate.as_ref(), soft.as_ref())?,
+        Some(entries) => cost_classes(
+            entries,
+            &limit,
+            aggregate.as_ref(),
+            [soft.as_ref(), second_packets.as_ref()],
+        )?,
     };
     let escalate = raw
         .escalate
@@ -219,6 +243,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         limit,
         aggregate,
         soft,
+        second_packets,
         costs,
         escalate,
         algorithm,
@@ -321,6 +346,43 @@ fn soft_limit(
     Ok(soft)
 }
 
+/// `limits: [...]`: every packet must pass them all. Two at most, as a
+/// key's state holds two meters: two packet rates (the second kept where
+/// a byte rate would be), or a packet rate and a byte rate. No pacing
+/// (`delay`) and no fleet fields.
+fn several_limits(
+    list: &[raw::RateFields],
+    algorithm: Algorithm,
+) -> Result<(Limit, Option<Rate>), Invalid> {
+    let mut packets: Vec<Rate> = Vec::new();
+    let mut bytes: Vec<Rate> = Vec::new();
+    for (i, fields) in list.iter().enumerate() {
+        let at = |f: &str| format!("limits[{i}].{f}");
+        if fields.delay.is_some() {
+            return Err(invalid(
+                at("delay"),
+                "pacing takes one `limit`, not `limits`",
+            ));
+        }
+        local_only(fields).map_err(|(f, m)| (at(&f), m))?;
+        let m = validate_rates(fields, algorithm).map_err(|(f, m)| (at(&f), m))?;
+        key_window_fits(&m).map_err(|(f, m)| (at(&f), m))?;
+        packets.extend(m.packets);
+        bytes.extend(m.bytes);
+    }
+    if list.is_empty() || packets.len() + bytes.len() > 2 || bytes.len() > 1 {
+        return Err(invalid(
+            "limits",
+            "one or two limits per key (two packet rates, or a packet and a byte rate): a key's state holds two meters",
+        ));
+    }
+    let limit = Limit::Metered {
+        packets: packets.first().copied(),
+        bytes: bytes.first().copied(),
+    };
+    Ok((limit, packets.get(1).copied()))
+}
+
 /// `cost`: classes of segments (`tcp_flags`) or of requests (method,
 /// host, path, headers), each costing 1 or more credits, no more than the
 /// packet limit's burst (a packet of the class could never pass).
@@ -328,7 +390,8 @@ fn cost_classes(
     entries: &[raw::CostEntry],
     limit: &Limit,
     aggregate: Option<&Rates>,
-    soft: Option<&Rate>,
+    // The soft limit and the second packet limit, if any.
+    others: [Option<&Rate>; 2],
 ) -> Result<Vec<CostClass>, Invalid> {
     let Limit::Metered {
         packets: Some(packets),
@@ -357,7 +420,7 @@ fn cost_classes(
     // (The kernel keeps credits in 32 bits.)
     let most = std::iter::once(packets)
         .chain(aggregate.and_then(|a| a.packets.as_ref()))
-        .chain(soft)
+        .chain(others.into_iter().flatten())
         .map(budget)
         .chain([u64::from(u32::MAX)])
         .min()
