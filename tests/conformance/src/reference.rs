@@ -68,6 +68,9 @@ pub struct Spec {
     pub algo: Algo,
     pub limit: Limit,
     pub aggregate: Option<Limit>,
+    /// A second per-key limit on requests, with a period of its own
+    /// (`limits: [limit, second]`); `limit` then has no byte meter.
+    pub second: Option<Limit>,
 }
 
 impl Spec {
@@ -84,9 +87,16 @@ impl Spec {
             .aggregate
             .map(|a| format!(", aggregate: {}", a.yaml(self.algo)))
             .unwrap_or_default();
+        let limit = match self.second {
+            None => format!("limit: {}", self.limit.yaml(self.algo)),
+            Some(second) => format!(
+                "limits: [ {}, {} ]",
+                self.limit.yaml(self.algo),
+                second.yaml(self.algo)
+            ),
+        };
         format!(
-            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, limit: {}{aggregate} }}\n",
-            self.limit.yaml(self.algo)
+            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate} }}\n"
         )
     }
 
@@ -94,8 +104,8 @@ impl Spec {
     /// has exactly one (what peers with a single limit can express).
     pub fn single(&self) -> Option<(u64, Meter, bool)> {
         let mut meters = self.limit.meters();
-        match (meters.next(), meters.next(), self.aggregate) {
-            (Some((meter, bytes)), None, None) => Some((self.limit.period_ns, meter, bytes)),
+        match (meters.next(), meters.next(), self.aggregate, self.second) {
+            (Some((meter, bytes)), None, None, None) => Some((self.limit.period_ns, meter, bytes)),
             _ => None,
         }
     }
@@ -152,10 +162,16 @@ impl Trace {
 /// The aggregate's meters are kept under this key.
 const AGGREGATE: Option<u8> = None;
 
+/// A scope's meters: its requests, its bytes, and (a key's) the second
+/// limit on requests.
+const REQUESTS: u8 = 0;
+const BYTES: u8 = 1;
+const SECOND: u8 = 2;
+
 /// The verdict for every arrival of a trace.
 pub fn verdicts(trace: &Trace) -> Vec<bool> {
-    // State per (scope, whether the meter charges bytes).
-    let mut states: HashMap<(Option<u8>, bool), State> = HashMap::new();
+    // State per (scope, meter).
+    let mut states: HashMap<(Option<u8>, u8), State> = HashMap::new();
     let mut spec = trace.spec;
     let mut changes = trace.changes.iter().peekable();
     trace
@@ -169,16 +185,22 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
             }
             let scopes = [(Some(a.key), Some(spec.limit)), (AGGREGATE, spec.aggregate)];
             let algo = spec.algo;
-            let charges: Vec<_> = scopes
+            let mut charges: Vec<_> = scopes
                 .iter()
                 .filter_map(|&(scope, limit)| Some((scope, limit?)))
                 .flat_map(|(scope, limit)| {
                     limit.meters().map(move |(meter, bytes)| {
                         let cost = if bytes { a.cost } else { 1 };
-                        ((scope, bytes), limit.period_ns, meter, cost)
+                        let kind = if bytes { BYTES } else { REQUESTS };
+                        ((scope, kind), limit.period_ns, meter, cost)
                     })
                 })
                 .collect();
+            if let Some(second) = spec.second
+                && let Some(meter) = second.requests
+            {
+                charges.push(((Some(a.key), SECOND), second.period_ns, meter, 1));
+            }
             let next: Option<Vec<State>> = charges
                 .iter()
                 .map(|&(id, period_ns, meter, cost)| {
@@ -201,22 +223,27 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
 
 /// A scope's meter of `spec` that charges bytes (or requests): (period,
 /// meter).
-fn meter_of(spec: &Spec, scope: Option<u8>, bytes: bool) -> Option<(u64, Meter)> {
-    let limit = if scope == AGGREGATE {
-        spec.aggregate?
-    } else {
-        spec.limit
+fn meter_of(spec: &Spec, scope: Option<u8>, kind: u8) -> Option<(u64, Meter)> {
+    let limit = match (scope, kind) {
+        (AGGREGATE, SECOND) => return None,
+        (_, SECOND) => spec.second?,
+        (AGGREGATE, _) => spec.aggregate?,
+        _ => spec.limit,
     };
-    let meter = if bytes { limit.bytes } else { limit.requests };
+    let meter = if kind == BYTES {
+        limit.bytes
+    } else {
+        limit.requests
+    };
     meter.map(|m| (limit.period_ns, m))
 }
 
 /// Carries every bucket from `old`'s meters to `new`'s at `t`.
-fn carry(states: &mut HashMap<(Option<u8>, bool), State>, old: &Spec, new: &Spec, t: u64) {
-    for (&(scope, bytes), state) in states.iter_mut() {
+fn carry(states: &mut HashMap<(Option<u8>, u8), State>, old: &Spec, new: &Spec, t: u64) {
+    for (&(scope, kind), state) in states.iter_mut() {
         let (Some(from), Some(to), State::Bucket(bucket)) = (
-            meter_of(old, scope, bytes),
-            meter_of(new, scope, bytes),
+            meter_of(old, scope, kind),
+            meter_of(new, scope, kind),
             &*state,
         ) else {
             continue;

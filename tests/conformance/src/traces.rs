@@ -49,6 +49,7 @@ pub fn corpus() -> Vec<Trace> {
             algo,
             limit,
             aggregate,
+            second: None,
         };
         let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
         let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
@@ -176,6 +177,18 @@ pub fn corpus() -> Vec<Trace> {
             1_700_000_000 * SEC,
             47,
             3,
+        ));
+        // Two limits on one key (`limits`): 10 a second and 30 in 20 s;
+        // a request passes only if both allow it.
+        traces.push(close_together(
+            name("two-limits"),
+            Spec {
+                second: Some(limit(20 * SEC, Some(meter(30, 30)), None)),
+                ..packets(10, SEC, 5)
+            },
+            1_700_000_000 * SEC,
+            53,
+            2,
         ));
     }
     traces

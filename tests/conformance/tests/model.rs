@@ -45,6 +45,11 @@ fn meters(spec: &Spec) -> [Option<(u64, Meter, bool)>; 4] {
         })
     };
     let [a, b] = scope(Some(spec.limit));
+    // A second limit on requests takes the key's byte meter's place, as
+    // in the kernel (a rule with one has no byte limit).
+    let b = b.or(spec
+        .second
+        .and_then(|l| l.requests.map(|m| (l.period_ns, m, false))));
     let [c, d] = scope(spec.aggregate);
     [a, b, c, d]
 }
