@@ -41,6 +41,13 @@ impl Watch {
     }
 }
 
+/// Whether a rule has an aggregate limit, whose refusals a key's count
+/// of refusals includes.
+fn has_aggregate(rule: &RuleConfig) -> bool {
+    use limiter_common::abi::rule_flag;
+    rule.flags & (rule_flag::AGGREGATE_PACKETS | rule_flag::AGGREGATE_BYTES) != 0
+}
+
 /// One escalation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Escalated {
@@ -95,11 +102,14 @@ impl Engine {
             }
             // Over: it refused a packet since the last look, or would
             // refuse the next one now.
-            let refused_since = self
-                .watch
-                .dropped
-                .get(key)
-                .is_some_and(|&before| before != state.dropped_packets);
+            // (A key's count of refusals includes the aggregate's: under a
+            // rule with one, only its own meters say it is over.)
+            let refused_since = !has_aggregate(kernel)
+                && self
+                    .watch
+                    .dropped
+                    .get(key)
+                    .is_some_and(|&before| before != state.dropped_packets);
             if state.dropped_packets != 0 {
                 dropped.insert(*key, state.dropped_packets);
             }

@@ -271,7 +271,7 @@ fn rest_ns(rule: &Rule) -> Option<u64> {
         return None;
     }
     Some(
-        [packets, bytes]
+        [packets, bytes.or(rule.second_packets)]
             .into_iter()
             .flatten()
             .map(|m| match rule.algorithm {
@@ -628,7 +628,9 @@ impl Limiter {
             counters.over_soft.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(escalation) = rule.escalate {
-            if !allowed {
+            // Refused by its own meters, not by the rule's aggregate (a
+            // flood elsewhere spending the shared budget is not its doing).
+            if !allowed && refused_by.is_some_and(|i| !order::is_aggregate(usize::from(i))) {
                 state.last_refused.store(now.max(1), Ordering::Relaxed);
             }
             self.watch_escalation(rule, &escalation, state, counters, now);

@@ -135,7 +135,11 @@ fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 2]; 2] {
             return [[None; 2]; 2];
         }
         let key = match rule.limit {
-            Limit::Metered { packets, bytes } => [packets.map(|r| r.gcra), bytes.map(|r| r.gcra)],
+            // A second packet limit is in the byte meter's place.
+            Limit::Metered { packets, bytes } => [
+                packets.map(|r| r.gcra),
+                bytes.or(rule.second_packets).map(|r| r.gcra),
+            ],
             Limit::Unlimited => [None; 2],
         };
         let aggregate = match (rule.aggregate, rule.fleet) {

@@ -82,6 +82,15 @@ impl HttpTracer {
         {
             return;
         }
+        let rule_config = admission.rule.map(|i| &limiter.rules().rules[i]);
+        let refused_by = admission.refused_by.and_then(|r| {
+            let second = rule_config.is_some_and(|r| r.second_packets.is_some());
+            if usize::from(r) == limiter_common::meter::order::KEY_BYTES && second {
+                Some("key packets (second limit)".to_owned())
+            } else {
+                refused_by(r)
+            }
+        });
         let left = limiter
             .budget(admission)
             .map(|(left, of)| Left {
@@ -100,7 +109,7 @@ impl HttpTracer {
             port,
             rule: rule.to_owned(),
             verdict: verdict::name(verdict).into(),
-            refused_by: admission.refused_by.and_then(refused_by),
+            refused_by,
             left,
             bytes,
         };

@@ -68,7 +68,18 @@ impl Rule {
                 .or(bytes)
                 .map_or(String::new(), |r| format!("|unit/{}", r.period.as_nanos())),
         };
-        let text = format!("identity|{}{}{unit}", self.keys_text(), self.layer7_text());
+        // The key's second meter counts packets (a second packet limit) or
+        // bytes: a rule switching them starts its keys afresh.
+        let second = if self.second_packets.is_some() {
+            "|second-counts-packets"
+        } else {
+            ""
+        };
+        let text = format!(
+            "identity|{}{}{unit}{second}",
+            self.keys_text(),
+            self.layer7_text()
+        );
         let hash = fnv1a(&text);
         ((hash >> 32) as u32 ^ hash as u32) | 1
     }

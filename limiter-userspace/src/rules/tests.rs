@@ -854,6 +854,13 @@ fn several_limits_are_two_at_most() {
         e.contains("rules[0].limits: give `limit` or `limits`, not both"),
         "{e}"
     );
+    let e = error(&rule(
+        "[ { rate: 10, unit: second }, { rate: 250, unit: day } ], algorithm: fixed_window",
+    ));
+    assert!(
+        e.contains("limits of different units need algorithm gcra"),
+        "{e}"
+    );
     let e = error("rules:\n  - { name: m }\n");
     assert!(e.contains("rules[0].limit: missing"), "{e}");
 }

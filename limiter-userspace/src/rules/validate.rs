@@ -376,6 +376,14 @@ fn several_limits(
             "one or two limits per key (two packet rates, or a packet and a byte rate): a key's state holds two meters",
         ));
     }
+    // A window key keeps one window start for its two meters.
+    let units: Vec<std::time::Duration> = packets.iter().chain(&bytes).map(|r| r.period).collect();
+    if algorithm != Algorithm::Gcra && units.windows(2).any(|w| w[0] != w[1]) {
+        return Err(invalid(
+            "limits",
+            "limits of different units need algorithm gcra (a window key keeps one window start for both)",
+        ));
+    }
     let limit = Limit::Metered {
         packets: packets.first().copied(),
         bytes: bytes.first().copied(),

@@ -178,12 +178,18 @@ pub fn corpus() -> Vec<Trace> {
             47,
             3,
         ));
-        // Two limits on one key (`limits`): 10 a second and 30 in 20 s;
-        // a request passes only if both allow it.
+        // Two limits on one key (`limits`), a request passing only if both
+        // allow it: 10 a second and 30 in 20 s; for windows, which keep
+        // one window start a key, 10 and 6 a second.
+        let second = if algo == Algo::Gcra {
+            limit(20 * SEC, Some(meter(30, 30)), None)
+        } else {
+            limit(SEC, Some(meter(6, 6)), None)
+        };
         traces.push(close_together(
             name("two-limits"),
             Spec {
-                second: Some(limit(20 * SEC, Some(meter(30, 30)), None)),
+                second: Some(second),
                 ..packets(10, SEC, 5)
             },
             1_700_000_000 * SEC,
