@@ -93,7 +93,7 @@ fn several_limits_hold_on_real_traffic() {
 
 /// Through the proxy: 10 a second (burst 2) and 3 a minute. Requests
 /// 600 ms apart (each within the per-second limit): three pass, the
-/// fourth is refused by the per-minute limit.
+/// fourth is refused by the per-minute limit, and its fields say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_passes_only_what_every_limit_allows() {
     let (p, _dir) = limiter_tests::proxy_for(
@@ -104,12 +104,23 @@ async fn the_proxy_passes_only_what_every_limit_allows() {
     .await;
     tokio::task::spawn_blocking(move || {
         let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let mut statuses = Vec::new();
+        let mut answers = Vec::new();
         for _ in 0..4 {
-            statuses.push(status(&exchange(p.addr, get)).to_owned());
+            answers.push(exchange(p.addr, get));
             std::thread::sleep(Duration::from_millis(600));
         }
+        let statuses: Vec<&str> = answers.iter().map(|a| status(a)).collect();
         assert_eq!(statuses, ["200", "200", "200", "429"]);
+        // The refusal's fields say what the minute's limit says: wait
+        // about 20 s (one request's worth of 3 a minute), not 1.
+        let refused = answers[3].to_ascii_lowercase();
+        let retry: u64 = refused
+            .lines()
+            .find_map(|l| l.strip_prefix("retry-after: "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a Retry-After field");
+        assert!((10..=20).contains(&retry), "Retry-After {retry}: {refused}");
+        assert!(refused.contains("x-ratelimit-remaining: 0"), "{refused}");
         // At once, two pass the per-second limit's burst of 2 only if the
         // minute allows: it does not.
         assert_eq!(status(&exchange(p.addr, get)), "429");

@@ -114,8 +114,9 @@ pub struct Admission {
 /// A key's request meter as the request left it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QuotaAt {
-    /// GCRA: its theoretical arrival time, and when it was judged.
-    Gcra { tat: u64, now: u64 },
+    /// GCRA: the theoretical arrival times of its meters (the second: a
+    /// second packet limit's, if the rule has one), and when it was judged.
+    Gcra { tats: [u64; 2], now: u64 },
     /// Windows and logs: read under their locks at once.
     Ready(Quota),
 }
@@ -864,16 +865,23 @@ impl Limiter {
     pub fn quota(&self, admission: &Admission) -> Option<Quota> {
         match admission.quota? {
             QuotaAt::Ready(quota) => Some(quota),
-            QuotaAt::Gcra { tat, now } => {
-                let meter = self.rules.rules[admission.rule?].packet_rate()?;
-                let g = meter.gcra;
-                let used = tat.saturating_sub(now).min(g.capacity_ns);
-                Some(Quota {
-                    quota: meter.rate,
-                    window_secs: meter.period.as_secs().max(1),
-                    remaining: g.remaining(tat, now),
-                    reset_secs: secs(used),
-                    retry_after_secs: secs(g.wait_ns(tat, now, 1)),
+            QuotaAt::Gcra { tats, now } => {
+                let rule = &self.rules.rules[admission.rule?];
+                let quota = |meter: Rate, tat: u64| {
+                    let g = meter.gcra;
+                    let used = tat.saturating_sub(now).min(g.capacity_ns);
+                    Quota {
+                        quota: meter.rate,
+                        window_secs: meter.period.as_secs().max(1),
+                        remaining: g.remaining(tat, now),
+                        reset_secs: secs(used),
+                        retry_after_secs: secs(g.wait_ns(tat, now, 1)),
+                    }
+                };
+                let first = quota(rule.packet_rate()?, tats[0]);
+                Some(match rule.second_packets {
+                    Some(second) => first.and(quota(second, tats[1])),
+                    None => first,
                 })
             }
         }
@@ -894,45 +902,75 @@ impl Limiter {
 
     /// A key's request meter as it stands, for [`Limiter::quota`].
     fn quota_at(&self, rule: &Rule, meter: &Rate, state: &State, monotonic: u64) -> QuotaAt {
-        let window_secs = meter.period.as_secs().max(1);
         match rule.algorithm {
             Algorithm::Gcra => QuotaAt::Gcra {
-                tat: AtomicCell::load(&state.cells[0]),
+                tats: [
+                    AtomicCell::load(&state.cells[0]),
+                    AtomicCell::load(&state.cells[1]),
+                ],
                 now: monotonic,
             },
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
-                let log = &state.logs.lock().expect("log lock")[0];
-                let w = meter.window;
-                let reset = log
-                    .oldest()
-                    .map_or(0, |t| t.saturating_add(w.length_ns).saturating_sub(now));
-                QuotaAt::Ready(Quota {
-                    quota: meter.rate,
-                    window_secs,
-                    remaining: w.limit.saturating_sub(log.total()),
-                    reset_secs: secs(reset),
-                    retry_after_secs: if log.total() < w.limit {
-                        0
-                    } else {
-                        secs(reset)
-                    },
+                let logs = state.logs.lock().expect("log lock");
+                let quota = |meter: &Rate, log: &Log| {
+                    let w = meter.window;
+                    let reset = log
+                        .oldest()
+                        .map_or(0, |t| t.saturating_add(w.length_ns).saturating_sub(now));
+                    Quota {
+                        quota: meter.rate,
+                        window_secs: meter.period.as_secs().max(1),
+                        remaining: w.limit.saturating_sub(log.total()),
+                        reset_secs: secs(reset),
+                        retry_after_secs: if log.total() < w.limit {
+                            0
+                        } else {
+                            secs(reset)
+                        },
+                    }
+                };
+                let first = quota(meter, &logs[0]);
+                QuotaAt::Ready(match &rule.second_packets {
+                    Some(second) => first.and(quota(second, &logs[1])),
+                    None => first,
                 })
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let now = self.clock.epoch_ns();
-                let w = meter.window;
-                let s = state.windows.lock().expect("window lock")[0];
-                let used = w.used(&s, now, rule.algorithm == Algorithm::SlidingWindow);
-                let reset = w.reset_ns(&s, now);
-                QuotaAt::Ready(Quota {
-                    quota: meter.rate,
-                    window_secs,
-                    remaining: w.limit.saturating_sub(used),
-                    reset_secs: secs(reset),
-                    retry_after_secs: if used < w.limit { 0 } else { secs(reset) },
+                let windows = *state.windows.lock().expect("window lock");
+                let sliding = rule.algorithm == Algorithm::SlidingWindow;
+                let quota = |meter: &Rate, s: &WindowState| {
+                    let w = meter.window;
+                    let used = w.used(s, now, sliding);
+                    let reset = w.reset_ns(s, now);
+                    Quota {
+                        quota: meter.rate,
+                        window_secs: meter.period.as_secs().max(1),
+                        remaining: w.limit.saturating_sub(used),
+                        reset_secs: secs(reset),
+                        retry_after_secs: if used < w.limit { 0 } else { secs(reset) },
+                    }
+                };
+                let first = quota(meter, &windows[0]);
+                QuotaAt::Ready(match &rule.second_packets {
+                    Some(second) => first.and(quota(second, &windows[1])),
+                    None => first,
                 })
             }
+        }
+    }
+}
+
+impl Quota {
+    /// What a client may do under two limits at once: the first's policy,
+    /// what both leave, the later of their resets and waits.
+    fn and(self, other: Quota) -> Quota {
+        Quota {
+            remaining: self.remaining.min(other.remaining),
+            reset_secs: self.reset_secs.max(other.reset_secs),
+            retry_after_secs: self.retry_after_secs.max(other.retry_after_secs),
+            ..self
         }
     }
 }
