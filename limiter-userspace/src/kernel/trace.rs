@@ -191,11 +191,13 @@ impl KernelTracer {
             // the rule traced by name.
             self.rule_cache.clear();
             self.cached_generation = active;
-            if let Some(name) = &self.filter.rule
-                && let Ok(id) = rule_id(&self.rules, active, name)
-                && let Ok(config) = self.filter.config(Some(id), self.ifindex)
-            {
-                let _ = self.config.set(0, config, 0);
+                        if let Some(name) = &self.filter.rule {
+                // Gone from the new rules: an id no rule has, so nothing
+                // is traced (rather than whichever rule took its id).
+                let id = rule_id(&self.rules, active, name).unwrap_or(MAX_RULES);
+                if let Ok(config) = self.filter.config(Some(id), self.ifindex) {
+                    let _ = self.config.set(0, config, 0);
+                }
             }
         }
         if generation == active
