@@ -191,7 +191,7 @@ impl KernelTracer {
             // the rule traced by name.
             self.rule_cache.clear();
             self.cached_generation = active;
-                        if let Some(name) = &self.filter.rule {
+            if let Some(name) = &self.filter.rule {
                 // Gone from the new rules: an id no rule has, so nothing
                 // is traced (rather than whichever rule took its id).
                 let id = rule_id(&self.rules, active, name).unwrap_or(MAX_RULES);
