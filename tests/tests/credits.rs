@@ -83,7 +83,8 @@ fn connection_attempts_cost_more_on_real_connections() {
 }
 
 /// Through the proxy: 10 credits a minute, burst 10, a POST costing 4:
-/// POST, POST, then a POST refused; GET, GET, then a GET refused.
+/// POST, POST, then a POST refused (told to wait until 4 credits are
+/// back); GET, GET, then a GET refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_charges_a_request_its_class_credits() {
     let (p, _dir) = limiter_tests::proxy_for(
@@ -97,13 +98,27 @@ async fn the_proxy_charges_a_request_its_class_credits() {
             let text = format!(
                 "{method} /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
             );
-            status(&exchange(p.addr, text.as_bytes())).to_owned()
+            exchange(p.addr, text.as_bytes())
         };
-        let statuses: Vec<String> = ["POST", "POST", "POST", "GET", "GET", "GET"]
+        let answers: Vec<String> = ["POST", "POST", "POST", "GET", "GET", "GET"]
             .iter()
             .map(|m| request(m))
             .collect();
+        let statuses: Vec<&str> = answers.iter().map(|a| status(a)).collect();
         assert_eq!(statuses, ["200", "200", "429", "200", "200", "429"]);
+        // The refused POST needs 4 credits with 2 left: 2 more at one
+        // each 6 s, so about 12 s, not the 1 s a request of 1 would wait.
+        let retry: u64 = answers[2]
+            .to_ascii_lowercase()
+            .lines()
+            .find_map(|l| l.strip_prefix("retry-after: ").map(str::to_owned))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a Retry-After field");
+        assert!(
+            (10..=13).contains(&retry),
+            "Retry-After {retry}: {}",
+            answers[2]
+        );
     })
     .await
     .unwrap();

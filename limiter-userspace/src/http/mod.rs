@@ -116,7 +116,12 @@ pub struct Admission {
 enum QuotaAt {
     /// GCRA: the theoretical arrival times of its meters (the second: a
     /// second packet limit's, if the rule has one), and when it was judged.
-    Gcra { tats: [u64; 2], now: u64 },
+    Gcra {
+        tats: [u64; 2],
+        now: u64,
+        /// The request's cost: `Retry-After` says when one of it conforms.
+        cost: u64,
+    },
     /// Windows and logs: read under their locks at once.
     Ready(Quota),
 }
@@ -649,7 +654,7 @@ impl Limiter {
             allowed: allowed || shadow,
             shadow,
             rule: Some(index),
-            quota: packets.map(|m| self.quota_at(rule, &m, state, now)),
+            quota: packets.map(|m| self.quota_at(rule, &m, state, now, credits)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
@@ -865,7 +870,7 @@ impl Limiter {
     pub fn quota(&self, admission: &Admission) -> Option<Quota> {
         match admission.quota? {
             QuotaAt::Ready(quota) => Some(quota),
-            QuotaAt::Gcra { tats, now } => {
+            QuotaAt::Gcra { tats, now, cost } => {
                 let rule = &self.rules.rules[admission.rule?];
                 let quota = |meter: Rate, tat: u64| {
                     let g = meter.gcra;
@@ -875,7 +880,7 @@ impl Limiter {
                         window_secs: meter.period.as_secs().max(1),
                         remaining: g.remaining(tat, now),
                         reset_secs: secs(used),
-                        retry_after_secs: secs(g.wait_ns(tat, now, 1)),
+                        retry_after_secs: secs(g.wait_ns(tat, now, cost)),
                     }
                 };
                 let first = quota(rule.packet_rate()?, tats[0]);
@@ -901,7 +906,16 @@ impl Limiter {
     }
 
     /// A key's request meter as it stands, for [`Limiter::quota`].
-    fn quota_at(&self, rule: &Rule, meter: &Rate, state: &State, monotonic: u64) -> QuotaAt {
+    /// `cost`: what the request cost (its credits), for when one of that
+    /// cost would conform.
+    fn quota_at(
+        &self,
+        rule: &Rule,
+        meter: &Rate,
+        state: &State,
+        monotonic: u64,
+        cost: u64,
+    ) -> QuotaAt {
         match rule.algorithm {
             Algorithm::Gcra => QuotaAt::Gcra {
                 tats: [
@@ -909,6 +923,7 @@ impl Limiter {
                     AtomicCell::load(&state.cells[1]),
                 ],
                 now: monotonic,
+                cost,
             },
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
@@ -923,7 +938,7 @@ impl Limiter {
                         window_secs: meter.period.as_secs().max(1),
                         remaining: w.limit.saturating_sub(log.total()),
                         reset_secs: secs(reset),
-                        retry_after_secs: if log.total() < w.limit {
+                        retry_after_secs: if log.total().saturating_add(cost) <= w.limit {
                             0
                         } else {
                             secs(reset)
@@ -949,7 +964,11 @@ impl Limiter {
                         window_secs: meter.period.as_secs().max(1),
                         remaining: w.limit.saturating_sub(used),
                         reset_secs: secs(reset),
-                        retry_after_secs: if used < w.limit { 0 } else { secs(reset) },
+                        retry_after_secs: if used.saturating_add(cost) <= w.limit {
+                            0
+                        } else {
+                            secs(reset)
+                        },
                     }
                 };
                 let first = quota(meter, &windows[0]);
