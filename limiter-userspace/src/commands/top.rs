@@ -10,11 +10,11 @@ use std::{
 
 use anyhow::Result;
 use limiter::{
-    kernel::{Maps, keys::KeyTable, require_root},
+    kernel::{Maps, keys::KeyTable, maps::named_rules, require_root},
     render::text,
     units,
 };
-use limiter_common::abi::{FlowKey, KeyState, MAX_RULES, RuleConfig, rule_slot};
+use limiter_common::abi::{FlowKey, KeyState, RuleConfig};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -51,13 +51,7 @@ pub fn run(pin_dir: &Path, count: usize, interval: Duration, once: bool, json: b
         let elapsed = at.elapsed().as_secs_f64();
         at = Instant::now();
         let generation = config.get(&0, 0)?.generation;
-        let mut names: HashMap<u32, RuleConfig> = HashMap::new();
-        for id in 0..MAX_RULES {
-            let rule = rules.get(&rule_slot(generation, id), 0)?;
-            if rule.name[0] != 0 {
-                names.insert(id, rule);
-            }
-        }
+        let names: HashMap<u32, RuleConfig> = named_rules(rules, generation)?.into_iter().collect();
         let mut rows: Vec<Row> = now
             .iter()
             .map(|(key, state)| {

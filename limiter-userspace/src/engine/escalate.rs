@@ -134,14 +134,25 @@ impl Engine {
         self.watch.over_since = over_since;
         self.watch.dropped = dropped;
         self.watch.dry_until.extend(dry_until);
-        let blocked_now: Vec<IpNet> = self
+        if due.is_empty() && self.watch.made.is_empty() {
+            return Ok(due);
+        }
+        // The blocks as they stand, read once: (prefix, expired).
+        let listed: Vec<(IpNet, bool)> = self
             .blocks()?
             .into_iter()
-            .filter(|b| !b.expired)
-            .filter_map(|b| b.prefix.parse().ok())
+            .filter_map(|b| Some((b.prefix.parse().ok()?, b.expired)))
             .collect();
+        // Forget what it made once the block is gone.
+        self.watch
+            .made
+            .retain(|net, _| listed.iter().any(|(listed, _)| listed == net));
         // A prefix blocked already (by hand, for ever maybe) keeps its block.
-        due.retain(|e| !blocked_now.contains(&e.prefix));
+        due.retain(|e| {
+            !listed
+                .iter()
+                .any(|(net, expired)| !expired && *net == e.prefix)
+        });
         for escalated in &due {
             if escalated.enforced {
                 self.block(escalated.prefix, Some(escalated.block))?;
@@ -151,13 +162,6 @@ impl Engine {
             }
             *self.watch.counts.entry(escalated.rule.clone()).or_default() += 1;
         }
-        // Forget what it made once the block is gone.
-        let blocked: Vec<IpNet> = self
-            .blocks()?
-            .into_iter()
-            .filter_map(|b| b.prefix.parse().ok())
-            .collect();
-        self.watch.made.retain(|net, _| blocked.contains(net));
         Ok(due)
     }
 

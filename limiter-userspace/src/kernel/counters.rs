@@ -3,9 +3,7 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use limiter_common::abi::{
-    GlobalCounters, MAX_RULES, RuleCounters, counter_slot, global_flag, map_name, rule_slot,
-};
+use limiter_common::abi::{GlobalCounters, RuleCounters, counter_slot, global_flag, map_name};
 use serde::{Deserialize, Serialize};
 
 use super::{KernelError, Maps, keys::KeyTable, maps::map_error};
@@ -96,16 +94,10 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
     {
         snapshot.global.add(cpu);
     }
-    let mut names = Vec::new();
-    for id in 0..MAX_RULES {
-        let rule = maps
-            .rules
-            .get(&rule_slot(config.generation, id), 0)
-            .map_err(map_error(map_name::RULES))?;
-        if rule.name[0] != 0 {
-            names.push((id, String::from_utf8_lossy(rule.name()).into_owned()));
-        }
-    }
+    let names: Vec<(u32, String)> = super::maps::named_rules(&maps.rules, config.generation)?
+        .into_iter()
+        .map(|(id, rule)| (id, String::from_utf8_lossy(rule.name()).into_owned()))
+        .collect();
     let mut slots = maps.iface_slots()?;
     slots.push((0, 0));
     slots.sort_by_key(|&(_, slot)| slot);

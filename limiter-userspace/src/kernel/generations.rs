@@ -19,18 +19,7 @@ use crate::compile::{Tables, v4_table::V4Table};
 impl Datapath {
     /// The named rules of `generation`, by id.
     pub fn rules(&self, generation: u32) -> Result<Vec<(u32, RuleConfig)>, KernelError> {
-        let mut out = Vec::new();
-        for id in 0..MAX_RULES {
-            let rule = self
-                .maps
-                .rules
-                .get(&rule_slot(generation, id), 0)
-                .map_err(map_error(map_name::RULES))?;
-            if rule.name[0] != 0 {
-                out.push((id, rule));
-            }
-        }
-        Ok(out)
+        super::maps::named_rules(&self.maps.rules, generation)
     }
 
     /// Rewrites one rule of one generation in place (a single map update,
@@ -88,25 +77,19 @@ impl Datapath {
                 .insert(&Key::new(*prefix, *key), candidates, 0)
                 .map_err(map_error(map_name::LPM_V6))?;
         }
-        if !tables.costs.is_empty() {
-            let costs = self.maps.costs.as_mut().ok_or_else(|| {
-                KernelError::BadObject(format!("it has no map {}", map_name::COSTS))
-            })?;
-            for (id, classes) in &tables.costs {
-                costs
-                    .set(rule_slot(generation, *id), classes, 0)
-                    .map_err(map_error(map_name::COSTS))?;
-            }
-        }
-        if !tables.soft.is_empty() {
-            let soft = self.maps.soft_limits.as_mut().ok_or_else(|| {
-                KernelError::BadObject(format!("it has no map {}", map_name::SOFT_LIMITS))
-            })?;
-            for (id, gcra) in &tables.soft {
-                soft.set(rule_slot(generation, *id), gcra, 0)
-                    .map_err(map_error(map_name::SOFT_LIMITS))?;
-            }
-        }
+        let maps = &mut self.maps;
+        by_rule_slot(
+            maps.costs.as_mut(),
+            map_name::COSTS,
+            generation,
+            &tables.costs,
+        )?;
+        by_rule_slot(
+            maps.soft_limits.as_mut(),
+            map_name::SOFT_LIMITS,
+            generation,
+            &tables.soft,
+        )?;
         Ok(())
     }
 
@@ -148,24 +131,16 @@ impl Datapath {
             source,
         })?;
         for iface in 0..MAX_IFACES {
-            let zeros =
-                PerCpuValues::try_from(vec![RuleCounters::default(); cpus]).map_err(|source| {
-                    KernelError::Io {
-                        path: "/sys/devices/system/cpu/possible".into(),
-                        source,
-                    }
-                })?;
             self.maps
                 .rule_stats
-                .set(counter_slot(iface, id), zeros, 0)
+                .set(
+                    counter_slot(iface, id),
+                    per_cpu_zeros::<RuleCounters>(cpus)?,
+                    0,
+                )
                 .map_err(map_error(map_name::RULE_STATS))?;
             if let Some(soft) = &mut self.maps.soft_stats {
-                let zeros =
-                    PerCpuValues::try_from(vec![0u64; cpus]).map_err(|source| KernelError::Io {
-                        path: "/sys/devices/system/cpu/possible".into(),
-                        source,
-                    })?;
-                soft.set(counter_slot(iface, id), zeros, 0)
+                soft.set(counter_slot(iface, id), per_cpu_zeros(cpus)?, 0)
                     .map_err(map_error(map_name::SOFT_STATS))?;
             }
         }
@@ -289,6 +264,36 @@ where
         .collect();
     for key in stale {
         trie.remove(&key).map_err(map_error(name))?;
+    }
+    Ok(())
+}
+
+/// A default value for each of `cpus` CPUs, for a per-CPU map.
+fn per_cpu_zeros<T: aya::Pod + Default + Clone>(
+    cpus: usize,
+) -> Result<PerCpuValues<T>, KernelError> {
+    PerCpuValues::try_from(vec![T::default(); cpus]).map_err(|source| KernelError::Io {
+        path: "/sys/devices/system/cpu/possible".into(),
+        source,
+    })
+}
+
+/// Writes `entries` (rule id, value) into `map` at their `rule_slot` of
+/// `generation`; a map the object lacks is an error only if there is
+/// something to write.
+fn by_rule_slot<T: aya::Pod>(
+    map: Option<&mut aya::maps::Array<MapData, T>>,
+    name: &'static str,
+    generation: u32,
+    entries: &[(u32, T)],
+) -> Result<(), KernelError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let map = map.ok_or_else(|| KernelError::BadObject(format!("it has no map {name}")))?;
+    for (id, value) in entries {
+        map.set(rule_slot(generation, *id), value, 0)
+            .map_err(map_error(name))?;
     }
     Ok(())
 }

@@ -140,6 +140,24 @@ impl Maps {
     }
 }
 
+/// The named rules of `generation` in the rule table, by id (a slot with
+/// no name holds no rule).
+pub fn named_rules(
+    rules: &Array<MapData, RuleConfig>,
+    generation: u32,
+) -> Result<Vec<(u32, RuleConfig)>, KernelError> {
+    let mut out = Vec::new();
+    for id in 0..limiter_common::abi::MAX_RULES {
+        let rule = rules
+            .get(&limiter_common::abi::rule_slot(generation, id), 0)
+            .map_err(map_error(map_name::RULES))?;
+        if rule.name[0] != 0 {
+            out.push((id, rule));
+        }
+    }
+    Ok(out)
+}
+
 /// Opens map `name`, a memory-mappable array, and maps it.
 fn mapped<T>(
     open: &mut dyn FnMut(&str) -> Result<Map, KernelError>,

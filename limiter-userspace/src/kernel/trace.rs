@@ -251,11 +251,7 @@ pub fn stop_abandoned(pin_dir: &Path) -> Result<bool> {
 /// The id of the rule named `name` in the active generation.
 fn rule_id(rules: &Array<MapData, RuleConfig>, generation: u32, name: &str) -> Result<u32> {
     let mut names = Vec::new();
-    for id in 0..MAX_RULES {
-        let rule = rules.get(&rule_slot(generation, id), 0)?;
-        if rule.name[0] == 0 {
-            continue;
-        }
+    for (id, rule) in super::maps::named_rules(rules, generation)? {
         let this = String::from_utf8_lossy(rule.name()).into_owned();
         if this == name {
             return Ok(id);
