@@ -209,6 +209,13 @@ pub mod rule_flag {
     /// `RuleConfig::bytes` is a second packet limit (`limits: [...]`):
     /// the key's byte meter charges a packet's credits, not its length.
     pub const BYTES_COUNT_PACKETS: u32 = 1 << 9;
+    /// A third limit per key (`limits: [...]` with three; GCRA rules
+    /// only, never with `SOFT`): its meter is the key state's third word,
+    /// its parameters at the rule's slot of `SOFT_LIMITS`, which holds the
+    /// Gcra of that word whatever it limits.
+    pub const THIRD_LIMIT: u32 = 1 << 10;
+    /// The third limit counts bytes (a frame's length), not credits.
+    pub const THIRD_COUNTS_BYTES: u32 = 1 << 11;
 }
 
 /// Classes of a rule's `cost`, at most.

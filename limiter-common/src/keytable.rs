@@ -195,7 +195,9 @@ pub fn at_rest_since(
 ) -> Option<u64> {
     let [first, packets, bytes] = state.meters;
     if rule.algorithm == algorithm::GCRA {
-        let tat = first.max(packets);
+        // Every word a TAT: the third a third limit's (a daily quota,
+        // say) or a soft limit's; with neither, a time already past.
+        let tat = first.max(packets).max(bytes);
         return (tat <= now).then_some(tat);
     }
     if packets & WINDOW_LOCK != 0 {
@@ -347,6 +349,10 @@ mod tests {
             at_rest_since(&state, &rule, WINDOW_LOCK | 1_000, 0),
             Some(WINDOW_LOCK | 1_000)
         );
+        // A third limit's TAT keeps the key too.
+        state.meters[2] = 3_000;
+        assert_eq!(at_rest_since(&state, &rule, 2_500, 0), None);
+        state.meters[2] = 0;
         state.meters[1] = 0;
         assert_eq!(at_rest_since(&state, &rule, 5_000, 0), Some(1_001));
     }

@@ -33,8 +33,13 @@ pub mod order {
     pub const AGGREGATE_PACKETS: usize = 2;
     /// The rule's aggregate byte meter.
     pub const AGGREGATE_BYTES: usize = 3;
-    /// Meters a rule can have.
+    /// Meters a rule can have in one array.
     pub const METERS: usize = 4;
+    /// The key's third limit (`limits: [...]` with three), kept in the
+    /// third word of its state: charged before the others
+    /// ([`super::acquire_all_after`]), so not in their array; its index
+    /// follows `trace::reason`'s other causes.
+    pub const KEY_THIRD: usize = 12;
 
     /// Whether meter `i` charges a request's length rather than 1.
     #[inline(always)]
@@ -45,7 +50,7 @@ pub mod order {
     /// Whether meter `i` is the rule's aggregate rather than the key's.
     #[inline(always)]
     pub const fn is_aggregate(i: usize) -> bool {
-        i >= AGGREGATE_PACKETS
+        i >= AGGREGATE_PACKETS && i < METERS
     }
 }
 
@@ -229,6 +234,34 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
         outcome: Outcome::Allowed,
         refused_by: N,
     }
+}
+
+/// [`acquire_all`] after one more meter, `first`: charged before the
+/// others and handed back if one of them refuses. A key's third limit is
+/// metered so (its index [`order::KEY_THIRD`]), apart from the array: a
+/// fifth optional meter there would have the kernel's verifier explore
+/// every meter after it twice. (The kernel charges every GCRA packet so,
+/// at no cost to a meter refusing nothing when the rule has no third
+/// limit: a charge of 0 at most moves a past TAT up to `now`.)
+#[inline(always)]
+pub fn acquire_all_after<C: AtomicCell + ?Sized, const N: usize>(
+    first: (&C, &Gcra, u64),
+    charges: [Charge<'_, C>; N],
+    now: impl Now,
+) -> Verdict {
+    let (cell, gcra, cost) = first;
+    let outcome = acquire(cell, gcra, now, cost);
+    if outcome != Outcome::Allowed {
+        return Verdict {
+            outcome,
+            refused_by: order::KEY_THIRD,
+        };
+    }
+    let verdict = acquire_all(charges, now);
+    if verdict.outcome != Outcome::Allowed {
+        refund(cell, gcra, now, cost);
+    }
+    verdict
 }
 
 /// Pacing (nginx's `delay`): charges `cost` at the earliest time it

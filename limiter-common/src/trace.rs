@@ -56,6 +56,9 @@ pub mod reason {
     /// Layer 7: the key is blocked by its rule's `escalate`. (In the
     /// kernel an escalation is a block: [`BLOCK`].)
     pub const ESCALATED: u8 = 11;
+    /// The key's third limit (`crate::meter::order::KEY_THIRD`).
+    pub const THIRD_LIMIT: u8 = 12;
+    const _: () = assert!(THIRD_LIMIT as usize == crate::meter::order::KEY_THIRD);
     /// Nothing refused the packet (passed, or malformed).
     pub const NONE: u8 = 0xff;
 
@@ -74,6 +77,7 @@ pub mod reason {
             BLOCK => "block (limiter block or escalation)",
             IN_FLIGHT => "requests in flight",
             ESCALATED => "escalation block",
+            THIRD_LIMIT => "key third limit",
             _ => "",
         }
     }

@@ -27,7 +27,7 @@ use limiter_common::{
     gcra::{Decision, Gcra},
     keytable::{Slot, pack_counts, window_state},
     meter::{
-        Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, order, refund, windows_all,
+        Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all_after, order, refund, windows_all,
     },
     trace::{reason, verdict as traced},
     window::WindowState,
@@ -237,7 +237,7 @@ fn limit(
             Ok(slot) => {
                 let key_state = unsafe { &raw mut (*slot).state };
                 let charged = Charged { len, credits };
-                let verdict = meter(config, rule_id, rule, key_state, now, charged);
+                let verdict = meter(config, generation, rule_id, rule, key_state, now, charged);
                 if verdict.outcome == Outcome::Allowed
                     && rule.flags & rule_flag::SOFT != 0
                     && rule.algorithm == algorithm::GCRA
@@ -507,6 +507,7 @@ impl Charged {
 #[inline(always)]
 fn meter(
     config: &GlobalConfig,
+    generation: u32,
     rule_id: u32,
     rule: &RuleConfig,
     state: *mut KeyState,
@@ -520,7 +521,19 @@ fn meter(
         };
     };
     let verdict = if rule.algorithm == algorithm::GCRA {
-        meter_gcra_call(rule, state, aggregate, now, charged.word())
+        // The meter of the key's third word (see `rule_flag::THIRD_LIMIT`).
+        let Some(third) = SOFT_LIMITS.get(rule_slot(generation, rule_id)) else {
+            return Verdict {
+                outcome: Outcome::Denied,
+                refused_by: 0,
+            };
+        };
+        let packet = GcraCharge {
+            now,
+            charged: charged.word(),
+            third,
+        };
+        meter_gcra_call(rule, state, aggregate, &packet)
     } else {
         let packet = PacketCharge {
             now,
@@ -562,6 +575,15 @@ fn key_bytes_cost(flags: u32, len: u64, credits: u64) -> u64 {
     len * (1 - pick) + credits * pick
 }
 
+/// A packet's time and cost, and the meter of its key's third word, for
+/// [`meter_gcra_call`].
+struct GcraCharge<'a> {
+    now: u64,
+    /// [`Charged::word`].
+    charged: u64,
+    third: &'a Gcra,
+}
+
 /// [`meter_gcra`] as a BPF subprogram, for its stack frame (see
 /// [`meter_windows_call`]).
 #[inline(never)]
@@ -569,15 +591,15 @@ fn meter_gcra_call(
     rule: &RuleConfig,
     state: *mut KeyState,
     aggregate: *mut AggregateState,
-    now: u64,
-    charged: u64,
+    packet: &GcraCharge<'_>,
 ) -> u64 {
     verdict_word(meter_gcra(
         rule,
         state,
         aggregate,
-        now,
-        Charged::of_word(charged),
+        packet.now,
+        Charged::of_word(packet.charged),
+        packet.third,
     ))
 }
 
@@ -612,6 +634,7 @@ fn meter_gcra(
     aggregate: *mut AggregateState,
     now: u64,
     charged: Charged,
+    third: &Gcra,
 ) -> Verdict {
     let Charged { len, credits } = charged;
     // A key's state and its rule's aggregate each keep a packet meter
@@ -654,7 +677,43 @@ fn meter_gcra(
         &rule.aggregate_bytes.gcra,
         len,
     ));
-    acquire_all(charges, now)
+    // The third limit, if any, in the key's third word: charged always
+    // (`acquire_all_after`), and without one at no cost to a meter that
+    // refuses nothing. A branch instead (a fifth optional meter, or a
+    // subprogram for the rules with one) has the verifier explore every
+    // meter after it twice, past its budget.
+    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    let third = third_meter(rule.flags, third);
+    let cost = third_cost(rule.flags, len, credits);
+    acquire_all_after((&cell, &third, cost), charges, now)
+}
+
+/// The meter of a key's third word as its third limit: `stored` when the
+/// rule has one, else one that admits any cost at any TAT (nothing to
+/// charge, unlimited capacity and burst), so a charge of 0 at most moves
+/// a past TAT up to now and a soft limit's TAT there keeps its meaning.
+/// Without a branch.
+#[inline(always)]
+fn third_meter(flags: u32, stored: &Gcra) -> Gcra {
+    const IN_FORCE: u32 = rule_flag::THIRD_LIMIT.trailing_zeros();
+    let keep = u64::from((flags >> IN_FORCE) & 1).wrapping_neg();
+    Gcra {
+        emission_ns: stored.emission_ns & keep,
+        capacity_ns: stored.capacity_ns | !keep,
+        burst: stored.burst | !keep,
+    }
+}
+
+/// What the key's third meter charges: nothing without a third limit,
+/// else a frame's credits or (`rule_flag::THIRD_COUNTS_BYTES`) its
+/// length. Without a branch (see [`key_bytes_cost`]).
+#[inline(always)]
+fn third_cost(flags: u32, len: u64, credits: u64) -> u64 {
+    const IN_FORCE: u32 = rule_flag::THIRD_LIMIT.trailing_zeros();
+    const BYTES: u32 = rule_flag::THIRD_COUNTS_BYTES.trailing_zeros();
+    let in_force = u64::from((flags >> IN_FORCE) & 1);
+    let bytes = u64::from((flags >> BYTES) & 1);
+    in_force * (len * bytes + credits * (1 - bytes))
 }
 
 /// Windows: a window's fields change together, so the key's state (then

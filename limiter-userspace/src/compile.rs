@@ -32,8 +32,9 @@ pub struct Tables {
     /// IPv6: (LPM prefix length, key, value), the generation in the key's
     /// first byte.
     pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
-    /// (rule id, soft packet meter) of the rules with a soft limit.
-    pub soft: Vec<(u32, Gcra)>,
+    /// (rule id, meter of the key state's third word) of the rules with a
+    /// soft limit or a third limit (`SOFT_LIMITS`).
+    pub third_word: Vec<(u32, Gcra)>,
     /// (rule id, packet classes and their credits) of the rules with a
     /// `cost` by TCP flags.
     pub costs: Vec<(u32, Costs)>,
@@ -65,11 +66,14 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
         rules,
         v4: Vec::new(),
         v6: Vec::new(),
-        soft: set
+        third_word: set
             .rules
             .iter()
             .zip(ids)
-            .filter_map(|(rule, &id)| Some((id, rule.soft?.gcra)))
+            .filter_map(|(rule, &id)| {
+                let meter = rule.soft.or(rule.third.map(|t| t.rate))?;
+                Some((id, meter.gcra))
+            })
             .collect(),
         costs: set
             .rules
@@ -134,8 +138,15 @@ fn rule_config(rule: &Rule, new_keys: &Rate) -> RuleConfig {
         }
     }
     if rule.soft.is_some() {
-        // Its meter is in `Tables::soft`.
+        // Its meter is in `Tables::third_word`.
         config.flags |= rule_flag::SOFT;
+    }
+    if let Some(third) = rule.third {
+        // Its meter is in `Tables::third_word` too (never with `soft`).
+        config.flags |= rule_flag::THIRD_LIMIT;
+        if third.counts_bytes {
+            config.flags |= rule_flag::THIRD_COUNTS_BYTES;
+        }
     }
     if let Some(second) = rule.second_packets {
         // In the byte meter's place, counting packets (validation keeps a

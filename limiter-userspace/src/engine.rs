@@ -202,7 +202,20 @@ impl Engine {
         let mut carrying = Vec::new();
         for (id, old_rule) in &carried {
             if let Some((_, new_rule)) = tables.rules.iter().find(|(i, _)| i == id) {
-                carrying.push(self.datapath.carry_rule_state(*id, old_rule, new_rule)?);
+                // The third limit's meter, old and new, if both have one
+                // (of one kind: the identity says so).
+                let third = tables
+                    .third_word
+                    .iter()
+                    .find(|(i, _)| i == id)
+                    .and_then(|(_, new)| {
+                        Some((self.datapath.third_word(config.generation, *id)?, *new))
+                    });
+                let third = third.as_ref().map(|(old, new)| (old, new));
+                carrying.push(
+                    self.datapath
+                        .carry_rule_state(*id, old_rule, new_rule, third)?,
+                );
             }
         }
         faults::crash_point("written");

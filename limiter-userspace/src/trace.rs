@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use ipnet::IpNet;
 use limiter_common::{
     abi::{KeyState, RuleConfig, algorithm, rule_flag},
+    gcra::Gcra,
     keytable::window_state,
     meter::order,
     trace::{ANY_RULE, TraceConfig, TraceEvent, reason, verdict},
@@ -189,7 +190,12 @@ pub fn protocol_name(protocol: u8) -> String {
 /// What is left of each budget of `rule` after a kernel decision, at
 /// the event's time (`realtime_offset_ns`: the epoch's, which windows
 /// count in).
-pub fn kernel_budgets(rule: &RuleConfig, event: &TraceEvent, realtime_offset_ns: u64) -> Vec<Left> {
+pub fn kernel_budgets(
+    rule: &RuleConfig,
+    third: Option<&Gcra>,
+    event: &TraceEvent,
+    realtime_offset_ns: u64,
+) -> Vec<Left> {
     let now = event.time_ns;
     let epoch_now = now.wrapping_add(realtime_offset_ns);
     let key = KeyState {
@@ -247,16 +253,38 @@ pub fn kernel_budgets(rule: &RuleConfig, event: &TraceEvent, realtime_offset_ns:
             of,
         });
     }
+    // A third limit, in the key's third word.
+    if let Some(third) = third.filter(|_| rule.flags & rule_flag::THIRD_LIMIT != 0)
+        && event.has_key != 0
+    {
+        left.push(Left {
+            meter: meter_name(rule, order::KEY_THIRD as u8).to_owned(),
+            left: third.remaining(event.key_state[2], now),
+            of: third.burst,
+        });
+    }
     left
 }
 
 /// A kernel rule's meter `i` (`meter::order`) as a trace line names it:
 /// the byte meter is the key's second packet limit when the rule has one.
 pub fn meter_name(rule: &RuleConfig, i: u8) -> &'static str {
-    if usize::from(i) == order::KEY_BYTES && rule.flags & rule_flag::BYTES_COUNT_PACKETS != 0 {
-        "key packets (second limit)"
-    } else {
-        reason::name(i)
+    let has = |flag: u32| rule.flags & flag != 0;
+    limit_name(
+        i,
+        has(rule_flag::BYTES_COUNT_PACKETS),
+        has(rule_flag::THIRD_COUNTS_BYTES),
+    )
+}
+
+/// Meter (or cause) `i`'s name, given what the key's byte meter and its
+/// third word count, in both layers.
+pub fn limit_name(i: u8, second_counts_packets: bool, third_counts_bytes: bool) -> &'static str {
+    match usize::from(i) {
+        order::KEY_BYTES if second_counts_packets => "key packets (second limit)",
+        order::KEY_THIRD if third_counts_bytes => "key bytes (third limit)",
+        order::KEY_THIRD => "key packets (third limit)",
+        _ => reason::name(i),
     }
 }
 
@@ -324,7 +352,7 @@ mod tests {
             has_key: 1,
             ..TraceEvent::default()
         };
-        let left = kernel_budgets(&rule, &event, 0);
+        let left = kernel_budgets(&rule, None, &event, 0);
         assert_eq!(
             left,
             vec![Left {
@@ -337,7 +365,22 @@ mod tests {
             has_key: 0,
             ..event
         };
-        assert!(kernel_budgets(&rule, &keyless, 0).is_empty());
+        assert!(kernel_budgets(&rule, None, &keyless, 0).is_empty());
+        // A third limit (250 a day) that took the same 3: 247 left.
+        let day = Gcra::new(250, 86_400_000_000_000, 250).unwrap();
+        rule.flags |= rule_flag::THIRD_LIMIT;
+        let third = TraceEvent {
+            key_state: [tat, 0, now + 3 * day.emission_ns],
+            ..event
+        };
+        assert_eq!(
+            kernel_budgets(&rule, Some(&day), &third, 0)[1],
+            Left {
+                meter: "key packets (third limit)".into(),
+                left: 247,
+                of: 250
+            }
+        );
     }
 
     #[test]

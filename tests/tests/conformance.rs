@@ -95,7 +95,7 @@ fn the_xdp_program_matches_the_reference() {
         );
         replayed += 1;
     }
-    assert_eq!(replayed, 48, "traces replayed through the program");
+    assert_eq!(replayed, 51, "traces replayed through the program");
 }
 
 #[test]

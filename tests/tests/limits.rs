@@ -61,6 +61,59 @@ fn the_kernel_passes_only_what_every_limit_allows() {
     );
 }
 
+/// Three limits on one key, the third kept in the key state's third
+/// word: 10 a second (burst 5), 200 bytes a second and 4 a minute. Three
+/// 62-byte frames pass, the fourth is refused by the bytes (and charges
+/// the minute nothing); a second later one more passes, and the next is
+/// refused by the minute though the others have room. A third limit in
+/// bytes (150 a minute) refuses the third frame.
+#[test]
+fn the_kernel_passes_only_what_all_three_limits_allow() {
+    let mut dp = loaded_object(
+        &test_clock_object(),
+        "rules:
+  - { name: three, match: { source: 198.18.0.0/16 }, key: source, limits: [ { rate: 10, unit: second, burst: 5 }, { bytes: 200, unit: second }, { rate: 4, unit: minute } ] }
+  - { name: third-bytes, match: { source: 198.19.0.0/16 }, key: source, limits: [ { rate: 100, unit: second }, { bytes: 1000, unit: second }, { bytes: 150, unit: minute } ] }
+",
+    );
+    let frame = frames::udp4(Ipv4Addr::new(198, 18, 0, 1), 53, 20);
+    assert_eq!(frame.len(), 62);
+    let t0 = 100 * SECOND;
+    let at = |dp: &mut limiter_tests::Loaded, t| run_at(dp, &frame, t);
+    assert_eq!(
+        [
+            at(&mut dp, t0),
+            at(&mut dp, t0),
+            at(&mut dp, t0),
+            at(&mut dp, t0)
+        ],
+        [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP],
+        "the fourth frame's 62 bytes exceed 200 a second"
+    );
+    assert_eq!(
+        [at(&mut dp, t0 + SECOND), at(&mut dp, t0 + SECOND)],
+        [XDP_PASS, XDP_DROP],
+        "the fourth of the minute passes (the refused frame charged it nothing), the fifth is refused"
+    );
+    let other = frames::udp4(Ipv4Addr::new(198, 19, 0, 1), 53, 20);
+    assert_eq!(
+        [
+            run_at(&mut dp, &other, t0),
+            run_at(&mut dp, &other, t0),
+            run_at(&mut dp, &other, t0)
+        ],
+        [XDP_PASS, XDP_PASS, XDP_DROP],
+        "124 bytes of 150 a minute pass, 186 would not"
+    );
+    let counters = snapshot(&dp);
+    let count = |name: &str| {
+        let r = counters.rules.iter().find(|r| r.name == name).unwrap();
+        (r.counters.passed_packets, r.counters.dropped_packets)
+    };
+    assert_eq!(count("three"), (4, 2));
+    assert_eq!(count("third-bytes"), (2, 1));
+}
+
 /// A source at 300 packets a second against 100 a second (burst 10) and
 /// 150 a minute: over 2 s it gets the minute's burst of 150 and what the
 /// minute refills meanwhile (2.5 a second), not the 210 the per-second
@@ -89,6 +142,81 @@ fn several_limits_hold_on_real_traffic() {
         "got {got}: 150 + 2.5/s for about 2 s"
     );
     running.stop().expect("limiter run stops cleanly");
+}
+
+/// The issue's shape on real traffic, counted at the receiver: 300
+/// packets a second of 74-byte frames against 100 a second (burst 10), 1
+/// MB a second and 150 a minute (the third limit, in the key's third
+/// word): over 2 s the minute's 150 and what it refills meanwhile pass.
+/// A second source against 1,000 a second, 1 MB a second and 7,400
+/// bytes a minute (a third limit in bytes) gets 100 frames and what the
+/// minute refills (about 3).
+#[test]
+fn three_limits_hold_on_real_traffic() {
+    let lab = Lab::create("lt-three").expect("lab");
+    let dir = TempDir::new("three-limits");
+    let running = run_in_lab(
+        &lab,
+        &dir,
+        "three-limits",
+        "rules:
+  - { name: three, match: { source: 198.18.0.0/16 }, key: source, limits: [ { rate: 100, unit: second, burst: 10 }, { bytes: 1000000, unit: second }, { rate: 150, unit: minute } ] }
+  - { name: third-bytes, match: { source: 198.19.0.0/16 }, key: source, limits: [ { rate: 1000, unit: second }, { bytes: 1000000, unit: second }, { bytes: 7400, unit: minute } ] }
+",
+    );
+    let packets = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+    let bytes = IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1));
+    let (_, received) = flood(
+        &lab,
+        &sources(&lab, 0, &[packets, bytes], 300, 32),
+        Duration::from_secs(2),
+    );
+    let got = |source| received.get(&source).copied().unwrap_or(0);
+    assert!(
+        (150..=158).contains(&got(packets)),
+        "got {}: 150 + 2.5/s for about 2 s",
+        got(packets)
+    );
+    assert!(
+        (100..=105).contains(&got(bytes)),
+        "got {}: 100 frames of 74 bytes + 1.7/s for about 2 s",
+        got(bytes)
+    );
+    running.stop().expect("limiter run stops cleanly");
+}
+
+/// Through the proxy: 10 a second (burst 2), 4 a minute and 3 a minute
+/// (the third limit). Requests 600 ms apart: three pass, the fourth is
+/// refused by the third limit, and its fields say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_passes_only_what_all_three_limits_allow() {
+    let (p, _dir) = limiter_tests::proxy_for(
+        "proxy-three",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limits: [ { rate: 10, unit: second, burst: 2 }, { rate: 4, unit: minute }, { rate: 3, unit: minute } ] }\n",
+        &[],
+    )
+    .await;
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            answers.push(exchange(p.addr, get));
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        let statuses: Vec<&str> = answers.iter().map(|a| status(a)).collect();
+        assert_eq!(statuses, ["200", "200", "200", "429"]);
+        // The third limit's wait: about 20 s (one of 3 a minute).
+        let refused = answers[3].to_ascii_lowercase();
+        let retry: u64 = refused
+            .lines()
+            .find_map(|l| l.strip_prefix("retry-after: "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a Retry-After field");
+        assert!((10..=20).contains(&retry), "Retry-After {retry}: {refused}");
+        assert!(refused.contains("x-ratelimit-remaining: 0"), "{refused}");
+    })
+    .await
+    .unwrap();
 }
 
 /// Through the proxy: 10 a second (burst 2) and 3 a minute. Requests

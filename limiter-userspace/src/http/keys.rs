@@ -120,10 +120,14 @@ impl KeyStore {
     fn evict_at_rest(&self, keep: usize, now: u64, rest_ns: &[Option<u64>]) -> u64 {
         let rests_at = |key: &StateKey, state: &State| {
             let meters = match rest_ns[key.0] {
-                // GCRA: when both TATs have passed (0: never charged).
-                None => state.cells[0]
-                    .load(Ordering::Acquire)
-                    .max(state.cells[1].load(Ordering::Acquire)),
+                // GCRA: when every TAT has passed (0: never charged),
+                // a third limit's (a daily quota, say) too.
+                None => state
+                    .cells
+                    .iter()
+                    .map(|c| c.load(Ordering::Acquire))
+                    .max()
+                    .unwrap_or(0),
                 Some(ns) => state.last_seen().saturating_add(ns),
             };
             // A key blocked by escalation is kept until its block ends.

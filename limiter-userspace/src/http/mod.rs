@@ -30,8 +30,8 @@ use limiter_common::{
     gcra::Decision,
     log::Log,
     meter::{
-        AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all, acquire_delayed,
-        order, windows_all,
+        AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all,
+        acquire_all_after, acquire_delayed, order, windows_all,
     },
     trace::reason,
     window::WindowState,
@@ -115,9 +115,10 @@ pub struct Admission {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QuotaAt {
     /// GCRA: the theoretical arrival times of its meters (the second: a
-    /// second packet limit's, if the rule has one), and when it was judged.
+    /// second packet limit's, if the rule has one; the third: a third
+    /// limit's), and when it was judged.
     Gcra {
-        tats: [u64; 2],
+        tats: [u64; 3],
         now: u64,
         /// The request's cost: `Retry-After` says when one of it conforms.
         cost: u64,
@@ -582,12 +583,14 @@ impl Limiter {
                 .map_or(1, |class| class.credits)
         });
         let second_counts_packets = rule.second_packets.is_some();
+        let third_counts_bytes = rule.third.is_some_and(|t| t.counts_bytes);
         let cost = |i: usize| {
-            if order::charges_bytes(i) && !(i == order::KEY_BYTES && second_counts_packets) {
-                request.bytes
+            let bytes = if i == order::KEY_THIRD {
+                third_counts_bytes
             } else {
-                credits
-            }
+                order::charges_bytes(i) && !(i == order::KEY_BYTES && second_counts_packets)
+            };
+            if bytes { request.bytes } else { credits }
         };
         let mut delay_ns = 0;
         let mut by_aggregate = false;
@@ -616,7 +619,10 @@ impl Limiter {
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
                 if verdict.outcome != Outcome::Allowed {
-                    refused_by = Some(verdict.refused_by.min(order::METERS - 1) as u8);
+                    refused_by = Some(match verdict.refused_by {
+                        order::KEY_THIRD => order::KEY_THIRD as u8,
+                        i => i.min(order::METERS - 1) as u8,
+                    });
                 }
                 verdict.outcome == Outcome::Allowed
             }
@@ -677,16 +683,18 @@ impl Limiter {
     ) {
         let over = match (rule.algorithm, rule.limit) {
             (_, Limit::Unlimited) => false,
-            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => {
-                [packets, bytes.or(rule.second_packets)]
-                    .iter()
-                    .zip(&state.cells)
-                    .any(|(meter, cell)| {
-                        meter.is_some_and(|m| {
-                            m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
-                        })
-                    })
-            }
+            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => [
+                packets,
+                bytes.or(rule.second_packets),
+                rule.third.map(|t| t.rate),
+            ]
+            .iter()
+            .zip(&state.cells)
+            .any(|(meter, cell)| {
+                meter.is_some_and(|m| {
+                    m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
+                })
+            }),
             (Algorithm::SlidingLog, Limit::Metered { packets, bytes }) => {
                 let now = self.clock.epoch_ns();
                 let mut logs = state.logs.lock().expect("log lock").clone();
@@ -792,11 +800,21 @@ impl Limiter {
                 // The clock read as each meter is judged (after the key
                 // map's lock, and again after a lost compare-and-swap).
                 let clock = &self.clock;
-                acquire_all(charges, || {
+                let now = || {
                     let now = clock.monotonic_ns();
                     judged_at.set(now);
                     now
-                })
+                };
+                match rule.third {
+                    // In the key's third word, charged first as in the
+                    // kernel (`acquire_all_after`).
+                    Some(third) => acquire_all_after(
+                        (&state.cells[2], &third.rate.gcra, cost(order::KEY_THIRD)),
+                        charges,
+                        now,
+                    ),
+                    None => acquire_all(charges, now),
+                }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let sliding = rule.algorithm == Algorithm::SlidingWindow;
@@ -884,9 +902,14 @@ impl Limiter {
                     }
                 };
                 let first = quota(rule.packet_rate()?, tats[0]);
-                Some(match rule.second_packets {
+                let first = match rule.second_packets {
                     Some(second) => first.and(quota(second, tats[1])),
                     None => first,
+                };
+                // A third limit in bytes says nothing of requests.
+                Some(match rule.third {
+                    Some(third) if !third.counts_bytes => first.and(quota(third.rate, tats[2])),
+                    _ => first,
                 })
             }
         }
@@ -918,10 +941,7 @@ impl Limiter {
     ) -> QuotaAt {
         match rule.algorithm {
             Algorithm::Gcra => QuotaAt::Gcra {
-                tats: [
-                    AtomicCell::load(&state.cells[0]),
-                    AtomicCell::load(&state.cells[1]),
-                ],
+                tats: std::array::from_fn(|i| AtomicCell::load(&state.cells[i])),
                 now: monotonic,
                 cost,
             },

@@ -127,24 +127,26 @@ struct Shared {
 }
 
 /// The GCRA meters whose state is carried from rule `from` to `to`, in
-/// `State::cells` order (packets, bytes): the key's, then the aggregate's
-/// (none for a fleet-wide aggregate, whose share restarts anyway).
-fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 2]; 2] {
-    let meters = |rule: &Rule| -> [[Option<Gcra>; 2]; 2] {
+/// `State::cells` order (packets, bytes, third word): the key's, then the
+/// aggregate's (none for a fleet-wide aggregate, whose share restarts
+/// anyway).
+fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 3]; 2] {
+    let meters = |rule: &Rule| -> [[Option<Gcra>; 3]; 2] {
         if rule.algorithm != Algorithm::Gcra {
-            return [[None; 2]; 2];
+            return [[None; 3]; 2];
         }
         let key = match rule.limit {
             // A second packet limit is in the byte meter's place.
             Limit::Metered { packets, bytes } => [
                 packets.map(|r| r.gcra),
                 bytes.or(rule.second_packets).map(|r| r.gcra),
+                rule.third.map(|t| t.rate.gcra),
             ],
-            Limit::Unlimited => [None; 2],
+            Limit::Unlimited => [None; 3],
         };
         let aggregate = match (rule.aggregate, rule.fleet) {
-            (Some(a), None) => [a.packets.map(|r| r.gcra), a.bytes.map(|r| r.gcra)],
-            _ => [None; 2],
+            (Some(a), None) => [a.packets.map(|r| r.gcra), a.bytes.map(|r| r.gcra), None],
+            _ => [None; 3],
         };
         [key, aggregate]
     };
@@ -155,13 +157,13 @@ fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 2]; 2] {
 /// A state [`carry`] carried.
 pub(super) struct Carried {
     state: Arc<State>,
-    /// Per cell (packets, bytes).
-    tats: [CarriedTat; 2],
+    /// Per cell (packets, bytes, third word).
+    tats: [CarriedTat; 3],
 }
 
 /// Carries a state's GCRA cells (packets, bytes) over to new limits before
 /// they are in force, as the kernel's are (`meter::carry`).
-fn carry(state: Arc<State>, meters: &[Option<(Gcra, Gcra)>; 2], now: u64) -> Carried {
+fn carry(state: Arc<State>, meters: &[Option<(Gcra, Gcra)>; 3], now: u64) -> Carried {
     let tats = std::array::from_fn(|m| {
         meters[m].map_or(CarriedTat::default(), |(from, to)| {
             meter::carry(&state.cells[m], &from, &to, now)

@@ -13,7 +13,7 @@ use anyhow::Result;
 use limiter_common::trace::{ANY_RULE, TraceConfig, TraceEvent, verdict};
 
 use super::{Admission, Limiter};
-use crate::trace::{Left, TraceFilter, TraceLine, header, refused_by, time_of};
+use crate::trace::{Left, TraceFilter, TraceLine, header, limit_name, refused_by, time_of};
 
 /// Prints the decisions a filter selects to stdout, text or JSON.
 pub struct HttpTracer {
@@ -85,11 +85,8 @@ impl HttpTracer {
         let rule_config = admission.rule.map(|i| &limiter.rules().rules[i]);
         let refused_by = admission.refused_by.and_then(|r| {
             let second = rule_config.is_some_and(|r| r.second_packets.is_some());
-            if usize::from(r) == limiter_common::meter::order::KEY_BYTES && second {
-                Some("key packets (second limit)".to_owned())
-            } else {
-                refused_by(r)
-            }
+            let third_bytes = rule_config.is_some_and(|r| r.third.is_some_and(|t| t.counts_bytes));
+            refused_by(r).map(|_| limit_name(r, second, third_bytes).to_owned())
         });
         let left = limiter
             .budget(admission)

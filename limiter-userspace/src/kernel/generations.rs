@@ -10,6 +10,7 @@ use limiter_common::{
         AggregateState, Candidates, MAX_IFACES, MAX_RULES, PrefixKey, RuleConfig, RuleCounters,
         algorithm, counter_slot, map_name, rule_flag, rule_slot, v4_table,
     },
+    gcra::Gcra,
     meter::{self, CarriedTat},
 };
 
@@ -88,7 +89,7 @@ impl Datapath {
             maps.soft_limits.as_mut(),
             map_name::SOFT_LIMITS,
             generation,
-            &tables.soft,
+            &tables.third_word,
         )?;
         Ok(())
     }
@@ -160,6 +161,7 @@ impl Datapath {
         id: u32,
         old: &RuleConfig,
         new: &RuleConfig,
+        third: Option<(&Gcra, &Gcra)>,
     ) -> Result<Carrying, KernelError> {
         let mut carrying = Carrying {
             id,
@@ -173,6 +175,7 @@ impl Datapath {
         let key_meters = [
             both(rule_flag::LIMIT_PACKETS).then_some((&old.packets.gcra, &new.packets.gcra)),
             both(rule_flag::LIMIT_BYTES).then_some((&old.bytes.gcra, &new.bytes.gcra)),
+            third.filter(|_| both(rule_flag::THIRD_LIMIT)),
         ];
         carrying.keys = self.maps.keys.carry(id, &key_meters, || self.clock_ns());
         if old.fleet_until_ns != 0 || new.fleet_until_ns != 0 {
@@ -200,6 +203,16 @@ impl Datapath {
         }
         self.set_aggregate(id, state)?;
         Ok(carrying)
+    }
+
+    /// The meter of rule `id`'s keys' third word in `generation` (a soft
+    /// or a third limit, as the rule's flags say).
+    pub fn third_word(&self, generation: u32, id: u32) -> Option<Gcra> {
+        self.maps
+            .soft_limits
+            .as_ref()?
+            .get(&rule_slot(generation, id), 0)
+            .ok()
     }
 
     /// Takes back what [`Datapath::carry_rule_state`] added beyond the

@@ -211,7 +211,8 @@ impl KeyTable {
     }
 
     /// Carries the GCRA state of rule `id`'s keys over to new limits,
-    /// before they are in force: `meters[m]` (0 packets, 1 bytes) is the
+    /// before they are in force: `meters[m]` (0 packets, 1 bytes, 2 the
+    /// third word's limit) is the
     /// (old, new) meter of each TAT to carry ([`meter::carry`], at `now()`
     /// read per key: a large table takes a while). Returns what
     /// [`KeyTable::take_back`] needs once the new limits are in force. A
@@ -220,7 +221,7 @@ impl KeyTable {
     pub fn carry(
         &self,
         id: u32,
-        meters: &[Option<(&Gcra, &Gcra)>; 2],
+        meters: &[Option<(&Gcra, &Gcra)>; 3],
         now: impl Fn() -> u64,
     ) -> Vec<Carried> {
         let mut out = Vec::new();
@@ -281,6 +282,6 @@ pub struct Carried {
     index: usize,
     tag: u32,
     key: FlowKey,
-    /// Per meter (packets, bytes).
-    tats: [CarriedTat; 2],
+    /// Per meter (packets, bytes, third word).
+    tats: [CarriedTat; 3],
 }

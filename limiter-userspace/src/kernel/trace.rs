@@ -16,7 +16,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::maps::{Array, Map, MapData, PerCpuArray, RingBuf};
 use limiter_common::{
-    abi::{GlobalConfig, MAX_RULES, NO_PORT, RuleConfig, map_name, rule_slot},
+    abi::{GlobalConfig, MAX_RULES, NO_PORT, RuleConfig, map_name, rule_flag, rule_slot},
+    gcra::Gcra,
     meter::order,
     trace::{TraceConfig, TraceEvent, verdict},
 };
@@ -33,12 +34,14 @@ pub struct KernelTracer {
     events: RingBuf<MapData>,
     counts: PerCpuArray<MapData, [u64; 2]>,
     rules: Array<MapData, RuleConfig>,
+    /// The meters of keys' third words (`SOFT_LIMITS`): a third limit's.
+    third_words: Option<Array<MapData, Gcra>>,
     global: Array<MapData, GlobalConfig>,
     /// Traced and lost (ring full) before this trace began.
     counts_at_start: [u64; 2],
     /// Rule configs by id in the active generation, read once each;
     /// emptied when the generation flips (a rule set was applied).
-    rule_cache: HashMap<u32, RuleConfig>,
+    rule_cache: HashMap<u32, (RuleConfig, Option<Gcra>)>,
     /// The generation the cache (and the `--rule` id) is of.
     cached_generation: u32,
     /// The filter as asked (its rule by name, found again after a flip).
@@ -72,6 +75,9 @@ impl KernelTracer {
         let events: RingBuf<MapData> = open(map_name::TRACE_EVENTS)?.try_into()?;
         let counts: PerCpuArray<MapData, [u64; 2]> = open(map_name::TRACE_COUNTS)?.try_into()?;
         let rules: Array<MapData, RuleConfig> = open(map_name::RULES)?.try_into()?;
+        let third_words = open(map_name::SOFT_LIMITS)
+            .ok()
+            .and_then(|m| Array::try_from(m).ok());
         let global: Array<MapData, GlobalConfig> = open(map_name::CONFIG)?.try_into()?;
         let generation = global.get(&0, 0)?.generation;
         let rule = match &filter.rule {
@@ -92,6 +98,7 @@ impl KernelTracer {
             events,
             counts,
             rules,
+            third_words,
             global,
             rule_cache: HashMap::new(),
             realtime_offset_ns: crate::clock::realtime_offset_ns(),
@@ -146,7 +153,10 @@ impl KernelTracer {
     }
 
     fn line(&mut self, event: &TraceEvent) -> TraceLine {
-        let rule = self.rule(event.generation, event.rule);
+        let (rule, third) = match self.rule(event.generation, event.rule) {
+            Some((rule, third)) => (Some(rule), third),
+            None => (None, None),
+        };
         let rule_name = match (&rule, event.verdict) {
             (_, verdict::MALFORMED) => "-".to_owned(),
             (Some(rule), _) => String::from_utf8_lossy(rule.name()).into_owned(),
@@ -154,7 +164,7 @@ impl KernelTracer {
         };
         let left = match (&rule, event.verdict) {
             (Some(rule), verdict::PASSED | verdict::DROPPED | verdict::SHADOW) => {
-                kernel_budgets(rule, event, self.realtime_offset_ns)
+                kernel_budgets(rule, third.as_ref(), event, self.realtime_offset_ns)
             }
             _ => Vec::new(),
         };
@@ -174,7 +184,10 @@ impl KernelTracer {
             rule: rule_name,
             verdict: verdict::name(event.verdict).into(),
             refused_by: match &rule {
-                Some(rule) if usize::from(event.reason) < order::METERS => {
+                Some(rule)
+                    if usize::from(event.reason) < order::METERS
+                        || usize::from(event.reason) == order::KEY_THIRD =>
+                {
                     Some(meter_name(rule, event.reason).to_owned())
                 }
                 _ => refused_by(event.reason),
@@ -184,7 +197,8 @@ impl KernelTracer {
         }
     }
 
-    fn rule(&mut self, generation: u32, id: u32) -> Option<RuleConfig> {
+    /// A rule's config, and its third limit's meter if it has one.
+    fn rule(&mut self, generation: u32, id: u32) -> Option<(RuleConfig, Option<Gcra>)> {
         let active = self.global.get(&0, 0).ok()?.generation;
         if active != self.cached_generation {
             // A rule set was applied: its rules, and maybe another id for
@@ -206,10 +220,16 @@ impl KernelTracer {
             return Some(*rule);
         }
         let rule = self.rules.get(&rule_slot(generation, id), 0).ok()?;
+        let third = match &self.third_words {
+            Some(map) if rule.flags & rule_flag::THIRD_LIMIT != 0 => {
+                map.get(&rule_slot(generation, id), 0).ok()
+            }
+            _ => None,
+        };
         if generation == active {
-            self.rule_cache.insert(id, rule);
+            self.rule_cache.insert(id, (rule, third));
         }
-        Some(rule)
+        Some((rule, third))
     }
 }
 

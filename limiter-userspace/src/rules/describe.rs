@@ -93,6 +93,11 @@ pub fn describe(rule: &Rule) -> Description {
                 Some(second) => format!("{limit} + {}", rates(Some(second), None)),
                 None => limit,
             };
+            let limit = match rule.third {
+                Some(t) if t.counts_bytes => format!("{limit} + {}", rates(None, Some(t.rate))),
+                Some(t) => format!("{limit} + {}", rates(Some(t.rate), None)),
+                None => limit,
+            };
             let limit = match rule.soft {
                 Some(soft) => format!("{limit} (soft {})", rates(Some(soft), None)),
                 None => limit,

@@ -39,6 +39,11 @@ impl Rule {
             Some(_) => format!("{fleet}|second/{}", rate(&self.second_packets)),
             None => fleet,
         };
+        // And without a third limit.
+        let fleet = match &self.third {
+            Some(t) => format!("{fleet}|third/{}/{}", rate(&Some(t.rate)), t.counts_bytes),
+            None => fleet,
+        };
         // And without costs: a credit means something else than a packet.
         let fleet = if self.costs.is_empty() {
             fleet
@@ -75,8 +80,16 @@ impl Rule {
         } else {
             ""
         };
+        // Likewise the third word: a soft limit's, or a third limit's in
+        // packets or in bytes (nothing added for the first two, so the
+        // identities of rules without a third limit are what they were).
+        let third = match self.third {
+            Some(t) if t.counts_bytes => "|third-counts-bytes",
+            Some(_) => "|third-counts-packets",
+            None => "",
+        };
         let text = format!(
-            "identity|{}{}{unit}{second}",
+            "identity|{}{}{unit}{second}{third}",
             self.keys_text(),
             self.layer7_text()
         );

@@ -64,6 +64,10 @@ pub struct Rule {
     /// say 10/s and 250/day): a packet passes only if both allow it. Kept
     /// in the meter a byte limit would use, so never with one.
     pub second_packets: Option<Rate>,
+    /// A third limit on the same key (`limits: [...]` with three, say
+    /// 10/s and 250/day and 1 MB/s; GCRA only): kept in the third word of
+    /// the key's state, so never with `soft`.
+    pub third: Option<ThirdLimit>,
     /// What a packet (request) costs its packet meters, by class (`cost`):
     /// the first class it is in; 1 when none. At most
     /// `abi::MAX_COST_CLASSES`.
@@ -85,6 +89,14 @@ pub struct Rule {
     pub concurrent: Option<u32>,
     /// The aggregate's packet budget is fleet-wide (`scope: fleet`).
     pub fleet: Option<FleetShare>,
+}
+
+/// A key's third limit: a packet (request) rate, charged credits as the
+/// packet limit is, or a byte rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThirdLimit {
+    pub rate: Rate,
+    pub counts_bytes: bool,
 }
 
 /// How a fleet-wide aggregate is shared (see [`crate::fleet`]): its rate

@@ -803,7 +803,7 @@ fn costs_are_classes_of_segments_or_of_requests() {
 }
 
 #[test]
-fn several_limits_are_two_at_most() {
+fn several_limits_are_three_at_most() {
     let rule = |limits: &str| format!("rules:\n  - {{ name: m, limits: {limits} }}\n");
     let set = parse(&rule(
         "[ { rate: 10, unit: second }, { rate: 250, unit: day } ]",
@@ -825,16 +825,79 @@ fn several_limits_are_two_at_most() {
     let one = parse(&rule("[ { rate: 10, unit: second } ]")).unwrap();
     let plain = parse("rules:\n  - { name: m, limit: { rate: 10, unit: second } }\n").unwrap();
     assert_eq!(one.rules[0].fingerprint(), plain.rules[0].fingerprint());
+    // Three: the third in the key's third word, packets or bytes.
+    let three = parse(&rule(
+        "[ { rate: 10, unit: second }, { rate: 250, unit: day }, { bytes: 1000000, unit: second } ]",
+    ))
+    .unwrap();
+    let r = &three.rules[0];
+    assert_eq!(r.packet_rate().map(|m| m.rate), Some(10));
+    assert!(r.second_packets.is_none(), "the byte meter holds the bytes");
+    assert_eq!(
+        r.third.map(|t| (t.rate.rate, t.counts_bytes)),
+        Some((250, false))
+    );
+    assert_eq!(
+        describe::describe(r).limit,
+        "10 pkts/s, burst 10 + 1,000,000 bytes/s, burst 1,000,000 + 250 pkts/day, burst 250"
+    );
+    let packets = parse(&rule(
+        "[ { rate: 1, unit: second }, { rate: 2, unit: minute }, { rate: 3, unit: hour } ]",
+    ))
+    .unwrap();
+    let r = &packets.rules[0];
+    assert_eq!(r.second_packets.map(|m| m.rate), Some(2));
+    assert_eq!(
+        r.third.map(|t| (t.rate.rate, t.counts_bytes)),
+        Some((3, false))
+    );
+    let bytes = parse(&rule(
+        "[ { rate: 1, bytes: 500, unit: second }, { bytes: 9000, unit: minute } ]",
+    ))
+    .unwrap();
+    assert_eq!(
+        bytes.rules[0].third.map(|t| (t.rate.rate, t.counts_bytes)),
+        Some((9000, true))
+    );
+    // Adding a third limit, or switching its kind, starts the keys afresh.
+    let identity = |text: &str| parse(&rule(text)).unwrap().rules[0].identity();
+    let two = identity("[ { rate: 10, unit: second }, { bytes: 500, unit: second } ]");
+    let third_packets = identity(
+        "[ { rate: 10, unit: second }, { bytes: 500, unit: second }, { rate: 3, unit: hour } ]",
+    );
+    let third_bytes = identity(
+        "[ { rate: 10, unit: second }, { bytes: 500, unit: second }, { bytes: 3000, unit: hour } ]",
+    );
+    assert!(two != third_packets && third_packets != third_bytes && two != third_bytes);
+    assert_eq!(
+        third_packets,
+        identity(
+            "[ { rate: 20, unit: second }, { bytes: 900, unit: second }, { rate: 5, unit: day } ]"
+        ),
+        "limits alone changed: the keys are kept"
+    );
     for (limits, expected) in [
         (
-            "[ { rate: 1, unit: second }, { rate: 2, unit: minute }, { rate: 3, unit: hour } ]",
-            "rules[0].limits: one or two limits per key",
+            "[ { rate: 1, unit: second }, { rate: 2, unit: minute }, { rate: 3, unit: hour }, { rate: 4, unit: day } ]",
+            "rules[0].limits: one to three limits per key",
         ),
         (
-            "[ { rate: 1, bytes: 5, unit: second }, { rate: 2, unit: minute } ]",
-            "one or two limits per key",
+            "[ { rate: 1, bytes: 5, unit: second }, { rate: 2, bytes: 6, unit: minute } ]",
+            "one to three limits per key",
         ),
-        ("[]", "one or two limits per key"),
+        (
+            "[ { bytes: 5, unit: second }, { bytes: 6, unit: minute }, { bytes: 7, unit: hour } ]",
+            "two byte rates at most",
+        ),
+        (
+            "[ { rate: 1, unit: second }, { rate: 2, unit: second }, { rate: 3, unit: second } ], algorithm: fixed_window",
+            "a window key holds two meters",
+        ),
+        (
+            "[ { rate: 10, unit: second }, { rate: 5, unit: minute }, { rate: 3, unit: hour } ], soft: { rate: 5, unit: second }",
+            "rules[0].soft: a key with three limits has no room for a soft one",
+        ),
+        ("[]", "one to three limits per key"),
         (
             "[ { rate: 1, unit: second, delay: 1s } ]",
             "rules[0].limits[0].delay: pacing takes one `limit`",

@@ -15,7 +15,7 @@ use limiter_common::{
 
 use super::{
     Algorithm, CostClass, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch,
-    Rule, RuleSet, TcpFlags, matching, raw, request,
+    Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request,
 };
 use crate::yaml::quoted;
 
@@ -132,6 +132,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     };
     let algorithm = raw.algorithm.unwrap_or_default();
     let mut second_packets = None;
+    let mut third = None;
     let limit_field = match (&raw.limit, &raw.limits) {
         (Some(_), Some(_)) => {
             return Err(invalid("limits", "give `limit` or `limits`, not both"));
@@ -143,9 +144,10 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             ));
         }
         (None, Some(list)) => {
-            let (limit, second) = several_limits(list, algorithm)?;
-            second_packets = second;
-            limit
+            let several = several_limits(list, algorithm)?;
+            second_packets = several.second_packets;
+            third = several.third;
+            several.limit
         }
         (Some(raw::LimitField::Unlimited), None) => Limit::Unlimited,
         (Some(raw::LimitField::Rates(rates)), None) => {
@@ -207,13 +209,23 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         .as_ref()
         .map(|fields| soft_limit(fields, &limit, algorithm))
         .transpose()?;
+    if soft.is_some() && third.is_some() {
+        return Err(invalid(
+            "soft",
+            "a key with three limits has no room for a soft one (its state holds three meters)",
+        ));
+    }
     let costs = match &raw.cost {
         None => Vec::new(),
         Some(entries) => cost_classes(
             entries,
             &limit,
             aggregate.as_ref(),
-            [soft.as_ref(), second_packets.as_ref()],
+            [
+                soft.as_ref(),
+                second_packets.as_ref(),
+                third.filter(|t| !t.counts_bytes).map(|t| t.rate).as_ref(),
+            ],
         )?,
     };
     let escalate = raw
@@ -244,6 +256,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         aggregate,
         soft,
         second_packets,
+        third,
         costs,
         escalate,
         algorithm,
@@ -346,14 +359,22 @@ fn soft_limit(
     Ok(soft)
 }
 
-/// `limits: [...]`: every packet must pass them all. Two at most, as a
-/// key's state holds two meters: two packet rates (the second kept where
-/// a byte rate would be), or a packet rate and a byte rate. No pacing
-/// (`delay`) and no fleet fields.
+/// What `limits: [...]` asks of a key's meters.
+struct SeveralLimits {
+    limit: Limit,
+    second_packets: Option<Rate>,
+    third: Option<ThirdLimit>,
+}
+
+/// `limits: [...]`: every packet must pass them all. Three at most, as a
+/// key's state holds three meters: the first packet rate in the packet
+/// meter, the first byte rate (or else the second packet rate) in the
+/// byte meter, any third in the state's third word (GCRA only: a window
+/// key's state is full with two). No pacing (`delay`) and no fleet fields.
 fn several_limits(
     list: &[raw::RateFields],
     algorithm: Algorithm,
-) -> Result<(Limit, Option<Rate>), Invalid> {
+) -> Result<SeveralLimits, Invalid> {
     let mut packets: Vec<Rate> = Vec::new();
     let mut bytes: Vec<Rate> = Vec::new();
     for (i, fields) in list.iter().enumerate() {
@@ -370,10 +391,17 @@ fn several_limits(
         packets.extend(m.packets);
         bytes.extend(m.bytes);
     }
-    if list.is_empty() || packets.len() + bytes.len() > 2 || bytes.len() > 1 {
+    let count = packets.len() + bytes.len();
+    if list.is_empty() || count > 3 || bytes.len() > 2 {
         return Err(invalid(
             "limits",
-            "one or two limits per key (two packet rates, or a packet and a byte rate): a key's state holds two meters",
+            "one to three limits per key, two byte rates at most: a key's state holds three meters",
+        ));
+    }
+    if algorithm != Algorithm::Gcra && (count > 2 || bytes.len() > 1) {
+        return Err(invalid(
+            "limits",
+            "a window key holds two meters (two packet rates, or a packet and a byte rate); three limits need algorithm gcra",
         ));
     }
     // A window key keeps one window start for its two meters.
@@ -384,11 +412,33 @@ fn several_limits(
             "limits of different units need algorithm gcra (a window key keeps one window start for both)",
         ));
     }
-    let limit = Limit::Metered {
-        packets: packets.first().copied(),
-        bytes: bytes.first().copied(),
+    // The byte meter holds the first byte rate, else the second packet
+    // rate; the third word whatever is left.
+    let second_packets = if bytes.is_empty() {
+        packets.get(1).copied()
+    } else {
+        None
     };
-    Ok((limit, packets.get(1).copied()))
+    let placed = usize::from(!packets.is_empty())
+        + usize::from(!bytes.is_empty() || second_packets.is_some());
+    let third = (count > placed).then(|| match bytes.get(1) {
+        Some(&rate) => ThirdLimit {
+            rate,
+            counts_bytes: true,
+        },
+        None => ThirdLimit {
+            rate: *packets.last().expect("a third limit"),
+            counts_bytes: false,
+        },
+    });
+    Ok(SeveralLimits {
+        limit: Limit::Metered {
+            packets: packets.first().copied(),
+            bytes: bytes.first().copied(),
+        },
+        second_packets,
+        third,
+    })
 }
 
 /// `cost`: classes of segments (`tcp_flags`) or of requests (method,
@@ -398,8 +448,8 @@ fn cost_classes(
     entries: &[raw::CostEntry],
     limit: &Limit,
     aggregate: Option<&Rates>,
-    // The soft limit and the second packet limit, if any.
-    others: [Option<&Rate>; 2],
+    // The soft limit, the second and third packet limits, if any.
+    others: [Option<&Rate>; 3],
 ) -> Result<Vec<CostClass>, Invalid> {
     let Limit::Metered {
         packets: Some(packets),

@@ -71,6 +71,10 @@ pub struct Spec {
     /// A second per-key limit on requests, with a period of its own
     /// (`limits: [limit, second]`); `limit` then has no byte meter.
     pub second: Option<Limit>,
+    /// A third per-key limit, on requests or bytes, with a period of its
+    /// own (`limits: [limit, third]`, `limit` holding both a request and a
+    /// byte meter, or `limits: [limit, second, third]`; GCRA only).
+    pub third: Option<Limit>,
 }
 
 impl Spec {
@@ -87,13 +91,16 @@ impl Spec {
             .aggregate
             .map(|a| format!(", aggregate: {}", a.yaml(self.algo)))
             .unwrap_or_default();
-        let limit = match self.second {
-            None => format!("limit: {}", self.limit.yaml(self.algo)),
-            Some(second) => format!(
-                "limits: [ {}, {} ]",
-                self.limit.yaml(self.algo),
-                second.yaml(self.algo)
-            ),
+        let limit = match (self.second, self.third) {
+            (None, None) => format!("limit: {}", self.limit.yaml(self.algo)),
+            (second, third) => {
+                let limits: Vec<String> = [Some(self.limit), second, third]
+                    .into_iter()
+                    .flatten()
+                    .map(|l| l.yaml(self.algo))
+                    .collect();
+                format!("limits: [ {} ]", limits.join(", "))
+            }
         };
         format!(
             "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate} }}\n"
@@ -104,15 +111,26 @@ impl Spec {
     /// has exactly one (what peers with a single limit can express).
     pub fn single(&self) -> Option<(u64, Meter, bool)> {
         let mut meters = self.limit.meters();
-        match (meters.next(), meters.next(), self.aggregate, self.second) {
-            (Some((meter, bytes)), None, None, None) => Some((self.limit.period_ns, meter, bytes)),
+        match (
+            meters.next(),
+            meters.next(),
+            self.aggregate,
+            self.second,
+            self.third,
+        ) {
+            (Some((meter, bytes)), None, None, None, None) => {
+                Some((self.limit.period_ns, meter, bytes))
+            }
             _ => None,
         }
     }
 
     /// Whether any meter charges the request's cost (bytes).
     pub fn charges_bytes(&self) -> bool {
-        self.limit.bytes.is_some() || self.aggregate.is_some_and(|a| a.bytes.is_some())
+        [Some(self.limit), self.aggregate, self.third]
+            .iter()
+            .flatten()
+            .any(|l| l.bytes.is_some())
     }
 }
 
@@ -163,10 +181,11 @@ impl Trace {
 const AGGREGATE: Option<u8> = None;
 
 /// A scope's meters: its requests, its bytes, and (a key's) the second
-/// limit on requests.
+/// limit on requests and the third limit.
 const REQUESTS: u8 = 0;
 const BYTES: u8 = 1;
 const SECOND: u8 = 2;
+const THIRD: u8 = 3;
 
 /// The verdict for every arrival of a trace.
 pub fn verdicts(trace: &Trace) -> Vec<bool> {
@@ -201,6 +220,12 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
             {
                 charges.push(((Some(a.key), SECOND), second.period_ns, meter, 1));
             }
+            if let Some(third) = spec.third {
+                for (meter, bytes) in third.meters() {
+                    let cost = if bytes { a.cost } else { 1 };
+                    charges.push(((Some(a.key), THIRD), third.period_ns, meter, cost));
+                }
+            }
             let next: Option<Vec<State>> = charges
                 .iter()
                 .map(|&(id, period_ns, meter, cost)| {
@@ -225,8 +250,13 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
 /// meter).
 fn meter_of(spec: &Spec, scope: Option<u8>, kind: u8) -> Option<(u64, Meter)> {
     let limit = match (scope, kind) {
-        (AGGREGATE, SECOND) => return None,
+        (AGGREGATE, SECOND | THIRD) => return None,
         (_, SECOND) => spec.second?,
+        (_, THIRD) => {
+            let third = spec.third?;
+            let meter = third.requests.or(third.bytes)?;
+            return Some((third.period_ns, meter));
+        }
         (AGGREGATE, _) => spec.aggregate?,
         _ => spec.limit,
     };

@@ -50,6 +50,7 @@ pub fn corpus() -> Vec<Trace> {
             limit,
             aggregate,
             second: None,
+            third: None,
         };
         let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
         let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
@@ -196,6 +197,52 @@ pub fn corpus() -> Vec<Trace> {
             53,
             2,
         ));
+        // Three limits on one key (GCRA: a key's state holds three
+        // meters): 10 requests and 6,000 bytes a second, and 30 requests
+        // in 20 s, as `limits: [ { rate, bytes }, { rate } ]`.
+        if algo == Algo::Gcra {
+            traces.push(close_together(
+                name("three-limits"),
+                Spec {
+                    third: Some(limit(20 * SEC, Some(meter(30, 30)), None)),
+                    ..spec(
+                        limit(SEC, Some(meter(10, 5)), Some(meter(6_000, 3_000))),
+                        None,
+                    )
+                },
+                1_700_000_000 * SEC,
+                59,
+                2,
+            ));
+            // Three: 10 requests a second, 6,000 bytes a second and
+            // 8,000 bytes in 10 s (the third in bytes).
+            traces.push(close_together(
+                name("three-limits-bytes"),
+                Spec {
+                    third: Some(limit(10 * SEC, None, Some(meter(8_000, 8_000)))),
+                    ..spec(
+                        limit(SEC, Some(meter(10, 5)), Some(meter(6_000, 3_000))),
+                        None,
+                    )
+                },
+                1_700_000_000 * SEC,
+                61,
+                2,
+            ));
+            // The third limit lowered, then raised with another period:
+            // its state is carried over as the others' are.
+            let with_third = |rate, period_ns, burst| Spec {
+                third: Some(limit(period_ns, Some(meter(rate, burst)), None)),
+                ..packets(10, SEC, 5)
+            };
+            traces.push(changing(
+                name("third-limit-changed"),
+                with_third(40, 10 * SEC, 20),
+                &[with_third(12, 10 * SEC, 6), with_third(60, 5 * SEC, 30)],
+                1_700_000_000 * SEC,
+                67,
+            ));
+        }
     }
     traces
 }

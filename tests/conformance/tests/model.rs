@@ -11,7 +11,7 @@ use std::{
 use limiter_common::{
     gcra::Gcra,
     log::Log,
-    meter::{Outcome, acquire_all, windows_all},
+    meter::{Outcome, acquire_all, acquire_all_after, windows_all},
     window::{Window, WindowState},
 };
 use limiter_conformance::{
@@ -54,6 +54,20 @@ fn meters(spec: &Spec) -> [Option<(u64, Meter, bool)>; 4] {
     [a, b, c, d]
 }
 
+/// A key's third limit: its meter, and whether it charges bytes.
+fn third(spec: &Spec) -> Option<(Gcra, bool)> {
+    let l = spec.third?;
+    let (meter, bytes) = match (l.requests, l.bytes) {
+        (Some(m), _) => (m, false),
+        (None, Some(m)) => (m, true),
+        (None, None) => return None,
+    };
+    Some((
+        Gcra::new(meter.rate, l.period_ns, meter.burst).expect("valid limit"),
+        bytes,
+    ))
+}
+
 /// Per key, then for the aggregate (key `None`): one state per meter.
 type States<T> = HashMap<Option<u8>, [T; 2]>;
 
@@ -75,6 +89,8 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
             };
             let mut cells: States<AtomicU64> = HashMap::new();
             cells.insert(None, Default::default());
+            // Each key's third word.
+            let mut thirds: HashMap<u8, AtomicU64> = HashMap::new();
             let mut changes = trace.changes.iter().peekable();
             let mut in_force = gcras(meters(&trace.spec));
             trace
@@ -93,6 +109,15 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                                 }
                             }
                         }
+                        if let (Some((from, _)), Some((to, _))) = (
+                            third(&trace.spec_at(n.saturating_sub(1))),
+                            third(&change.spec),
+                        ) {
+                            for cell in thirds.values() {
+                                let tat = cell.load(Ordering::Relaxed);
+                                cell.store(from.carried(tat, change.t, &to), Ordering::Relaxed);
+                            }
+                        }
                         in_force = next;
                     }
                     let meters = meters_at(n);
@@ -104,7 +129,16 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                             .as_ref()
                             .map(|g| (cell(i), g, cost(a, i, &meters)))
                     });
-                    acquire_all(charges, a.t).outcome == Outcome::Allowed
+                    // A third limit, as the kernel and layer 7 meter it.
+                    let verdict = match third(&trace.spec_at(n)) {
+                        Some((gcra, bytes)) => {
+                            let cell = thirds.entry(a.key).or_default();
+                            let cost = if bytes { a.cost } else { 1 };
+                            acquire_all_after((&*cell, &gcra, cost), charges, a.t)
+                        }
+                        None => acquire_all(charges, a.t),
+                    };
+                    verdict.outcome == Outcome::Allowed
                 })
                 .collect()
         }
@@ -311,4 +345,42 @@ fn envoy_formula_agrees_on_fixed_windows() {
                 .collect(),
         )
     });
+}
+
+/// The three-limit traces are not decided by the first two limits alone:
+/// without its third limit, each admits some arrival it refused.
+#[test]
+fn third_limits_decide_some_arrivals() {
+    let with_third: Vec<Trace> = corpus()
+        .into_iter()
+        .filter(|t| t.spec.third.is_some())
+        .collect();
+    assert_eq!(with_third.len(), 3, "the three-limit traces");
+    for trace in with_third {
+        let without = Trace {
+            spec: Spec {
+                third: None,
+                ..trace.spec
+            },
+            changes: trace
+                .changes
+                .iter()
+                .map(|c| reference::LimitChange {
+                    spec: Spec {
+                        third: None,
+                        ..c.spec
+                    },
+                    ..*c
+                })
+                .collect(),
+            ..trace.clone()
+        };
+        let (v, w) = (reference::verdicts(&trace), reference::verdicts(&without));
+        let decided = v.iter().zip(&w).filter(|(a, b)| a != b).count();
+        assert!(
+            decided > 0,
+            "{}: the third limit refused nothing",
+            trace.name
+        );
+    }
 }
