@@ -48,9 +48,15 @@ enum Task {
         /// A two-minute subset (shorter floods, one round, fewer sizes).
         #[arg(long)]
         quick: bool,
+        /// A git revision to build the XDP program from as well, for the
+        /// `baseline` section: this build against it, per packet and end
+        /// to end (what a change to the datapath costs).
+        #[arg(long, value_name = "REV")]
+        baseline: Option<String>,
         /// Sections to run: proxy (limiter proxy against nginx limit_req),
         /// and the XDP ones (cost, profile, flood, scale, memory,
-        /// accuracy); all by default.
+        /// accuracy, trace, dashboard; baseline with --baseline); all but
+        /// baseline by default.
         sections: Vec<String>,
     },
     /// Mutation testing (cargo-mutants) of `limiter-common` against the
@@ -111,7 +117,11 @@ fn run() -> Result<()> {
             build(false)?;
             mutants::run(&options)
         }
-        Task::Bench { quick, sections } => {
+        Task::Bench {
+            quick,
+            baseline,
+            sections,
+        } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
             setup::all()?;
             let named = sections.iter().any(|s| s == "proxy");
@@ -144,6 +154,10 @@ fn run() -> Result<()> {
             let stages = profile.then(build_profile_stages).transpose()?;
             let trace = sections.is_empty() || sections.iter().any(|s| s == "trace");
             let untraced = trace.then(build_without_trace).transpose()?;
+            if baseline.is_some() != sections.iter().any(|s| s == "baseline") {
+                bail!("the baseline section and --baseline REV go together");
+            }
+            let baseline_object = baseline.as_deref().map(build_baseline).transpose()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
             let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
@@ -164,6 +178,10 @@ fn run() -> Result<()> {
             }
             if let Some(untraced) = &untraced {
                 xdp.env("LIMITER_NO_TRACE_OBJECT", untraced);
+            }
+            if let (Some(object), Some(revision)) = (&baseline_object, &baseline) {
+                xdp.env("LIMITER_BASELINE_OBJECT", object)
+                    .env("LIMITER_BASELINE_REV", revision);
             }
             status(&mut xdp)?;
             if quick || !sections.is_empty() {
@@ -322,6 +340,42 @@ fn build_without_trace() -> Result<PathBuf> {
     let to = root().join("target/notrace-limiter.o");
     std::fs::copy(&built, &to)
         .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
+    Ok(to)
+}
+
+/// The XDP program as built from git revision `revision` (a worktree of
+/// its own, removed after), for the bench's `baseline` section.
+fn build_baseline(revision: &str) -> Result<PathBuf> {
+    step(&format!(
+        "building the XDP program at {revision} (the bench's baseline)"
+    ));
+    let source = root().join("target/baseline-src");
+    let git = |args: &[&str]| {
+        status(Command::new("git").current_dir(root()).args(args))
+            .with_context(|| format!("git {}", args.join(" ")))
+    };
+    if source.exists() {
+        git(&["worktree", "remove", "--force", &source.to_string_lossy()])?;
+    }
+    git(&[
+        "worktree",
+        "add",
+        "--detach",
+        &source.to_string_lossy(),
+        revision,
+    ])?;
+    let built = status(
+        nightly_cargo()
+            .current_dir(source.join("limiter-ebpf"))
+            .args(["build", "--release", "--quiet", "--target-dir"])
+            .arg(root().join("limiter-ebpf/target/baseline")),
+    );
+    git(&["worktree", "remove", "--force", &source.to_string_lossy()])?;
+    built?;
+    let from = root().join("limiter-ebpf/target/baseline/bpfel-unknown-none/release/limiter");
+    let to = root().join("target/baseline-limiter.o");
+    std::fs::copy(&from, &to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(to)
 }
 

@@ -270,6 +270,15 @@ fn main() -> Result<()> {
         results["trace"] = measure_trace(&lab, &mut generator, frame, &plan)?;
     }
 
+    // Only when asked for: it needs `cargo xtask bench --baseline REV`.
+    if named.iter().any(|n| n.as_str() == "baseline") {
+        section(
+            "baseline: this build against the program built from another revision (one source over its limit)",
+        );
+        let frame = generator.frame().to_vec();
+        results["baseline"] = measure_baseline(&lab, &mut generator, frame, &plan)?;
+    }
+
     if wanted("scale") {
         section(
             "scale: cost per packet above XDP_DROP as tracked keys grow (sources over their limit)",
@@ -473,6 +482,73 @@ fn flood_profile(
         .collect())
 }
 
+/// The best per-packet cost (BPF_PROG_TEST_RUN) of each object, measured
+/// in turns so a drift of the VM's speed touches both alike.
+fn per_packet_ns<const N: usize>(
+    objects: [&[u8]; N],
+    frame: &[u8],
+    plan: &Plan,
+) -> Result<[f64; N]> {
+    let mut best = [f64::MAX; N];
+    for _ in 0..plan.rounds.max(3) * 2 {
+        for (best, object) in best.iter_mut().zip(objects) {
+            *best = best.min(cost::limiter_ns(object, frame, 1)?);
+        }
+    }
+    Ok(best)
+}
+
+/// What a receiver running `object` sustains under a flood from one
+/// source over its limit (one run).
+fn one_source_mpps(
+    lab: &Lab,
+    generator: &mut Generator,
+    object: &[u8],
+    plan: &Plan,
+) -> Result<f64> {
+    let installed = receivers::install_object(lab, object)?;
+    let run = generator.flood(lab, Sources::Cycle(1), plan.duration);
+    receivers::remove(lab, installed)?;
+    Ok(run?.mpps())
+}
+
+/// The program as built against the program built from another revision
+/// (`LIMITER_BASELINE_OBJECT`, built by `cargo xtask bench --baseline
+/// REV`), in turns: per packet (BPF_PROG_TEST_RUN) and end to end under
+/// a flood from one source. What a change to the datapath costs.
+fn measure_baseline(
+    lab: &Lab,
+    generator: &mut Generator,
+    frame: Vec<u8>,
+    plan: &Plan,
+) -> Result<Value> {
+    let path = std::env::var_os("LIMITER_BASELINE_OBJECT").context(
+        "LIMITER_BASELINE_OBJECT: run it as `cargo xtask bench --baseline REV baseline`",
+    )?;
+    let revision = std::env::var("LIMITER_BASELINE_REV").unwrap_or_else(|_| "?".into());
+    let baseline = std::fs::read(&path)?;
+    let this = limiter::kernel::object::OBJECT;
+    let [this_ns, baseline_ns] = per_packet_ns([this, &baseline], &frame, plan)?;
+    println!(
+        "   per packet: {this_ns:.0} ns this build, {baseline_ns:.0} ns at {revision} ({:+.1}%)",
+        (this_ns / baseline_ns - 1.0) * 100.0
+    );
+    let (mut this_mpps, mut baseline_mpps) = (0.0f64, 0.0f64);
+    for _ in 0..plan.rounds * 2 {
+        this_mpps = this_mpps.max(one_source_mpps(lab, generator, this, plan)?);
+        baseline_mpps = baseline_mpps.max(one_source_mpps(lab, generator, &baseline, plan)?);
+    }
+    println!(
+        "   end to end: {this_mpps:.2} Mpps this build, {baseline_mpps:.2} Mpps at {revision} ({:.3}x)",
+        this_mpps / baseline_mpps
+    );
+    Ok(json!({
+        "revision": revision,
+        "cost_ns": {"this": this_ns, "baseline": baseline_ns},
+        "one_source_mpps": {"this": this_mpps, "baseline": baseline_mpps},
+    }))
+}
+
 /// The program as built against the same program without any tracing
 /// code (`LIMITER_NO_TRACE_OBJECT`, built by `cargo xtask bench`), in
 /// turns: per packet (BPF_PROG_TEST_RUN) and end to end under a flood from
@@ -488,11 +564,7 @@ fn measure_trace(
         .context("LIMITER_NO_TRACE_OBJECT: the build without tracing `cargo xtask bench` makes")?;
     let untraced = std::fs::read(&path)?;
     let traced = limiter::kernel::object::OBJECT;
-    let (mut with_ns, mut without_ns) = (f64::MAX, f64::MAX);
-    for _ in 0..plan.rounds.max(3) * 2 {
-        with_ns = with_ns.min(cost::limiter_ns(traced, &frame, 1)?);
-        without_ns = without_ns.min(cost::limiter_ns(&untraced, &frame, 1)?);
-    }
+    let [with_ns, without_ns] = per_packet_ns([traced, &untraced], &frame, plan)?;
     println!(
         "   per packet: {with_ns:.0} ns with the idle trace branch, {without_ns:.0} ns without tracing code ({:+.1}%)",
         (with_ns / without_ns - 1.0) * 100.0
@@ -505,20 +577,8 @@ fn measure_trace(
     let (mut with, mut without, mut tracing) = (0.0f64, 0.0f64, 0.0f64);
     let mut traced_lines = 0u64;
     for _ in 0..plan.rounds * 2 {
-        let installed = receivers::install_object(lab, traced)?;
-        with = with.max(
-            generator
-                .flood(lab, Sources::Cycle(1), plan.duration)?
-                .mpps(),
-        );
-        receivers::remove(lab, installed)?;
-        let installed = receivers::install_object(lab, &untraced)?;
-        without = without.max(
-            generator
-                .flood(lab, Sources::Cycle(1), plan.duration)?
-                .mpps(),
-        );
-        receivers::remove(lab, installed)?;
+        with = with.max(one_source_mpps(lab, generator, traced, plan)?);
+        without = without.max(one_source_mpps(lab, generator, &untraced, plan)?);
         let installed = receivers::install_object(lab, traced)?;
         let mut tracer = limiter::kernel::trace::KernelTracer::start(
             Path::new(receivers::OBJECT_PINS),
