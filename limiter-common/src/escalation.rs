@@ -5,7 +5,7 @@
 
 use crate::{
     abi::{KeyState, RuleConfig, algorithm, rule_flag},
-    gcra::Decision,
+    gcra::{Decision, Gcra},
     keytable::window_state,
 };
 
@@ -40,32 +40,44 @@ impl Escalation {
 
 /// Whether a kernel key, kept under `rule`, is over its limit at `now`:
 /// its next packet (of one byte, for a byte meter) would be refused.
-/// `realtime_offset_ns` as the kernel's windows take it.
-pub fn over_limit(state: &KeyState, rule: &RuleConfig, now: u64, realtime_offset_ns: u64) -> bool {
+/// `third`: the rule's third limit, if it has one (`rule_flag::THIRD_LIMIT`;
+/// its meter is in another map). `realtime_offset_ns` as the kernel's
+/// windows take it.
+pub fn over_limit(
+    state: &KeyState,
+    rule: &RuleConfig,
+    third: Option<&Gcra>,
+    now: u64,
+    realtime_offset_ns: u64,
+) -> bool {
+    let third_over = third.is_some_and(|g| {
+        rule.flags & rule_flag::THIRD_LIMIT != 0
+            && g.check(state.meters[2], now, 1) == Decision::Deny
+    });
     let meters = [
         (rule_flag::LIMIT_PACKETS, &rule.packets, 0),
         (rule_flag::LIMIT_BYTES, &rule.bytes, 1),
     ];
-    meters.iter().any(|(flag, meter, i)| {
-        if rule.flags & flag == 0 {
-            return false;
-        }
-        if rule.algorithm == algorithm::GCRA {
-            return meter.gcra.check(state.meters[*i], now, 1) == Decision::Deny;
-        }
-        let sliding = rule.algorithm == algorithm::SLIDING_WINDOW;
-        let window = window_state(state, i + 1);
-        meter
-            .window
-            .check(&window, now.wrapping_add(realtime_offset_ns), 1, sliding)
-            .is_none()
-    })
+    third_over
+        || meters.iter().any(|(flag, meter, i)| {
+            if rule.flags & flag == 0 {
+                return false;
+            }
+            if rule.algorithm == algorithm::GCRA {
+                return meter.gcra.check(state.meters[*i], now, 1) == Decision::Deny;
+            }
+            let sliding = rule.algorithm == algorithm::SLIDING_WINDOW;
+            let window = window_state(state, i + 1);
+            meter
+                .window
+                .check(&window, now.wrapping_add(realtime_offset_ns), 1, sliding)
+                .is_none()
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gcra::Gcra;
 
     #[test]
     fn a_key_over_its_limit_at_every_look_is_blocked_after_the_wait() {
@@ -95,10 +107,19 @@ mod tests {
             meters: [tat, 0, 0],
             ..KeyState::default()
         };
-        assert!(!over_limit(&at(now), &rule, now, 0), "a whole bucket");
+        assert!(!over_limit(&at(now), &rule, None, now, 0), "a whole bucket");
         // One packet in: one more fits.
-        assert!(!over_limit(&at(now + 100_000_000), &rule, now, 0));
+        assert!(!over_limit(&at(now + 100_000_000), &rule, None, now, 0));
         // The burst spent: the next is refused.
-        assert!(over_limit(&at(now + 200_000_000), &rule, now, 0));
+        assert!(over_limit(&at(now + 200_000_000), &rule, None, now, 0));
+        // A third limit (2 a minute) spent: over, though the first has room.
+        let minute = Gcra::new(2, 60_000_000_000, 2).unwrap();
+        rule.flags |= rule_flag::THIRD_LIMIT;
+        let spent = KeyState {
+            meters: [now, 0, now + 60_000_000_000],
+            ..KeyState::default()
+        };
+        assert!(over_limit(&spent, &rule, Some(&minute), now, 0));
+        assert!(!over_limit(&at(now), &rule, Some(&minute), now, 0));
     }
 }

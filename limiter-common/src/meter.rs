@@ -241,8 +241,8 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
 /// metered so (its index [`order::KEY_THIRD`]), apart from the array: a
 /// fifth optional meter there would have the kernel's verifier explore
 /// every meter after it twice. (The kernel charges every GCRA packet so,
-/// at no cost to a meter refusing nothing when the rule has no third
-/// limit: a charge of 0 at most moves a past TAT up to `now`.)
+/// when the rule has no third limit at no cost to a meter refusing
+/// nothing: a charge of 0 at most moves a past TAT up to `now`.)
 #[inline(always)]
 pub fn acquire_all_after<C: AtomicCell + ?Sized, const N: usize>(
     first: (&C, &Gcra, u64),

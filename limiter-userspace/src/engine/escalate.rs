@@ -13,6 +13,7 @@ use ipnet::IpNet;
 use limiter_common::{
     abi::{FlowKey, RuleConfig},
     escalation::{Escalation, over_limit},
+    gcra::Gcra,
 };
 
 use super::Engine;
@@ -66,7 +67,8 @@ impl Engine {
             return Ok(Vec::new());
         };
         let config = self.datapath.config()?;
-        let mut rules: HashMap<u32, (String, Escalation, bool, RuleConfig)> = HashMap::new();
+        let mut rules: HashMap<u32, (String, Escalation, bool, RuleConfig, Option<Gcra>)> =
+            HashMap::new();
         for (rule, &id) in set.rules.iter().zip(ids) {
             let Some(escalation) = rule.escalate else {
                 continue;
@@ -81,7 +83,8 @@ impl Engine {
             };
             let dry_run = kernel.flags & limiter_common::abi::rule_flag::SHADOW != 0
                 || config.flags & limiter_common::abi::global_flag::SHADOW != 0;
-            rules.insert(id, (rule.name.clone(), escalation, dry_run, kernel));
+            let third = rule.third.map(|t| t.rate.gcra);
+            rules.insert(id, (rule.name.clone(), escalation, dry_run, kernel, third));
         }
         if rules.is_empty() {
             self.watch.over_since.clear();
@@ -94,7 +97,7 @@ impl Engine {
         let mut due = Vec::new();
         let mut dry_until = Vec::new();
         self.datapath.maps().keys.visit(|key, state| {
-            let Some((name, escalation, dry_run, kernel)) = rules.get(&key.rule_id()) else {
+            let Some((name, escalation, dry_run, kernel, third)) = rules.get(&key.rule_id()) else {
                 return;
             };
             if self.watch.dry_until.contains_key(key) {
@@ -113,7 +116,14 @@ impl Engine {
             if state.dropped_packets != 0 {
                 dropped.insert(*key, state.dropped_packets);
             }
-            let over = refused_since || over_limit(state, kernel, now, config.realtime_offset_ns);
+            let over = refused_since
+                || over_limit(
+                    state,
+                    kernel,
+                    third.as_ref(),
+                    now,
+                    config.realtime_offset_ns,
+                );
             let since = self.watch.over_since.get(key).copied().unwrap_or(0);
             let (since, block) = escalation.observe(since, over, now);
             if since != 0 {

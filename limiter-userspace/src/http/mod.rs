@@ -27,7 +27,7 @@ use std::{
 use limiter_common::{
     abi::FlowKey,
     escalation::Escalation,
-    gcra::Decision,
+    gcra::{Decision, Gcra},
     log::Log,
     meter::{
         AtomicCell, Charge, Outcome, Verdict, WindowCharge, acquire, acquire_all,
@@ -440,7 +440,9 @@ impl Limiter {
                 Arc::clone(state)
             },
         )?;
-        let max_cost = [bytes, aggregate_bytes]
+        // A third limit in bytes is charged the body too.
+        let third_bytes = rule.third.filter(|t| t.counts_bytes).map(|t| t.rate);
+        let max_cost = [bytes, aggregate_bytes, third_bytes]
             .into_iter()
             .flatten()
             .map(|m| match rule.algorithm {
@@ -468,7 +470,20 @@ impl Limiter {
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         let aggregate = &self.aggregates[meter.index];
         let judged_at = Cell::new(0);
-        let verdict = self.meter(rule, &meter.state, aggregate, &rates, &|_| n, &judged_at);
+        // The third limit only if it counts bytes.
+        let third = rule
+            .third
+            .filter(|t| t.counts_bytes)
+            .map(|t| (t.rate.gcra, n));
+        let verdict = self.meter(
+            rule,
+            &meter.state,
+            aggregate,
+            &rates,
+            &|_| n,
+            third,
+            &judged_at,
+        );
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
         meter.state.seen(judged_at.get());
@@ -615,7 +630,8 @@ impl Limiter {
                 }
             }
             _ => {
-                let verdict = self.meter(rule, state, aggregate, &rates, &cost, &judged_at);
+                let third = rule.third.map(|t| (t.rate.gcra, cost(order::KEY_THIRD)));
+                let verdict = self.meter(rule, state, aggregate, &rates, &cost, third, &judged_at);
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
                 if verdict.outcome != Outcome::Allowed {
@@ -742,6 +758,8 @@ impl Limiter {
         aggregate: &State,
         rates: &[Option<Rate>; order::METERS],
         cost: &dyn Fn(usize) -> u64,
+        // The key's third limit (GCRA) and what it charges, if it does.
+        third: Option<(Gcra, u64)>,
         judged_at: &Cell<u64>,
     ) -> Verdict {
         // Each state keeps its packet meter, then its byte meter.
@@ -805,14 +823,12 @@ impl Limiter {
                     judged_at.set(now);
                     now
                 };
-                match rule.third {
+                match third {
                     // In the key's third word, charged first as in the
                     // kernel (`acquire_all_after`).
-                    Some(third) => acquire_all_after(
-                        (&state.cells[2], &third.rate.gcra, cost(order::KEY_THIRD)),
-                        charges,
-                        now,
-                    ),
+                    Some((gcra, cost)) => {
+                        acquire_all_after((&state.cells[2], &gcra, cost), charges, now)
+                    }
                     None => acquire_all(charges, now),
                 }
             }

@@ -859,6 +859,21 @@ fn several_limits_are_three_at_most() {
         bytes.rules[0].third.map(|t| (t.rate.rate, t.counts_bytes)),
         Some((9000, true))
     );
+    // The file's order does not matter: shortest unit first.
+    let shuffled = parse(&rule(
+        "[ { rate: 250, unit: day }, { rate: 2, unit: minute }, { rate: 1, unit: second } ]",
+    ))
+    .unwrap();
+    let sorted = parse(&rule(
+        "[ { rate: 1, unit: second }, { rate: 2, unit: minute }, { rate: 250, unit: day } ]",
+    ))
+    .unwrap();
+    assert_eq!(shuffled.rules[0], sorted.rules[0]);
+    assert_eq!(
+        shuffled.rules[0].third.map(|t| t.rate.rate),
+        Some(250),
+        "the longest unit in the third word"
+    );
     // Adding a third limit, or switching its kind, starts the keys afresh.
     let identity = |text: &str| parse(&rule(text)).unwrap().rules[0].identity();
     let two = identity("[ { rate: 10, unit: second }, { bytes: 500, unit: second } ]");

@@ -366,7 +366,8 @@ struct SeveralLimits {
     third: Option<ThirdLimit>,
 }
 
-/// `limits: [...]`: every packet must pass them all. Three at most, as a
+/// `limits: [...]`: every packet must pass them all, kept shortest unit
+/// first (the first is the one `RateLimit-Policy` names). Three at most, as a
 /// key's state holds three meters: the first packet rate in the packet
 /// meter, the first byte rate (or else the second packet rate) in the
 /// byte meter, any third in the state's third word (GCRA only: a window
@@ -390,6 +391,12 @@ fn several_limits(
         key_window_fits(&m).map_err(|(f, m)| (at(&f), m))?;
         packets.extend(m.packets);
         bytes.extend(m.bytes);
+    }
+    // Shortest unit first, whatever the file's order: each limit keeps
+    // its meter word when the list is reordered (a limit change carries
+    // each word's state over to the limit now in it).
+    for rates in [&mut packets, &mut bytes] {
+        rates.sort_by_key(|r| (r.period, r.rate, r.burst));
     }
     let count = packets.len() + bytes.len();
     if list.is_empty() || count > 3 || bytes.len() > 2 {

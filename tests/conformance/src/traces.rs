@@ -231,9 +231,14 @@ pub fn corpus() -> Vec<Trace> {
             ));
             // The third limit lowered, then raised with another period:
             // its state is carried over as the others' are.
+            // (On a packet and a byte limit, so the third is the third
+            // word's, not the byte meter's second packet limit.)
             let with_third = |rate, period_ns, burst| Spec {
                 third: Some(limit(period_ns, Some(meter(rate, burst)), None)),
-                ..packets(10, SEC, 5)
+                ..spec(
+                    limit(SEC, Some(meter(10, 5)), Some(meter(6_000, 3_000))),
+                    None,
+                )
             };
             traces.push(changing(
                 name("third-limit-changed"),
