@@ -8,10 +8,13 @@ use std::{
     time::Duration,
 };
 
-use limiter::lab::Lab;
+use limiter::{
+    http::{Limiter, RequestMeta},
+    lab::Lab,
+};
 use limiter_tests::{
-    TempDir, XDP_DROP, XDP_PASS, exchange, flood, frames, loaded_object, run_at, run_in_lab,
-    snapshot, sources, status, test_clock_object,
+    TempDir, TestClock, XDP_DROP, XDP_PASS, exchange, flood, frames, loaded_object, rules, run_at,
+    run_in_lab, snapshot, sources, status, test_clock_object,
 };
 
 const SECOND: u64 = 1_000_000_000;
@@ -255,4 +258,41 @@ async fn the_proxy_passes_only_what_every_limit_allows() {
     })
     .await
     .unwrap();
+}
+
+/// A streamed body is charged to the byte limits only: a third limit on
+/// requests (5 a minute) is not charged its bytes, so 3 KB in 1 KB chunks
+/// pass; a third limit on bytes (3,000 a minute) is, so the fourth 1 KB
+/// chunk is refused.
+#[test]
+fn a_streamed_body_charges_a_third_limit_only_in_bytes() {
+    let clock = std::sync::Arc::new(TestClock::default());
+    let limiter = Limiter::new(
+        rules(
+            "rules:
+  - { name: requests, match: { source: 10.1.0.0/16 }, limits: [ { rate: 10, unit: second }, { bytes: 1000000, unit: second }, { rate: 5, unit: minute } ] }
+  - { name: bytes, match: { source: 10.2.0.0/16 }, limits: [ { rate: 100, unit: second }, { bytes: 1000000, unit: second }, { bytes: 3000, unit: minute } ] }
+",
+        ),
+        clock.clone(),
+    );
+    clock
+        .0
+        .store(100 * SECOND, std::sync::atomic::Ordering::SeqCst);
+    let chunks = |client: [u8; 4]| {
+        let meta = RequestMeta {
+            client: IpAddr::V4(Ipv4Addr::from(client)),
+            port: None,
+            key: None,
+            bytes: 0,
+            http: None,
+        };
+        assert!(limiter.check(&meta).allowed, "{client:?}: the request");
+        let body = limiter.body_meter(&meta).expect("a rule with byte limits");
+        (0..4)
+            .map(|_| limiter.charge_body(&body, 1000))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(chunks([10, 1, 0, 1]), [true; 4]);
+    assert_eq!(chunks([10, 2, 0, 1]), [true, true, true, false]);
 }

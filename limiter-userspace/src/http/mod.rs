@@ -111,6 +111,17 @@ pub struct Admission {
     pub blocked_for_ns: u64,
 }
 
+/// What a request (or a streamed body's chunk) is charged.
+#[derive(Clone, Copy)]
+struct Charges<'a> {
+    /// Each meter's limit, in [`order`].
+    rates: [Option<Rate>; order::METERS],
+    /// What meter `i` charges.
+    cost: &'a dyn Fn(usize) -> u64,
+    /// The key's third limit (GCRA) and what it charges, if it does.
+    third: Option<(Gcra, u64)>,
+}
+
 /// A key's request meter as the request left it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QuotaAt {
@@ -475,15 +486,12 @@ impl Limiter {
             .third
             .filter(|t| t.counts_bytes)
             .map(|t| (t.rate.gcra, n));
-        let verdict = self.meter(
-            rule,
-            &meter.state,
-            aggregate,
-            &rates,
-            &|_| n,
+        let charges = Charges {
+            rates,
+            cost: &|_| n,
             third,
-            &judged_at,
-        );
+        };
+        let verdict = self.meter(rule, &meter.state, aggregate, &charges, &judged_at);
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
         meter.state.seen(judged_at.get());
@@ -630,8 +638,12 @@ impl Limiter {
                 }
             }
             _ => {
-                let third = rule.third.map(|t| (t.rate.gcra, cost(order::KEY_THIRD)));
-                let verdict = self.meter(rule, state, aggregate, &rates, &cost, third, &judged_at);
+                let charges = Charges {
+                    rates,
+                    cost: &cost,
+                    third: rule.third.map(|t| (t.rate.gcra, cost(order::KEY_THIRD))),
+                };
+                let verdict = self.meter(rule, state, aggregate, &charges, &judged_at);
                 by_aggregate =
                     verdict.outcome == Outcome::Denied && order::is_aggregate(verdict.refused_by);
                 if verdict.outcome != Outcome::Allowed {
@@ -748,20 +760,17 @@ impl Limiter {
         }
     }
 
-    /// Charges `cost(i)` to each meter `i` that `rates` names (in
-    /// [`order`]) with the rule's algorithm, all or none; whether allowed,
-    /// and which meter refused.
+    /// Charges what `charges` says with the rule's algorithm, all or
+    /// none; whether allowed, and which meter refused.
     fn meter(
         &self,
         rule: &Rule,
         state: &State,
         aggregate: &State,
-        rates: &[Option<Rate>; order::METERS],
-        cost: &dyn Fn(usize) -> u64,
-        // The key's third limit (GCRA) and what it charges, if it does.
-        third: Option<(Gcra, u64)>,
+        charges: &Charges<'_>,
         judged_at: &Cell<u64>,
     ) -> Verdict {
+        let Charges { rates, cost, third } = *charges;
         // Each state keeps its packet meter, then its byte meter.
         let state_of = |i: usize| {
             if order::is_aggregate(i) {
