@@ -692,6 +692,56 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
     .unwrap();
 }
 
+/// Guards a lowered limit in `limiter proxy` (SIGHUP): a client five
+/// requests into a burst of 10 at 60 a minute has half its burst left;
+/// lowered to 6 a minute with a burst of 4, it keeps that fraction in use
+/// (2 of 4), so two more pass and the next is refused. A fresh bucket
+/// would have passed 4, the old state read under the new limit 3. Keyed
+/// by a header, so polls for the reload (each its own key) spend nothing
+/// of the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lowering_a_limit_in_the_proxy_hands_out_no_burst() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-lower");
+    let rule = |rate: u32, burst: u32| {
+        format!(
+            "rules:\n  - {{ name: api, match: {{ source: 127.0.0.0/8 }}, key: header:x-user, limit: {{ rate: {rate}, unit: minute, burst: {burst} }} }}\n"
+        )
+    };
+    let config = dir.write("rules.yaml", &rule(60, 10));
+    let p = proxy(&config, &upstream, &[]);
+    tokio::task::spawn_blocking(move || {
+        let get = |user: &str| {
+            exchange(
+                p.addr,
+                format!(
+                    "GET /x HTTP/1.1\r\nHost: x\r\nX-User: {user}\r\nConnection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+        };
+        for _ in 0..5 {
+            assert_eq!(status(&get("alice")), "200");
+        }
+        std::fs::write(&config, rule(6, 4)).unwrap();
+        p.hang_up();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut probe = 0;
+        while !get(&format!("probe-{probe}"))
+            .to_ascii_lowercase()
+            .contains("ratelimit-policy: \"api\";q=6")
+        {
+            assert!(Instant::now() < deadline, "the lowered limit never applied");
+            probe += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let after: Vec<String> = (0..3).map(|_| status(&get("alice")).to_owned()).collect();
+        assert_eq!(after, ["200", "200", "429"], "2 of the new burst of 4 left");
+    })
+    .await
+    .unwrap();
+}
+
 /// Guards HTTP/2: a client that speaks h2c (prior knowledge) goes through
 /// `limiter proxy` to an HTTP/1.1 upstream, on one connection, and the
 /// limit applies to it as to HTTP/1.1 (burst 2: the third is refused).

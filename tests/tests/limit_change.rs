@@ -158,11 +158,20 @@ fn lowering_a_limit_under_flood_hands_out_no_burst() {
     let expected =
         OLD.1 + OLD.0 * change_at + NEW_RATE * (report.elapsed.as_secs_f64() - change_at);
     let uncertain = OLD.0 * (after - before).as_secs_f64() / 2.0;
+    let margin = OLD.1 / 4.0 + uncertain + 1.0;
+    // Tight enough to tell the two wrong answers (18 and 20 more) apart
+    // from the right one: an apply slower than about 250 ms would make
+    // this test pass whatever the state became.
+    assert!(
+        margin < 16.0,
+        "the apply took {:?}: too long for the count to say anything",
+        after - before
+    );
     for addr in &addrs {
         assert_close(
             received[addr],
             expected,
-            OLD.1 / 4.0 + uncertain + 1.0,
+            margin,
             &format!("{addr}: arrivals, the limit lowered after {change_at:.3} s"),
         );
     }

@@ -285,3 +285,58 @@ fn a_streamed_body_charges_a_third_limit_only_in_bytes() {
     assert_eq!(chunks([10, 1, 0, 1]), [true; 4]);
     assert_eq!(chunks([10, 2, 0, 1]), [true, true, true, false]);
 }
+
+/// `limiter check --json` says what a script needs of the limits: each
+/// with the unit it counts, shortest first whatever the file's order, the
+/// credit classes and the escalation.
+#[test]
+fn check_json_lists_every_limit_and_policy() {
+    let dir = TempDir::new("check-json");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:
+  - name: three
+    match: { source: 198.18.0.0/16, protocol: tcp }
+    limits: [ { rate: 250, unit: day }, { bytes: 1000000, unit: second }, { rate: 10, unit: second } ]
+    cost: [ { match: { tcp_flags: syn }, credits: 3 } ]
+    escalate: { after: 10s, block: 10m }
+",
+    );
+    let out = limiter_tests::limiter_command(
+        None,
+        &["check", "--json", "--config", &config.to_string_lossy()],
+    )
+    .output()
+    .expect("limiter check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let checked: serde_json::Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    let policies = &checked["rules"][0]["policies"];
+    let limits: Vec<(u64, u64, &str)> = policies["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .map(|l| {
+            (
+                l["rate"].as_u64().unwrap(),
+                l["period_ns"].as_u64().unwrap(),
+                l["counts"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        [
+            (10, SECOND, "packets"),
+            (1_000_000, SECOND, "bytes"),
+            (250, 86_400 * SECOND, "packets")
+        ]
+    );
+    assert_eq!(policies["costs"][0]["tcp_flags"], "syn");
+    assert_eq!(policies["costs"][0]["credits"], 3);
+    assert_eq!(policies["escalate"]["after_ns"], 10 * SECOND);
+    assert_eq!(policies["escalate"]["block_ns"], 600 * SECOND);
+}

@@ -160,6 +160,7 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
             .rules
             .iter()
             .map(|r| {
+                let described = limiter::rules::describe::describe(r);
                 serde_json::json!({
                     "name": r.name,
                     "source": r.matches.source.map(|s| s.to_string()),
@@ -168,7 +169,10 @@ pub fn check(path: &Path, json: bool) -> Result<()> {
                     "key": { "ipv4": r.key.v4, "ipv6": r.key.v6 },
                     "key_parts": r.keyed_by.iter().map(|p| p.name()).collect::<Vec<_>>(),
                     "layer7_only": r.layer7_field(),
-                    "matches": limiter::rules::describe::describe(r).matches,
+                    "matches": described.matches,
+                    "limit": described.limit,
+                    "aggregate": described.aggregate,
+                    "policies": limiter::rules::describe::policies_json(r),
                     "shadow": r.shadow,
                 })
             })

@@ -107,12 +107,9 @@ impl Engine {
             // refuse the next one now.
             // (A key's count of refusals includes the aggregate's: under a
             // rule with one, only its own meters say it is over.)
+            // (A key not in the last look's counts had refused none.)
             let refused_since = !has_aggregate(kernel)
-                && self
-                    .watch
-                    .dropped
-                    .get(key)
-                    .is_some_and(|&before| before != state.dropped_packets);
+                && self.watch.dropped.get(key).copied().unwrap_or(0) != state.dropped_packets;
             if state.dropped_packets != 0 {
                 dropped.insert(*key, state.dropped_packets);
             }

@@ -175,3 +175,43 @@ fn describe_request(request: &RequestMatch) -> Vec<String> {
     }
     words
 }
+
+/// A rule's limits and policies as a script reads them (`limiter check
+/// --json`): every per-key limit with the unit it counts, in the order
+/// the key's meters hold them (packets, then bytes, then the third; each
+/// kind shortest unit first), the soft limit, the credit classes, the
+/// escalation.
+pub fn policies_json(rule: &Rule) -> serde_json::Value {
+    let rate = |r: &Rate, counts: &str| {
+        serde_json::json!({
+            "rate": r.rate,
+            "period_ns": u64::try_from(r.period.as_nanos()).unwrap_or(u64::MAX),
+            "burst": r.burst,
+            "counts": counts,
+        })
+    };
+    let mut limits = Vec::new();
+    if let Limit::Metered { packets, bytes } = rule.limit {
+        limits.extend(packets.map(|r| rate(&r, "packets")));
+        limits.extend(rule.second_packets.map(|r| rate(&r, "packets")));
+        limits.extend(bytes.map(|r| rate(&r, "bytes")));
+    }
+    limits.extend(rule.third.map(|t| {
+        let counts = if t.counts_bytes { "bytes" } else { "packets" };
+        rate(&t.rate, counts)
+    }));
+    serde_json::json!({
+        "unlimited": matches!(rule.limit, Limit::Unlimited),
+        "limits": limits,
+        "soft": rule.soft.map(|r| rate(&r, "packets")),
+        "costs": rule.costs.iter().map(|c| serde_json::json!({
+            "tcp_flags": c.tcp_flags.map(|f| f.text()),
+            "request": describe_request(&c.request).join(" "),
+            "credits": c.credits,
+        })).collect::<Vec<_>>(),
+        "escalate": rule.escalate.map(|e| serde_json::json!({
+            "after_ns": e.after_ns,
+            "block_ns": e.block_ns,
+        })),
+    })
+}
