@@ -44,7 +44,7 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
     for trace in corpus() {
         let clock = Arc::new(TestClock::default());
         let limiter = Arc::new(Reloadable::new(Arc::new(Limiter::new(
-            rules(&trace.spec.rule_file("")),
+            rules(&trace.spec.rule_file(&trace.spec.http_cost())),
             clock.clone(),
         ))));
         let layer = RateLimitLayer::reloadable(Arc::clone(&limiter))
@@ -62,11 +62,18 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
         for (i, a) in trace.arrivals.iter().enumerate() {
             while let Some(change) = changes.next_if(|c| c.at <= i) {
                 clock.0.store(change.t, Ordering::SeqCst);
-                assert_eq!(limiter.reload(rules(&change.spec.rule_file(""))), 1);
+                assert_eq!(
+                    limiter.reload(rules(&change.spec.rule_file(&change.spec.http_cost()))),
+                    1
+                );
                 limiter.settle();
             }
             clock.0.store(a.t, Ordering::SeqCst);
-            let request = Request::get(format!("http://{addr}/"))
+            // The rule's costly class is a POST.
+            let method = if a.costly { "POST" } else { "GET" };
+            let request = Request::builder()
+                .method(method)
+                .uri(format!("http://{addr}/"))
                 .header("x-key", a.key.to_string())
                 .header("x-cost", a.cost.to_string())
                 .body(Body::empty())

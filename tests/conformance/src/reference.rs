@@ -75,6 +75,10 @@ pub struct Spec {
     /// own (`limits: [limit, third]`, `limit` holding both a request and a
     /// byte meter, or `limits: [limit, second, third]`; GCRA only).
     pub third: Option<Limit>,
+    /// Credits of the costly class (`cost: [...]`), if the rule has one:
+    /// a costly arrival charges every request meter this many instead of
+    /// 1. The kernel's class is a TCP SYN, layer 7's a POST.
+    pub costly: Option<u64>,
 }
 
 impl Spec {
@@ -107,9 +111,35 @@ impl Spec {
         )
     }
 
+    /// The rule file's `cost` field for the kernel (a SYN is costly), to
+    /// go in `rule_file`'s `extra`; empty without one.
+    pub fn kernel_cost(&self) -> String {
+        self.costly.map_or(String::new(), |n| {
+            format!("cost: [ {{ match: {{ tcp_flags: syn }}, credits: {n} }} ], ")
+        })
+    }
+
+    /// The same for layer 7 (a POST is costly).
+    pub fn http_cost(&self) -> String {
+        self.costly.map_or(String::new(), |n| {
+            format!("cost: [ {{ match: {{ method: POST }}, credits: {n} }} ], ")
+        })
+    }
+
+    /// What arrival `a` charges each request meter.
+    pub fn credits(&self, a: &Arrival) -> u64 {
+        match self.costly {
+            Some(n) if a.costly => n,
+            _ => 1,
+        }
+    }
+
     /// The rule's only meter, `(period_ns, meter, charges bytes)`, when it
     /// has exactly one (what peers with a single limit can express).
     pub fn single(&self) -> Option<(u64, Meter, bool)> {
+        if self.costly.is_some() {
+            return None;
+        }
         let mut meters = self.limit.meters();
         match (
             meters.next(),
@@ -139,8 +169,11 @@ pub struct Arrival {
     /// The clock: monotonic ns for GCRA, Unix-epoch ns for windows.
     pub t: u64,
     pub key: u8,
-    /// Charged to byte meters; request meters charge 1.
+    /// Charged to byte meters; request meters charge 1, or the costly
+    /// class's credits (`Spec::costly`).
     pub cost: u64,
+    /// In the rule's costly class (a SYN, a POST).
+    pub costly: bool,
 }
 
 /// The rule's limits replaced at time `t`, before arrival `at` (same
@@ -203,13 +236,14 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
                 spec = change.spec;
             }
             let scopes = [(Some(a.key), Some(spec.limit)), (AGGREGATE, spec.aggregate)];
+            let credits = spec.credits(a);
             let algo = spec.algo;
             let mut charges: Vec<_> = scopes
                 .iter()
                 .filter_map(|&(scope, limit)| Some((scope, limit?)))
                 .flat_map(|(scope, limit)| {
                     limit.meters().map(move |(meter, bytes)| {
-                        let cost = if bytes { a.cost } else { 1 };
+                        let cost = if bytes { a.cost } else { credits };
                         let kind = if bytes { BYTES } else { REQUESTS };
                         ((scope, kind), limit.period_ns, meter, cost)
                     })
@@ -218,11 +252,11 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
             if let Some(second) = spec.second
                 && let Some(meter) = second.requests
             {
-                charges.push(((Some(a.key), SECOND), second.period_ns, meter, 1));
+                charges.push(((Some(a.key), SECOND), second.period_ns, meter, credits));
             }
             if let Some(third) = spec.third {
                 for (meter, bytes) in third.meters() {
-                    let cost = if bytes { a.cost } else { 1 };
+                    let cost = if bytes { a.cost } else { credits };
                     charges.push(((Some(a.key), THIRD), third.period_ns, meter, cost));
                 }
             }

@@ -51,6 +51,7 @@ pub fn corpus() -> Vec<Trace> {
             aggregate,
             second: None,
             third: None,
+            costly: None,
         };
         let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
         let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
@@ -197,6 +198,22 @@ pub fn corpus() -> Vec<Trace> {
             53,
             2,
         ));
+        // Credits (`cost`): about a third of the arrivals in a class that
+        // costs 3, against 10 a second (burst 5) and an aggregate of 14
+        // a second, two keys.
+        traces.push(close_together(
+            name("credits"),
+            Spec {
+                costly: Some(3),
+                ..spec(
+                    limit(SEC, Some(meter(10, 5)), None),
+                    Some(limit(SEC, Some(meter(14, 8)), None)),
+                )
+            },
+            1_700_000_000 * SEC,
+            71,
+            2,
+        ));
         // Three limits on one key (GCRA: a key's state holds three
         // meters): 10 requests and 6,000 bytes a second, and 30 requests
         // in 20 s, as `limits: [ { rate, bytes }, { rate } ]`.
@@ -313,6 +330,7 @@ fn steady(name: String, spec: Spec, start: u64) -> Trace {
             t: start.saturating_add(i * step),
             key: 0,
             cost: 1,
+            costly: false,
         })
         .collect();
     trace(name, spec, arrivals)
@@ -330,6 +348,7 @@ fn bursty(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
                 t,
                 key: (i % 2) as u8,
                 cost: cost(&spec, &mut rng),
+                costly: spec.costly.is_some() && rng.below(3) == 0,
             });
         }
         t += period / 2 + rng.below(period);
@@ -353,6 +372,7 @@ fn idle_gaps(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
                 t,
                 key: rng.below(2) as u8,
                 cost: cost(&spec, &mut rng),
+                costly: spec.costly.is_some() && rng.below(3) == 0,
             }
         })
         .collect();
@@ -370,7 +390,12 @@ fn backwards(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
             } else {
                 t += rng.below(period / 5);
             }
-            Arrival { t, key: 0, cost: 1 }
+            Arrival {
+                t,
+                key: 0,
+                cost: 1,
+                costly: false,
+            }
         })
         .collect();
     trace(name, spec, arrivals)
@@ -387,12 +412,18 @@ fn backwards_then_recovery(name: String, spec: Spec, start: u64) -> Trace {
             t: start,
             key: 0,
             cost: 1,
+            costly: false,
         })
         .collect();
     let step = period / rate / 4;
     let mut t = start - 10 * period;
     while t < start + 3 * period {
-        arrivals.push(Arrival { t, key: 0, cost: 1 });
+        arrivals.push(Arrival {
+            t,
+            key: 0,
+            cost: 1,
+            costly: false,
+        });
         t += if t < start - period { period / 2 } else { step };
     }
     trace(name, spec, arrivals)
@@ -411,6 +442,7 @@ fn close_together(name: String, spec: Spec, start: u64, seed: u64, keys: u64) ->
                 t,
                 key: rng.below(keys) as u8,
                 cost: cost(&spec, &mut rng),
+                costly: spec.costly.is_some() && rng.below(3) == 0,
             }
         })
         .collect();
@@ -435,6 +467,7 @@ fn zero_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
                 t,
                 key: rng.below(2) as u8,
                 cost,
+                costly: false,
             }
         })
         .collect();
@@ -455,7 +488,12 @@ fn huge_costs(name: String, spec: Spec, start: u64, seed: u64) -> Trace {
             } else {
                 1 + rng.below(rate)
             };
-            Arrival { t, key: 0, cost }
+            Arrival {
+                t,
+                key: 0,
+                cost,
+                costly: false,
+            }
         })
         .collect();
     trace(name, spec, arrivals)

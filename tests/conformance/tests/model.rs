@@ -74,7 +74,7 @@ type States<T> = HashMap<Option<u8>, [T; 2]>;
 fn shared_verdicts(trace: &Trace) -> Vec<bool> {
     let algo = trace.spec.algo;
     let cost = |a: &Arrival, i: usize, meters: &[Option<(u64, Meter, bool)>; 4]| {
-        meters[i].map_or(0, |m| if m.2 { a.cost } else { 1 })
+        meters[i].map_or(0, |m| if m.2 { a.cost } else { trace.spec.credits(a) })
     };
     // The meters in force at each arrival (a limit change replaces them).
     let meters_at = |i: usize| meters(&trace.spec_at(i));
@@ -133,7 +133,7 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                     let verdict = match third(&trace.spec_at(n)) {
                         Some((gcra, bytes)) => {
                             let cell = thirds.entry(a.key).or_default();
-                            let cost = if bytes { a.cost } else { 1 };
+                            let cost = if bytes { a.cost } else { trace.spec.credits(a) };
                             acquire_all_after((&*cell, &gcra, cost), charges, a.t)
                         }
                         None => acquire_all(charges, a.t),
@@ -382,5 +382,28 @@ fn third_limits_decide_some_arrivals() {
             "{}: the third limit refused nothing",
             trace.name
         );
+    }
+}
+
+/// The credit traces are decided by their credits: charged 1 each, every
+/// one of them admits some arrival it refused.
+#[test]
+fn credits_decide_some_arrivals() {
+    let costly: Vec<Trace> = corpus()
+        .into_iter()
+        .filter(|t| t.spec.costly.is_some())
+        .collect();
+    assert_eq!(costly.len(), 4, "a credit trace per algorithm");
+    for trace in costly {
+        let flat = Trace {
+            spec: Spec {
+                costly: None,
+                ..trace.spec
+            },
+            ..trace.clone()
+        };
+        let (v, w) = (reference::verdicts(&trace), reference::verdicts(&flat));
+        let admitted_more = v.iter().zip(&w).filter(|(a, b)| !**a && **b).count();
+        assert!(admitted_more > 0, "{}: credits changed nothing", trace.name);
     }
 }
