@@ -10,7 +10,7 @@ use std::{
 };
 
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{Daemon, exchange, flood, sources, status};
+use limiter_tests::{Daemon, TempDir, exchange, flood, sources, status};
 use serde_json::Value;
 
 const RULES: &str = "rules:
@@ -122,12 +122,14 @@ fn a_source_over_its_limit_too_long_is_blocked_by_the_daemon() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
     let metrics = limiter_tests::free_loopback_addr();
-    let (p, _dir) = limiter_tests::proxy_for(
-        "proxy-escalate",
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("proxy-escalate");
+    let config = dir.write(
+        "rules.yaml",
         "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n",
-        &["--metrics", &metrics],
-    )
-    .await;
+    );
+    let log = dir.0.join("proxy.log");
+    let p = limiter_tests::proxy_logged(&config, &upstream, &["--metrics", &metrics], &log);
     tokio::task::spawn_blocking(move || {
         let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         let mut answers = Vec::new();
@@ -166,6 +168,13 @@ async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
             scrape.contains("limiter_escalations_total{layer=\"http\",rule=\"api\"} 1"),
             "{scrape}"
         );
+        // And logged, naming the rule and the client.
+        let logged = std::fs::read_to_string(&log).expect("the proxy's log");
+        let line = logged
+            .lines()
+            .find(|l| l.contains("escalated"))
+            .unwrap_or_else(|| panic!("no escalated event: {logged}"));
+        assert!(line.contains("api") && line.contains("127.0.0.1"), "{line}");
     })
     .await
     .unwrap();

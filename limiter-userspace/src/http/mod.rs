@@ -22,6 +22,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use limiter_common::{
@@ -673,7 +674,7 @@ impl Limiter {
             if !allowed && refused_by.is_some_and(|i| !order::is_aggregate(usize::from(i))) {
                 state.last_refused.store(now.max(1), Ordering::Relaxed);
             }
-            self.watch_escalation(rule, &escalation, state, counters, now);
+            self.watch_escalation(rule, &escalation, state, counters, (request.client, now));
         }
         if by_aggregate {
             counters.aggregate_excess.fetch_add(1, Ordering::Relaxed);
@@ -707,7 +708,9 @@ impl Limiter {
         escalation: &Escalation,
         state: &State,
         counters: &HttpCounters,
-        now: u64,
+        // The request's client (what the log names: a key of a header's
+        // value may be a secret) and when it was judged.
+        (client, now): (IpAddr, u64),
     ) {
         let over = match (rule.algorithm, rule.limit) {
             (_, Limit::Unlimited) => false,
@@ -754,6 +757,19 @@ impl Limiter {
             // Under a dry run too: its requests are then counted as
             // shadow-dropped (`excess`) and passed, until the block ends.
             counters.escalations.fetch_add(1, Ordering::Relaxed);
+            let block = Duration::from_nanos(escalation.block_ns);
+            tracing::warn!(
+                event = "escalated",
+                layer = "http",
+                rule = %rule.name,
+                %client,
+                for_secs = block.as_secs_f64(),
+                enforced = !rule.shadow,
+                "a key of rule {:?} (client {client}) stayed over its limit: {} for {}",
+                rule.name,
+                if rule.shadow { "would be blocked (dry run)" } else { "blocked" },
+                humantime::format_duration(block)
+            );
             state
                 .blocked_until
                 .store(now.saturating_add(escalation.block_ns), Ordering::Relaxed);
