@@ -123,3 +123,30 @@ async fn the_proxy_charges_a_request_its_class_credits() {
     .await
     .unwrap();
 }
+
+/// Through the proxy, classes by path: under `/export/` a request costs 5
+/// of 10 credits, elsewhere 1: two exports spend the budget, so the
+/// next plain request is refused; a plain request alone would have left
+/// 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_charges_by_path() {
+    let (p, _dir) = limiter_tests::proxy_for(
+        "proxy-credits-path",
+        "rules:\n  - { name: api, match: { source: 127.0.0.0/8 }, limit: { rate: 10, unit: minute, burst: 10 }, cost: [ { match: { path_prefix: /export/ }, credits: 5 } ] }\n",
+        &[],
+    )
+    .await;
+    tokio::task::spawn_blocking(move || {
+        let get = |path: &str| {
+            let text = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            status(&exchange(p.addr, text.as_bytes())).to_owned()
+        };
+        let statuses: Vec<String> = ["/export/a", "/export/b", "/x"]
+            .iter()
+            .map(|path| get(path))
+            .collect();
+        assert_eq!(statuses, ["200", "200", "429"]);
+    })
+    .await
+    .unwrap();
+}

@@ -100,6 +100,29 @@ fn over_the_soft_limit_on_real_traffic_everything_arrives_and_is_counted() {
         (over as f64 - expected).abs() <= expected / 10.0,
         "over the soft limit: {over}, expected about {expected:.0} of {sent}"
     );
+    // The same count in the metrics (as the daemon exports them, from the
+    // pinned maps) and in `limiter stats`'s table.
+    let maps = limiter::kernel::Maps::open_pinned(&pin_dir).expect("the pinned maps");
+    let snapshot = limiter::kernel::counters::read(&maps).expect("counters");
+    let metrics = limiter::render::openmetrics::render(&snapshot, Default::default());
+    let exported: u64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("limiter_over_soft_packets_total{")
+                && l.contains("layer=\"xdp\"")
+                && l.contains("rule=\"soft\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(
+        exported, over,
+        "limiter_over_soft_packets_total in:\n{metrics}"
+    );
+    let table = limiter_command(None, &["stats", "--pin-dir", &pin_dir.to_string_lossy()])
+        .output()
+        .expect("limiter stats");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("OVER SOFT pkts"), "{table}");
     running.stop().expect("limiter run stops cleanly");
 }
 

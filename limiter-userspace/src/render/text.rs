@@ -49,6 +49,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
                 count(c.dropped_packets),
                 bytes(c.dropped_bytes),
                 count(c.shadow_packets),
+                count(r.over_soft),
                 count(c.new_keys),
                 count(c.unadmitted),
             ]
@@ -63,6 +64,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
             "DROPPED pkts",
             "DROPPED",
             "SHADOW pkts",
+            "OVER SOFT pkts",
             "NEW KEYS",
             "UNADMITTED pkts",
         ],
