@@ -700,9 +700,10 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
 }
 
 /// Guards a lowered limit in `limiter proxy` (SIGHUP): a client five
-/// requests into a burst of 10 at 60 a minute has half its burst left;
-/// lowered to 6 a minute with a burst of 4, it keeps that fraction in use
-/// (2 of 4), so two more pass and the next is refused. A fresh bucket
+/// requests into a burst of 10 at 60 an hour has half its burst left;
+/// lowered to 6 an hour with a burst of 4, it keeps that fraction in use
+/// (2 of 4), so two more pass and the next is refused (an hour's units,
+/// so the seconds the reload takes change nothing). A fresh bucket
 /// would have passed 4, the old state read under the new limit 3. Keyed
 /// by a header, so polls for the reload (each its own key) spend nothing
 /// of the client's.
@@ -712,7 +713,7 @@ async fn lowering_a_limit_in_the_proxy_hands_out_no_burst() {
     let dir = TempDir::new("proxy-lower");
     let rule = |rate: u32, burst: u32| {
         format!(
-            "rules:\n  - {{ name: api, match: {{ source: 127.0.0.0/8 }}, key: header:x-user, limit: {{ rate: {rate}, unit: minute, burst: {burst} }} }}\n"
+            "rules:\n  - {{ name: api, match: {{ source: 127.0.0.0/8 }}, key: header:x-user, limit: {{ rate: {rate}, unit: hour, burst: {burst} }} }}\n"
         )
     };
     let config = dir.write("rules.yaml", &rule(60, 10));
@@ -736,7 +737,7 @@ async fn lowering_a_limit_in_the_proxy_hands_out_no_burst() {
         let mut probe = 0;
         while !get(&format!("probe-{probe}"))
             .to_ascii_lowercase()
-            .contains("ratelimit-policy: \"api\";q=6")
+            .contains("ratelimit-policy: \"api\";q=6;")
         {
             assert!(Instant::now() < deadline, "the lowered limit never applied");
             probe += 1;

@@ -188,14 +188,15 @@ fn three_limits_hold_on_real_traffic() {
     running.stop().expect("limiter run stops cleanly");
 }
 
-/// Through the proxy: 10 a second (burst 2), 4 a minute and 3 a minute
-/// (the third limit). Requests 600 ms apart: three pass, the fourth is
-/// refused by the third limit, and its fields say so.
+/// Through the proxy: 10 a second (burst 2), 4 a minute, and 180 an hour
+/// with a burst of 3 (the third limit, one request per 20 s, the longest
+/// unit so kept in the third word). Requests 600 ms apart: three pass, the
+/// fourth is refused by the third limit, and its fields say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_passes_only_what_all_three_limits_allow() {
     the_fourth_request_waits_for_the_minute(
         "proxy-three",
-        "[ { rate: 10, unit: second, burst: 2 }, { rate: 4, unit: minute }, { rate: 3, unit: minute } ]",
+        "[ { rate: 10, unit: second, burst: 2 }, { rate: 4, unit: minute }, { rate: 180, unit: hour, burst: 3 } ]",
     )
     .await;
 }
@@ -213,8 +214,8 @@ async fn the_proxy_passes_only_what_every_limit_allows() {
 }
 
 /// Four requests 600 ms apart through a proxy whose rule has `limits`
-/// of which the tightest is 3 a minute: 200, 200, 200, 429, the refusal
-/// saying to wait about 20 s (one request's worth of 3 a minute), not 1;
+/// of which the tightest allows 3 at once and one per 20 s: 200, 200,
+/// 200, 429, the refusal saying to wait about 20 s, not 1;
 /// and a fifth at once, which the per-second burst of 2 would allow, is
 /// refused by the minute too.
 async fn the_fourth_request_waits_for_the_minute(name: &str, limits: &str) {

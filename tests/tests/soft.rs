@@ -122,7 +122,27 @@ fn over_the_soft_limit_on_real_traffic_everything_arrives_and_is_counted() {
         .output()
         .expect("limiter stats");
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("OVER SOFT pkts"), "{table}");
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("a header")
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let column = header
+        .iter()
+        .position(|c| *c == "OVER SOFT pkts")
+        .unwrap_or_else(|| panic!("no OVER SOFT column: {table}"));
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("soft "))
+        .expect("the rule's row")
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(row[column], limiter::units::count(over), "{table}");
     running.stop().expect("limiter run stops cleanly");
 }
 

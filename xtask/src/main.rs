@@ -123,6 +123,9 @@ fn run() -> Result<()> {
             sections,
         } => {
             require_root("the XDP benchmark attaches programs in network namespaces")?;
+            if baseline.is_some() != sections.iter().any(|s| s == "baseline") {
+                bail!("the baseline section and --baseline REV go together");
+            }
             setup::all()?;
             let named = sections.iter().any(|s| s == "proxy");
             // In a full run, or when named (`--quick` alone is the XDP subset).
@@ -154,9 +157,6 @@ fn run() -> Result<()> {
             let stages = profile.then(build_profile_stages).transpose()?;
             let trace = sections.is_empty() || sections.iter().any(|s| s == "trace");
             let untraced = trace.then(build_without_trace).transpose()?;
-            if baseline.is_some() != sections.iter().any(|s| s == "baseline") {
-                bail!("the baseline section and --baseline REV go together");
-            }
             let baseline_object = baseline.as_deref().map(build_baseline).transpose()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
@@ -179,9 +179,10 @@ fn run() -> Result<()> {
             if let Some(untraced) = &untraced {
                 xdp.env("LIMITER_NO_TRACE_OBJECT", untraced);
             }
-            if let (Some(object), Some(revision)) = (&baseline_object, &baseline) {
+            if let (Some((object, commit)), Some(revision)) = (&baseline_object, &baseline) {
+                let short = &commit[..commit.len().min(12)];
                 xdp.env("LIMITER_BASELINE_OBJECT", object)
-                    .env("LIMITER_BASELINE_REV", revision);
+                    .env("LIMITER_BASELINE_REV", format!("{revision} ({short})"));
             }
             status(&mut xdp)?;
             if quick || !sections.is_empty() {
@@ -344,25 +345,59 @@ fn build_without_trace() -> Result<PathBuf> {
 }
 
 /// The XDP program as built from git revision `revision` (a worktree of
-/// its own, removed after), for the bench's `baseline` section.
-fn build_baseline(revision: &str) -> Result<PathBuf> {
-    step(&format!(
-        "building the XDP program at {revision} (the bench's baseline)"
-    ));
-    let source = root().join("target/baseline-src");
-    let git = |args: &[&str]| {
-        status(Command::new("git").current_dir(root()).args(args))
-            .with_context(|| format!("git {}", args.join(" ")))
+/// its own, removed after), for the bench's `baseline` section; and the
+/// commit it names.
+fn build_baseline(revision: &str) -> Result<(PathBuf, String)> {
+    let git_output = |args: &[&str]| -> Result<String> {
+        let out = Command::new("git")
+            .current_dir(root())
+            .args(args)
+            .output()
+            .with_context(|| format!("git {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!(
+                "git {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
-    if source.exists() {
-        git(&["worktree", "remove", "--force", &source.to_string_lossy()])?;
+    let commit = git_output(&["rev-parse", "--verify", &format!("{revision}^{{commit}}")])
+        .with_context(|| format!("--baseline {revision}: not a commit of this repository"))?;
+    step(&format!(
+        "building the XDP program at {revision} ({commit}, the bench's baseline)"
+    ));
+    // Its maps are loaded by this build: layouts that differ would fail,
+    // flags that mean something else would measure another program.
+    if git_output(&[
+        "diff",
+        "--quiet",
+        &commit,
+        "HEAD",
+        "--",
+        "limiter-common/src/abi.rs",
+    ])
+    .is_err()
+    {
+        println!(
+            "xtask: warning: limiter-common/src/abi.rs differs between {revision} and HEAD; \
+             the baseline is loaded with this build's maps and rules"
+        );
     }
-    git(&[
+    let source = root().join("target/baseline-src");
+    let source_arg = source.to_string_lossy().into_owned();
+    // What an interrupted run left: the worktree, or its registration.
+    let _ = git_output(&["worktree", "remove", "--force", &source_arg]);
+    let _ = std::fs::remove_dir_all(&source);
+    git_output(&["worktree", "prune"])?;
+    git_output(&[
         "worktree",
         "add",
+        "--force",
         "--detach",
-        &source.to_string_lossy(),
-        revision,
+        &source_arg,
+        &commit,
     ])?;
     let built = status(
         nightly_cargo()
@@ -370,13 +405,14 @@ fn build_baseline(revision: &str) -> Result<PathBuf> {
             .args(["build", "--release", "--quiet", "--target-dir"])
             .arg(root().join("limiter-ebpf/target/baseline")),
     );
-    git(&["worktree", "remove", "--force", &source.to_string_lossy()])?;
+    let removed = git_output(&["worktree", "remove", "--force", &source_arg]);
     built?;
+    removed?;
     let from = root().join("limiter-ebpf/target/baseline/bpfel-unknown-none/release/limiter");
     let to = root().join("target/baseline-limiter.o");
     std::fs::copy(&from, &to)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-    Ok(to)
+    Ok((to, commit))
 }
 
 pub fn root() -> PathBuf {

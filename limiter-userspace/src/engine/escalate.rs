@@ -6,7 +6,10 @@
 //! dry run (`action: shadow`) it is counted and logged, not blocked. The
 //! watch (`limiter_common::escalation`) is layer 7's too.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use anyhow::Result;
 use ipnet::IpNet;
@@ -27,6 +30,9 @@ pub struct Watch {
     /// Each key's count of refused packets at the last look (keys that
     /// have refused any): a key that refused one since is over its limit.
     dropped: HashMap<FlowKey, u32>,
+    /// The rules (by id) the last look looked at: a key of another has no
+    /// count to compare with yet (its refusals may be old).
+    looked: HashSet<u32>,
     /// Keys a dry run would have blocked, until when: not counted again
     /// meanwhile, as a block would have stopped them.
     dry_until: HashMap<FlowKey, u64>,
@@ -88,6 +94,7 @@ impl Engine {
         }
         if rules.is_empty() {
             self.watch.over_since.clear();
+            self.watch.looked.clear();
             return Ok(Vec::new());
         }
         let now = self.datapath.clock_ns();
@@ -101,14 +108,20 @@ impl Engine {
                 return;
             };
             if self.watch.dry_until.contains_key(key) {
+                // Held by a dry run's block: its count still moves on.
+                if state.dropped_packets != 0 {
+                    dropped.insert(*key, state.dropped_packets);
+                }
                 return;
             }
             // Over: it refused a packet since the last look, or would
             // refuse the next one now.
             // (A key's count of refusals includes the aggregate's: under a
             // rule with one, only its own meters say it is over.)
-            // (A key not in the last look's counts had refused none.)
+            // (A key not in the last look's counts had refused none, if
+            // that look was at its rule.)
             let refused_since = !has_aggregate(kernel)
+                && self.watch.looked.contains(&key.rule_id())
                 && self.watch.dropped.get(key).copied().unwrap_or(0) != state.dropped_packets;
             if state.dropped_packets != 0 {
                 dropped.insert(*key, state.dropped_packets);
@@ -140,6 +153,7 @@ impl Engine {
         });
         self.watch.over_since = over_since;
         self.watch.dropped = dropped;
+        self.watch.looked = rules.keys().copied().collect();
         self.watch.dry_until.extend(dry_until);
         if due.is_empty() && self.watch.made.is_empty() {
             return Ok(due);

@@ -859,6 +859,20 @@ fn several_limits_are_three_at_most() {
         bytes.rules[0].third.map(|t| (t.rate.rate, t.counts_bytes)),
         Some((9000, true))
     );
+    // A soft limit below either of two packet limits (the daily one here,
+    // though listed first and kept second).
+    let soft = parse(&rule(
+        "[ { rate: 1000, unit: day }, { rate: 10, unit: second } ], soft: { rate: 500, unit: day }",
+    ))
+    .unwrap();
+    assert_eq!(soft.rules[0].soft.map(|s| s.rate), Some(500));
+    let e = error(&rule(
+        "[ { rate: 1000, unit: day }, { rate: 10, unit: second } ], soft: { rate: 2000, unit: day }",
+    ));
+    assert!(
+        e.contains("rules[0].soft:") && e.contains("not below the hard limit"),
+        "{e}"
+    );
     // The file's order does not matter: shortest unit first.
     let shuffled = parse(&rule(
         "[ { rate: 250, unit: day }, { rate: 2, unit: minute }, { rate: 1, unit: second } ]",

@@ -207,7 +207,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     let soft = raw
         .soft
         .as_ref()
-        .map(|fields| soft_limit(fields, &limit, algorithm))
+        .map(|fields| soft_limit(fields, &limit, second_packets.as_ref(), algorithm))
         .transpose()?;
     if soft.is_some() && third.is_some() {
         return Err(invalid(
@@ -299,11 +299,13 @@ fn tcp_flags(text: &str) -> Result<TcpFlags, String> {
     Ok(flags)
 }
 
-/// A `soft` limit: a packet rate, on a GCRA rule, below its hard packet
-/// limit (at most its rate and its burst, and not both the same).
+/// A `soft` limit: a packet rate, on a GCRA rule, below a hard packet
+/// limit (at most its rate and its burst, and not both the same); with
+/// two, below either (`second`: the second).
 fn soft_limit(
     fields: &raw::RateFields,
     limit: &Limit,
+    second: Option<&Rate>,
     algorithm: Algorithm,
 ) -> Result<Rate, Invalid> {
     if algorithm != Algorithm::Gcra {
@@ -339,10 +341,12 @@ fn soft_limit(
         .packets
         .ok_or_else(|| invalid("soft.rate", "a soft limit needs `rate`"))?;
     // A longer emission interval is a lower rate.
-    let below = soft.gcra.emission_ns >= hard.gcra.emission_ns
-        && soft.burst <= hard.burst
-        && (soft.gcra.emission_ns, soft.burst) != (hard.gcra.emission_ns, hard.burst);
-    if !below {
+    let below = |hard: &Rate| {
+        soft.gcra.emission_ns >= hard.gcra.emission_ns
+            && soft.burst <= hard.burst
+            && (soft.gcra.emission_ns, soft.burst) != (hard.gcra.emission_ns, hard.burst)
+    };
+    if !below(hard) && !second.is_some_and(below) {
         return Err(invalid(
             "soft",
             format!(

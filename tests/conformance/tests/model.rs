@@ -73,8 +73,16 @@ type States<T> = HashMap<Option<u8>, [T; 2]>;
 
 fn shared_verdicts(trace: &Trace) -> Vec<bool> {
     let algo = trace.spec.algo;
-    let cost = |a: &Arrival, i: usize, meters: &[Option<(u64, Meter, bool)>; 4]| {
-        meters[i].map_or(0, |m| if m.2 { a.cost } else { trace.spec.credits(a) })
+    // What arrival `n` (`a`) charges meter `i`: bytes its length, the
+    // others its credits under the spec in force.
+    let cost = |n: usize, a: &Arrival, i: usize, meters: &[Option<(u64, Meter, bool)>; 4]| {
+        meters[i].map_or(0, |m| {
+            if m.2 {
+                a.cost
+            } else {
+                trace.spec_at(n).credits(a)
+            }
+        })
     };
     // The meters in force at each arrival (a limit change replaces them).
     let meters_at = |i: usize| meters(&trace.spec_at(i));
@@ -127,13 +135,17 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                     let charges: [Option<(&AtomicU64, &Gcra, u64)>; 4] = std::array::from_fn(|i| {
                         in_force[i]
                             .as_ref()
-                            .map(|g| (cell(i), g, cost(a, i, &meters)))
+                            .map(|g| (cell(i), g, cost(n, a, i, &meters)))
                     });
                     // A third limit, as the kernel and layer 7 meter it.
                     let verdict = match third(&trace.spec_at(n)) {
                         Some((gcra, bytes)) => {
                             let cell = thirds.entry(a.key).or_default();
-                            let cost = if bytes { a.cost } else { trace.spec.credits(a) };
+                            let cost = if bytes {
+                                a.cost
+                            } else {
+                                trace.spec_at(n).credits(a)
+                            };
                             acquire_all_after((&*cell, &gcra, cost), charges, a.t)
                         }
                         None => acquire_all(charges, a.t),
@@ -163,7 +175,7 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                         };
                         windows[i]
                             .as_ref()
-                            .is_none_or(|w| log.admit(w, a.t, cost(a, i, &meters)))
+                            .is_none_or(|w| log.admit(w, a.t, cost(n, a, i, &meters)))
                     });
                     if admitted {
                         logs.insert(Some(a.key), key);
@@ -191,10 +203,10 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                     let [w0, w1, w2, w3] = &windows;
                     let outcome = windows_all(
                         [
-                            w0.as_ref().map(|w| (k0, w, cost(a, 0, &meters))),
-                            w1.as_ref().map(|w| (k1, w, cost(a, 1, &meters))),
-                            w2.as_ref().map(|w| (a0, w, cost(a, 2, &meters))),
-                            w3.as_ref().map(|w| (a1, w, cost(a, 3, &meters))),
+                            w0.as_ref().map(|w| (k0, w, cost(n, a, 0, &meters))),
+                            w1.as_ref().map(|w| (k1, w, cost(n, a, 1, &meters))),
+                            w2.as_ref().map(|w| (a0, w, cost(n, a, 2, &meters))),
+                            w3.as_ref().map(|w| (a1, w, cost(n, a, 3, &meters))),
                         ],
                         a.t,
                         sliding,
