@@ -570,9 +570,19 @@ fn verdict_word(verdict: Verdict) -> u64 {
 /// would explore every meter after it twice.
 #[inline(always)]
 fn key_bytes_cost(flags: u32, len: u64, credits: u64) -> u64 {
-    const SHIFT: u32 = rule_flag::BYTES_COUNT_PACKETS.trailing_zeros();
-    let pick = u64::from((flags >> SHIFT) & 1);
-    len * (1 - pick) + credits * pick
+    pick(flag_bit(flags, rule_flag::BYTES_COUNT_PACKETS), credits, len)
+}
+
+/// 1 if `flags` has `flag` (a single bit), else 0: a value, not a branch.
+#[inline(always)]
+fn flag_bit(flags: u32, flag: u32) -> u64 {
+    u64::from((flags >> flag.trailing_zeros()) & 1)
+}
+
+/// `if_set` when `bit` (0 or 1) is 1, else `if_clear`, without a branch.
+#[inline(always)]
+fn pick(bit: u64, if_set: u64, if_clear: u64) -> u64 {
+    if_set * bit + if_clear * (1 - bit)
 }
 
 /// A packet's time and cost, and the meter of its key's third word, for
@@ -695,8 +705,7 @@ fn meter_gcra(
 /// Without a branch.
 #[inline(always)]
 fn third_meter(flags: u32, stored: &Gcra) -> Gcra {
-    const IN_FORCE: u32 = rule_flag::THIRD_LIMIT.trailing_zeros();
-    let keep = u64::from((flags >> IN_FORCE) & 1).wrapping_neg();
+    let keep = flag_bit(flags, rule_flag::THIRD_LIMIT).wrapping_neg();
     Gcra {
         emission_ns: stored.emission_ns & keep,
         capacity_ns: stored.capacity_ns | !keep,
@@ -709,11 +718,8 @@ fn third_meter(flags: u32, stored: &Gcra) -> Gcra {
 /// length. Without a branch (see [`key_bytes_cost`]).
 #[inline(always)]
 fn third_cost(flags: u32, len: u64, credits: u64) -> u64 {
-    const IN_FORCE: u32 = rule_flag::THIRD_LIMIT.trailing_zeros();
-    const BYTES: u32 = rule_flag::THIRD_COUNTS_BYTES.trailing_zeros();
-    let in_force = u64::from((flags >> IN_FORCE) & 1);
-    let bytes = u64::from((flags >> BYTES) & 1);
-    in_force * (len * bytes + credits * (1 - bytes))
+    let cost = pick(flag_bit(flags, rule_flag::THIRD_COUNTS_BYTES), len, credits);
+    flag_bit(flags, rule_flag::THIRD_LIMIT) * cost
 }
 
 /// Windows: a window's fields change together, so the key's state (then

@@ -283,14 +283,14 @@ impl State {
 /// key starts with: a window's counts expire within two windows, a log's
 /// entries within one. `None` for GCRA, whose state says it exactly.
 fn rest_ns(rule: &Rule) -> Option<u64> {
-    let Limit::Metered { packets, bytes } = rule.limit else {
+    if matches!(rule.limit, Limit::Unlimited) {
         return Some(0);
-    };
+    }
     if rule.algorithm == Algorithm::Gcra {
         return None;
     }
     Some(
-        [packets, bytes.or(rule.second_packets)]
+        rule.key_meters()
             .into_iter()
             .flatten()
             .map(|m| match rule.algorithm {
@@ -557,11 +557,8 @@ impl Limiter {
     /// [`Limiter::check`] once the request's key state is found.
     fn decide(&self, index: usize, request: &RequestMeta<'_>, state: &Arc<State>) -> Admission {
         let rule = &self.rules.rules[index];
-        let (packets, bytes) = match rule.limit {
-            Limit::Metered { packets, bytes } => (packets, bytes),
-            // Unlimited, but counted in flight.
-            Limit::Unlimited => (None, None),
-        };
+        // (Unlimited: none, but counted in flight.)
+        let [packets, key_bytes, _] = rule.key_meters();
         let counters = &self.counters[index];
         // A key its escalation blocked is refused before anything else
         // (under a dry run, passed and counted), and charged nothing.
@@ -596,7 +593,7 @@ impl Limiter {
         rates[order::KEY_PACKETS] = packets;
         // A second packet limit takes the byte meter's place, as in the
         // kernel (validation keeps the two apart).
-        rates[order::KEY_BYTES] = bytes.or(rule.second_packets);
+        rates[order::KEY_BYTES] = key_bytes;
         rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index);
         rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
         // A request's credits (`cost`): its class's, or 1.
@@ -712,38 +709,29 @@ impl Limiter {
         // value may be a secret) and when it was judged.
         (client, now): (IpAddr, u64),
     ) {
-        let over = match (rule.algorithm, rule.limit) {
-            (_, Limit::Unlimited) => false,
-            (Algorithm::Gcra, Limit::Metered { packets, bytes }) => [
-                packets,
-                bytes.or(rule.second_packets),
-                rule.third.map(|t| t.rate),
-            ]
-            .iter()
-            .zip(&state.cells)
-            .any(|(meter, cell)| {
+        // The key's meters in the words of its state (none: unlimited).
+        let meters = rule.key_meters();
+        let over = match rule.algorithm {
+            Algorithm::Gcra => meters.iter().zip(&state.cells).any(|(meter, cell)| {
                 meter.is_some_and(|m| {
                     m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
                 })
             }),
-            (Algorithm::SlidingLog, Limit::Metered { packets, bytes }) => {
+            Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
                 let mut logs = state.logs.lock().expect("log lock").clone();
-                [packets, bytes.or(rule.second_packets)]
+                meters
                     .iter()
                     .zip(logs.iter_mut())
                     .any(|(meter, log)| meter.is_some_and(|m| !log.admit(&m.window, now, 1)))
             }
-            (algorithm, Limit::Metered { packets, bytes }) => {
+            algorithm => {
                 let now = self.clock.epoch_ns();
                 let windows = *state.windows.lock().expect("window lock");
                 let sliding = algorithm == Algorithm::SlidingWindow;
-                [packets, bytes.or(rule.second_packets)]
-                    .iter()
-                    .zip(&windows)
-                    .any(|(meter, w)| {
-                        meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
-                    })
+                meters.iter().zip(&windows).any(|(meter, w)| {
+                    meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
+                })
             }
         };
         // Over, as the daemon looks once a second: refused within the last

@@ -23,7 +23,7 @@ use limiter_common::{
 use super::{Limiter, State};
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
-    rules::{Algorithm, Limit, Rule, RuleSet, same_name_first},
+    rules::{Algorithm, Rule, RuleSet, same_name_first},
 };
 
 impl Limiter {
@@ -135,15 +135,7 @@ fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 3]; 2] {
         if rule.algorithm != Algorithm::Gcra {
             return [[None; 3]; 2];
         }
-        let key = match rule.limit {
-            // A second packet limit is in the byte meter's place.
-            Limit::Metered { packets, bytes } => [
-                packets.map(|r| r.gcra),
-                bytes.or(rule.second_packets).map(|r| r.gcra),
-                rule.third.map(|t| t.rate.gcra),
-            ],
-            Limit::Unlimited => [None; 3],
-        };
+        let key = rule.key_meters().map(|m| m.map(|r| r.gcra));
         let aggregate = match (rule.aggregate, rule.fleet) {
             (Some(a), None) => [a.packets.map(|r| r.gcra), a.bytes.map(|r| r.gcra), None],
             _ => [None; 3],

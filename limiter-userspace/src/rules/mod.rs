@@ -132,6 +132,20 @@ impl Rule {
         }
     }
 
+    /// The key's limits in the words of its state, as both layers keep
+    /// them: the packet limit; the byte limit, or else a second packet
+    /// limit; the third limit (GCRA; the word a soft limit uses otherwise).
+    pub fn key_meters(&self) -> [Option<Rate>; 3] {
+        match self.limit {
+            Limit::Metered { packets, bytes } => [
+                packets,
+                bytes.or(self.second_packets),
+                self.third.map(|t| t.rate),
+            ],
+            Limit::Unlimited => [None; 3],
+        }
+    }
+
     /// A fleet-wide rule's whole budget: its aggregate packet rate
     /// (validation makes every fleet rule have one).
     pub fn fleet_rate(&self) -> Option<Rate> {
