@@ -369,24 +369,10 @@ fn third_limits_decide_some_arrivals() {
         .collect();
     assert_eq!(with_third.len(), 3, "the three-limit traces");
     for trace in with_third {
-        let without = Trace {
-            spec: Spec {
-                third: None,
-                ..trace.spec
-            },
-            changes: trace
-                .changes
-                .iter()
-                .map(|c| reference::LimitChange {
-                    spec: Spec {
-                        third: None,
-                        ..c.spec
-                    },
-                    ..*c
-                })
-                .collect(),
-            ..trace.clone()
-        };
+        let without = with_every_spec(&trace, |spec| Spec {
+            third: None,
+            ..spec
+        });
         let (v, w) = (reference::verdicts(&trace), reference::verdicts(&without));
         let decided = v.iter().zip(&w).filter(|(a, b)| a != b).count();
         assert!(
@@ -407,15 +393,29 @@ fn credits_decide_some_arrivals() {
         .collect();
     assert_eq!(costly.len(), 4, "a credit trace per algorithm");
     for trace in costly {
-        let flat = Trace {
-            spec: Spec {
-                costly: None,
-                ..trace.spec
-            },
-            ..trace.clone()
-        };
+        let flat = with_every_spec(&trace, |spec| Spec {
+            costly: None,
+            ..spec
+        });
         let (v, w) = (reference::verdicts(&trace), reference::verdicts(&flat));
         let admitted_more = v.iter().zip(&w).filter(|(a, b)| !**a && **b).count();
         assert!(admitted_more > 0, "{}: credits changed nothing", trace.name);
+    }
+}
+
+/// `trace` with `change` made to its rule and to every rule its limit
+/// changes put in force.
+fn with_every_spec(trace: &Trace, change: impl Fn(Spec) -> Spec) -> Trace {
+    Trace {
+        spec: change(trace.spec),
+        changes: trace
+            .changes
+            .iter()
+            .map(|c| reference::LimitChange {
+                spec: change(c.spec),
+                ..*c
+            })
+            .collect(),
+        ..trace.clone()
     }
 }
