@@ -17,6 +17,9 @@
 //! neither, the new key is refused and counted (`key_alloc_failed`): the
 //! table never forgets a limited source to make room.
 //!
+//! Each key has a preferred way in its bucket ([`preferred_way`]), taken
+//! when free and looked at first.
+//!
 //! A third map, `KEY_FILTER`, is a presence filter in front of the tags
 //! ([`filter_words`]): a source the table does not hold, as a forged one,
 //! is mostly turned away by one load from it, without reading the tags.
@@ -166,6 +169,20 @@ pub const fn filter_words(buckets: u32) -> u32 {
 pub fn filter_bit(hash: u64, words: u32) -> (u32, u64) {
     let bit = ((hash >> 24) as u32) & (words.wrapping_mul(64).wrapping_sub(1));
     (bit / 64, 1 << (bit % 64))
+}
+
+/// The way of its bucket a key is looked for first, and stored in when
+/// that slot is free (the kernel's claims and lookups go round the bucket
+/// from it). Found there, the key's slot is loaded as its tag is (its
+/// address needs no tag, and the branch on the tag is predicted to
+/// match), as it was when claims took the first free way and lookups
+/// started at way 0; but a way the verifier cannot know walks each loop
+/// once, where ways known to it were walked one path per way (about
+/// 76,000 fewer instructions verified). From the tag's top bits, which
+/// neither the bucket nor the filter uses.
+#[inline(always)]
+pub fn preferred_way(tag: u32) -> usize {
+    ((tag >> 28) & (WAYS as u32 - 1)) as usize
 }
 
 /// The tag of a hash: its high half, marked as a key.

@@ -6,6 +6,11 @@
 //! the limiter under test is netfilter rather than XDP; `drop_all` is the
 //! end-to-end baseline and `floor` the per-packet one: the least any
 //! per-source limiter must do (parse to the source, one hash lookup).
+//! Two more floors bound what any limiter could reach here, whatever its
+//! design: `floor_clock` adds the clock read every exact meter needs, and
+//! `floor_state` is one read and write of a 64-byte state per source in a
+//! table as large as the limiter's, the least memory traffic a limiter
+//! that keeps a state per source does (the scale series).
 #![no_std]
 #![no_main]
 
@@ -15,12 +20,12 @@ mod runtime;
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::bpf_get_prandom_u32,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
-use limiter_common::abi::FlowKey;
+use limiter_common::{abi::FlowKey, keytable};
 use parse::Source;
 
 /// Index 0: how many sources to cycle through (at most 2^24); index 1:
@@ -92,19 +97,70 @@ pub fn drop_all(_ctx: XdpContext) -> u32 {
 #[map]
 static FLOOR_KEYS: LruHashMap<FlowKey, u64> = LruHashMap::with_max_entries(1 << 20, 0);
 
+/// The frame's source as the limiter keys it (rule 0, whole address).
+#[inline(always)]
+fn source_key(ctx: &XdpContext) -> Option<FlowKey> {
+    match parse::parse(ctx) {
+        Ok(Some(packet)) => Some(match packet.source {
+            Source::V4(addr) => FlowKey::v4(0, addr, [0xff; 4]),
+            Source::V6(addr) => FlowKey::v6(0, addr, [0xff; 16]),
+        }),
+        _ => None,
+    }
+}
+
 /// Parses to the source with the limiter's own parser, looks the source up
 /// in an LRU hash (inserting it when missing) and drops.
 #[xdp]
 pub fn floor(ctx: XdpContext) -> u32 {
-    let key = match parse::parse(&ctx) {
-        Ok(Some(packet)) => match packet.source {
-            Source::V4(addr) => FlowKey::v4(0, addr, [0xff; 4]),
-            Source::V6(addr) => FlowKey::v6(0, addr, [0xff; 16]),
-        },
-        _ => return xdp_action::XDP_PASS,
+    let Some(key) = source_key(&ctx) else {
+        return xdp_action::XDP_PASS;
     };
     if FLOOR_KEYS.get_ptr_mut(key).is_none() {
         let _ = FLOOR_KEYS.insert(key, 0, 0);
+    }
+    xdp_action::XDP_DROP
+}
+
+/// The floor and a read of the clock every exact meter needs
+/// (`bpf_ktime_get_ns`, as the limiter reads it), stored in the source's
+/// entry so that it is not optimised away.
+#[xdp]
+pub fn floor_clock(ctx: XdpContext) -> u32 {
+    let Some(key) = source_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    match FLOOR_KEYS.get_ptr_mut(key) {
+        Some(entry) => unsafe { *entry = now },
+        None => {
+            let _ = FLOOR_KEYS.insert(key, now, 0);
+        }
+    }
+    xdp_action::XDP_DROP
+}
+
+/// One 64-byte state per source, by hash (no key kept, no collision
+/// handled: less than any real table does). The bench sizes it (a power
+/// of two) and writes its size less one at `FLOOR_STATE_MASK[0]`.
+#[map]
+static FLOOR_STATES: Array<[u64; 8]> = Array::with_max_entries(1, 0);
+
+#[map]
+static FLOOR_STATE_MASK: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Parses to the source, hashes it as the limiter's key table does, and
+/// counts the frame in the source's state: one cache line read and
+/// written per frame, in a table of the limiter's size.
+#[xdp]
+pub fn floor_state(ctx: XdpContext) -> u32 {
+    let Some(key) = source_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    let mask = FLOOR_STATE_MASK.get(0).copied().unwrap_or(0);
+    let slot = keytable::hash(&key, 0x9e37_79b9_7f4a_7c15) as u32 & mask;
+    if let Some(state) = FLOOR_STATES.get_ptr_mut(slot) {
+        unsafe { (*state)[0] += 1 };
     }
     xdp_action::XDP_DROP
 }

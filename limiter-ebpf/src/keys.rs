@@ -32,18 +32,28 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
         return None;
     }
     let (bucket, tags, tag) = place(config, hash)?;
-    for way in 0..WAYS {
+    // From the preferred way on (`keytable::preferred_way`). One lookup
+    // of the slot found, wherever it was found: the verifier then walks
+    // what follows once, not once per way that matched.
+    let first = keytable::preferred_way(tag);
+    let mut found = WAYS;
+    for i in 0..WAYS {
+        let way = (first + i) & (WAYS - 1);
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
         if seen != tag {
             continue;
         }
-        if let Some(slot) = KEYS.get_ptr_mut(slot_index(bucket, way))
+        if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
             && unsafe { same_key(&(*slot).key, key) }
         {
-            return NonNull::new(slot);
+            found = way;
+            break;
         }
     }
-    None
+    if found >= WAYS {
+        return None;
+    }
+    NonNull::new(KEYS.get_ptr_mut(slot_index(bucket, found))?)
 }
 
 /// Whether the table may hold the key of `hash`: its bit in the active
@@ -110,7 +120,12 @@ fn claim_slot(
     let mut chosen = WAYS;
     let mut chosen_tag = tag::FREE;
     let mut oldest = u64::MAX;
-    for way in 0..WAYS {
+    // The first free way from the preferred one on (so the preferred way
+    // when free: see `keytable::preferred_way`), else the one at rest the
+    // longest.
+    let first = keytable::preferred_way(tag);
+    for i in 0..WAYS {
+        let way = (first + i) & (WAYS - 1);
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
         if seen == tag::FREE {
             chosen = way;

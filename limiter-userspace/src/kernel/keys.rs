@@ -149,6 +149,17 @@ impl KeyTable {
         }
     }
 
+    /// Keys held, and how many of them sit in their preferred way
+    /// (`keytable::preferred_way`: found one cache miss deep, not two).
+    pub fn in_preferred_way(&self) -> (usize, usize) {
+        let (mut held, mut preferred) = (0, 0);
+        self.for_each_key(|_, way, seen| {
+            held += 1;
+            preferred += usize::from(way == keytable::preferred_way(seen));
+        });
+        (held, preferred)
+    }
+
     /// Every key and its state.
     pub fn dump(&self) -> Vec<(FlowKey, KeyState)> {
         let mut out = Vec::new();

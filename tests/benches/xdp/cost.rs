@@ -38,19 +38,26 @@ fn time(prog: &Xdp, frame: &[u8], rounds: usize) -> Result<f64> {
 
 pub struct Costs {
     pub floor_ns: f64,
+    /// The floor and the clock read every exact meter needs: the least
+    /// any exact limiter costs here.
+    pub floor_clock_ns: f64,
     pub limiter_ns: f64,
 }
 
-/// The floor program and the limiter (500 rules, blocks loaded, the
+/// The floor program, the floor with a clock read, and the limiter (500 rules, blocks loaded, the
 /// source already tracked), on the same frame: measured in turns, the
 /// best of each, so a slow spell of the VM does not favour either.
 pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
     let mut costs = Costs {
         floor_ns: f64::MAX,
+        floor_clock_ns: f64::MAX,
         limiter_ns: f64::MAX,
     };
     for _ in 0..rounds {
         costs.floor_ns = costs.floor_ns.min(helper_ns("floor", frame, 1)?);
+        costs.floor_clock_ns = costs
+            .floor_clock_ns
+            .min(helper_ns("floor_clock", frame, 1)?);
         costs.limiter_ns =
             costs
                 .limiter_ns

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use aya::{
-    Ebpf,
+    Ebpf, EbpfLoader,
+    maps::Array,
     programs::{Xdp, xdp::XdpMode},
 };
 use limiter::{
@@ -131,16 +132,7 @@ pub const BLOCKS: &[&str] = &[
 
 pub fn install(lab: &Lab, peer: Peer, max_keys: u32, limit: Limit) -> Result<Installed> {
     match peer {
-        Peer::XdpDrop => {
-            let mut ebpf = Ebpf::load(&generator::object()?)?;
-            let prog: &mut Xdp = ebpf
-                .program_mut("drop_all")
-                .context("drop_all")?
-                .try_into()?;
-            prog.load()?;
-            lab.rx.enter(|| prog.attach(RX_IFACE, XdpMode::Driver))??;
-            Ok(Installed::Xdp { _program: ebpf })
-        }
+        Peer::XdpDrop => install_helper(lab, "drop_all", None),
         Peer::Limiter => {
             let rules = RuleSet::parse(&rule_file(max_keys, limit), Path::new("bench.yaml"))?;
             let mut session = lab.rx.enter(|| {
@@ -209,6 +201,32 @@ pub fn install(lab: &Lab, peer: Peer, max_keys: u32, limit: Limit) -> Result<Ins
             })
         }
     }
+}
+
+/// A program of the bench's helper object (`limiter-ebpf/src/flood.rs`)
+/// on the receiving veth; `floor_states` sizes `floor_state`'s table (a
+/// power of two).
+pub fn install_helper(lab: &Lab, name: &str, floor_states: Option<u32>) -> Result<Installed> {
+    let object = generator::object()?;
+    let mut loader = EbpfLoader::new();
+    if let Some(states) = floor_states {
+        loader.map_max_entries("FLOOR_STATES", states);
+    }
+    let mut ebpf = loader.load(&object)?;
+    if let Some(states) = floor_states {
+        let mut mask = Array::<_, u32>::try_from(
+            ebpf.map_mut("FLOOR_STATE_MASK")
+                .context("FLOOR_STATE_MASK")?,
+        )?;
+        mask.set(0, states - 1, 0)?;
+    }
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .context(name.to_owned())?
+        .try_into()?;
+    prog.load()?;
+    lab.rx.enter(|| prog.attach(RX_IFACE, XdpMode::Driver))??;
+    Ok(Installed::Xdp { _program: ebpf })
 }
 
 /// Where [`install_object`] pins its maps.
