@@ -147,7 +147,7 @@ pub fn floor_clock(ctx: XdpContext) -> u32 {
 static FLOOR_STATES: Array<[u64; 8]> = Array::with_max_entries(1, 0);
 
 #[map]
-static FLOOR_STATE_MASK: Array<u32> = Array::with_max_entries(1, 0);
+static FLOOR_STATE_MASK: Array<u32> = Array::with_max_entries(2, 0);
 
 /// Parses to the source, hashes it as the limiter's key table does, and
 /// counts the frame in the source's state: one cache line read and
@@ -160,6 +160,39 @@ pub fn floor_state(ctx: XdpContext) -> u32 {
     let mask = FLOOR_STATE_MASK.get(0).copied().unwrap_or(0);
     let slot = keytable::hash(&key, 0x9e37_79b9_7f4a_7c15) as u32 & mask;
     if let Some(state) = FLOOR_STATES.get_ptr_mut(slot) {
+        unsafe { (*state)[0] += 1 };
+    }
+    xdp_action::XDP_DROP
+}
+
+/// Tags of `floor_bucket`'s split layout, one line per bucket of 8 states.
+#[map]
+static FLOOR_TAGS: Array<[u32; 8]> = Array::with_max_entries(1, 0);
+
+/// What the key table's shape costs at scale: a bucket's tags read, a
+/// branch on them, then the source's 64-byte state read and written, with
+/// the tags in an array of their own (`FLOOR_STATE_MASK[1]` = 0, as the
+/// key table keeps them) or in the first line of the bucket's own states
+/// (1: the tags and the state on one page).
+#[xdp]
+pub fn floor_bucket(ctx: XdpContext) -> u32 {
+    let Some(key) = source_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    let mask = FLOOR_STATE_MASK.get(0).copied().unwrap_or(0);
+    let together = FLOOR_STATE_MASK.get(1).copied().unwrap_or(0) != 0;
+    let slot = keytable::hash(&key, 0x9e37_79b9_7f4a_7c15) as u32 & mask;
+    let (bucket, way) = (slot / 8, (slot % 8).max(1));
+    let tag = if together {
+        FLOOR_STATES.get(bucket * 8).map(|line| line[0] as u32)
+    } else {
+        FLOOR_TAGS.get(bucket).map(|tags| tags[way as usize & 7])
+    };
+    // Never taken (every tag is 0): the branch a lookup makes on the tag.
+    if tag == Some(u32::MAX) {
+        return xdp_action::XDP_PASS;
+    }
+    if let Some(state) = FLOOR_STATES.get_ptr_mut(bucket * 8 + way) {
         unsafe { (*state)[0] += 1 };
     }
     xdp_action::XDP_DROP

@@ -310,14 +310,22 @@ fn main() -> Result<()> {
             let max_keys = (keys + keys / 4).max(receivers::CAPACITY);
             // One 64-byte state per source in a table of the limiter's
             // size: the least memory traffic per packet at this scale.
-            let floor_state = {
-                let states = max_keys.next_power_of_two();
-                let installed = receivers::install_helper(&lab, "floor_state", Some(states))?;
+            let mut floor_table = |name: &str, tags_with_states: bool| -> Result<generator::Run> {
+                let table = receivers::FloorTable {
+                    states: max_keys.next_power_of_two(),
+                    tags_with_states,
+                };
+                let installed = receivers::install_helper(&lab, name, Some(table))?;
                 generator.send(&lab, sources, u64::from(keys))?;
-                let run = generator.flood(&lab, sources, plan.duration)?;
+                let run = generator.flood(&lab, sources, plan.duration);
                 receivers::remove(&lab, installed)?;
                 run
             };
+            let floor_state = floor_table("floor_state", false)?;
+            // The key table's shape: tags apart from the states (as it
+            // is), or on the states' page.
+            let tags_apart = floor_table("floor_bucket", false)?;
+            let tags_with = floor_table("floor_bucket", true)?;
             let installed = receivers::install(&lab, Peer::Limiter, max_keys, Limit::OnePerHour)?;
             // Frames the receiver cannot keep up with are lost before XDP
             // (a key table growing by millions misses cache on every new
@@ -345,6 +353,11 @@ fn main() -> Result<()> {
             receivers::remove(&lab, installed)?;
             let cost_ns = 1e3 / run.mpps() - 1e3 / floor.mpps();
             let state_ns = 1e3 / floor_state.mpps() - 1e3 / floor.mpps();
+            let apart_ns = 1e3 / tags_apart.mpps() - 1e3 / floor.mpps();
+            let with_ns = 1e3 / tags_with.mpps() - 1e3 / floor.mpps();
+            println!(
+                "   {keys:>10} keys: tags then state, tags apart {apart_ns:>4.0} ns/pkt, tags on the state's page {with_ns:>4.0} ns/pkt"
+            );
             println!(
                 "   {keys:>10} keys ({tracked:>8} tracked, {:.0}% in their preferred way): {:.2} Mpps (XDP_DROP {:.2}), {cost_ns:>4.0} ns/pkt above it; one 64-byte state per source: {:.2} Mpps, {state_ns:>4.0} ns/pkt",
                 preferred * 100.0,
@@ -354,7 +367,8 @@ fn main() -> Result<()> {
             );
             scale.push(json!({"keys": keys, "tracked": tracked, "preferred_way": preferred, "mpps": run.mpps(),
                 "floor_mpps": floor.mpps(), "cost_ns": cost_ns,
-                "floor_state_mpps": floor_state.mpps(), "floor_state_ns": state_ns}));
+                "floor_state_mpps": floor_state.mpps(), "floor_state_ns": state_ns,
+                "floor_tags_apart_ns": apart_ns, "floor_tags_with_state_ns": with_ns}));
         }
         if let (Some(first), Some(last)) = (scale.first(), scale.last()) {
             let ns = |point: &Value, field: &str| point[field].as_f64().unwrap_or(0.0);
@@ -398,6 +412,14 @@ fn main() -> Result<()> {
                 Series {
                     name: "one 64-byte state per source (floor)".to_owned(),
                     points: series("floor_state_ns"),
+                },
+                Series {
+                    name: "tags, then the state: tags apart (the key table's shape)".to_owned(),
+                    points: series("floor_tags_apart_ns"),
+                },
+                Series {
+                    name: "tags, then the state: tags on the state's page".to_owned(),
+                    points: series("floor_tags_with_state_ns"),
                 },
             ],
         )?;

@@ -203,22 +203,34 @@ pub fn install(lab: &Lab, peer: Peer, max_keys: u32, limit: Limit) -> Result<Ins
     }
 }
 
+/// The table of `floor_state` and `floor_bucket`: how many 64-byte
+/// states (a power of two), and whether a bucket's tags are in the first
+/// line of its own states rather than an array of their own.
+#[derive(Clone, Copy)]
+pub struct FloorTable {
+    pub states: u32,
+    pub tags_with_states: bool,
+}
+
 /// A program of the bench's helper object (`limiter-ebpf/src/flood.rs`)
-/// on the receiving veth; `floor_states` sizes `floor_state`'s table (a
-/// power of two).
-pub fn install_helper(lab: &Lab, name: &str, floor_states: Option<u32>) -> Result<Installed> {
+/// on the receiving veth, with its floor table if it has one.
+pub fn install_helper(lab: &Lab, name: &str, table: Option<FloorTable>) -> Result<Installed> {
     let object = generator::object()?;
     let mut loader = EbpfLoader::new();
-    if let Some(states) = floor_states {
-        loader.map_max_entries("FLOOR_STATES", states);
+    if let Some(table) = table {
+        loader.map_max_entries("FLOOR_STATES", table.states);
+        if !table.tags_with_states {
+            loader.map_max_entries("FLOOR_TAGS", (table.states / 8).max(1));
+        }
     }
     let mut ebpf = loader.load(&object)?;
-    if let Some(states) = floor_states {
-        let mut mask = Array::<_, u32>::try_from(
+    if let Some(table) = table {
+        let mut config = Array::<_, u32>::try_from(
             ebpf.map_mut("FLOOR_STATE_MASK")
                 .context("FLOOR_STATE_MASK")?,
         )?;
-        mask.set(0, states - 1, 0)?;
+        config.set(0, table.states - 1, 0)?;
+        config.set(1, u32::from(table.tags_with_states), 0)?;
     }
     let prog: &mut Xdp = ebpf
         .program_mut(name)
