@@ -6,11 +6,12 @@
 //! the limiter under test is netfilter rather than XDP; `drop_all` is the
 //! end-to-end baseline and `floor` the per-packet one: the least any
 //! per-source limiter must do (parse to the source, one hash lookup).
-//! Two more floors bound what any limiter could reach here, whatever its
-//! design: `floor_clock` adds the clock read every exact meter needs, and
+//! More floors bound what any limiter could reach here, whatever its
+//! design: `floor_clock` adds the clock read every exact meter needs;
 //! `floor_state` is one read and write of a 64-byte state per source in a
 //! table as large as the limiter's, the least memory traffic a limiter
-//! that keeps a state per source does (the scale series).
+//! that keeps a state per source does (the scale series); `floor_bucket`
+//! reads a bucket's tags first, as the key table does.
 #![no_std]
 #![no_main]
 

@@ -57,10 +57,10 @@ fn tracked(dp: &Loaded) -> Vec<u8> {
 fn keys_in_debt_are_never_evicted_and_the_longest_at_rest_goes_first() {
     let mut dp = loaded_object(&test_clock_object(), RULES);
     assert_eq!(dp.maps().keys.capacity(), 8);
-    // Eight sources fill the bucket's slots in order, each spending its
-    // burst and owing the table an hour from the nanosecond it came: the
-    // debt that ends first (source 4's) is in a middle slot, neither the
-    // first nor the last.
+    // Eight sources fill the bucket's slots (each its preferred way if
+    // free, else the next free one), each spending its burst and owing
+    // the table an hour from the nanosecond it came: the debt that ends
+    // first is source 4's, the fourth to come.
     const ARRIVAL: [u64; 8] = [5, 3, 8, 1, 6, 2, 7, 4];
     for (n, at) in (1..=8).zip(ARRIVAL) {
         assert_eq!(send(&mut dp, source(n), T0 + at), XDP_PASS);
