@@ -105,6 +105,9 @@ pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cos
         // Read after the snapshot: never older than the TAT it judges.
         match gcra.check(seen, now.now(), cost) {
             Decision::Deny => return Outcome::Denied,
+            // A charge that changes nothing (nothing to charge, a TAT not
+            // past) writes nothing: it holds as of the load.
+            Decision::Allow { new_tat } if new_tat == seen => return Outcome::Allowed,
             Decision::Allow { new_tat } => match cell.compare_exchange(seen, new_tat) {
                 Ok(()) => return Outcome::Allowed,
                 Err(actual) => seen = actual,
@@ -120,7 +123,10 @@ pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cos
 pub fn refund<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cost: u64) {
     let mut seen = cell.load();
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Some(back) = gcra.refunded(seen, now.now(), cost) else {
+        let Some(back) = gcra
+            .refunded(seen, now.now(), cost)
+            .filter(|&back| back != seen)
+        else {
             return;
         };
         match cell.compare_exchange(seen, back) {
@@ -240,17 +246,19 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
 /// others and handed back if one of them refuses. A key's third limit is
 /// metered so (its index [`order::KEY_THIRD`]), apart from the array: a
 /// fifth optional meter there would have the kernel's verifier explore
-/// every meter after it twice. (The kernel charges every GCRA packet so,
-/// when the rule has no third limit at no cost to a meter refusing
-/// nothing: a charge of 0 at most moves a past TAT up to `now`.)
+/// every meter after it twice. `first_at` is the time `first` is judged
+/// at: `now` for a limit; the kernel charges every GCRA packet so, and
+/// when the rule has no third limit, a charge of 0 at time 0 to a meter
+/// refusing nothing, which changes nothing and so writes nothing.
 #[inline(always)]
 pub fn acquire_all_after<C: AtomicCell + ?Sized, const N: usize>(
     first: (&C, &Gcra, u64),
+    first_at: impl Now,
     charges: [Charge<'_, C>; N],
     now: impl Now,
 ) -> Verdict {
     let (cell, gcra, cost) = first;
-    let outcome = acquire(cell, gcra, now, cost);
+    let outcome = acquire(cell, gcra, first_at, cost);
     if outcome != Outcome::Allowed {
         return Verdict {
             outcome,
@@ -259,7 +267,7 @@ pub fn acquire_all_after<C: AtomicCell + ?Sized, const N: usize>(
     }
     let verdict = acquire_all(charges, now);
     if verdict.outcome != Outcome::Allowed {
-        refund(cell, gcra, now, cost);
+        refund(cell, gcra, first_at, cost);
     }
     verdict
 }
@@ -357,6 +365,44 @@ mod tests {
     use super::*;
 
     const SEC: u64 = 1_000_000_000;
+
+    /// A cell that counts its compare-and-swaps.
+    struct Counted(AtomicU64, core::cell::Cell<u32>);
+
+    impl AtomicCell for Counted {
+        fn load(&self) -> u64 {
+            self.0.load(Ordering::Relaxed)
+        }
+
+        fn compare_exchange(&self, current: u64, new: u64) -> Result<(), u64> {
+            self.1.set(self.1.get() + 1);
+            AtomicCell::compare_exchange(&self.0, current, new)
+        }
+    }
+
+    /// The kernel's third word without a third limit: a charge of 0 at
+    /// time 0 to a meter that refuses nothing, then handed back when
+    /// another meter refuses: the word is never written, whatever it
+    /// holds; a charge that does change the TAT still swaps it.
+    #[test]
+    fn a_charge_that_changes_nothing_writes_nothing() {
+        let neutral = Gcra {
+            emission_ns: 0,
+            capacity_ns: u64::MAX,
+            burst: u64::MAX,
+        };
+        for tat in [0, 5 * SEC, u64::MAX - 1] {
+            let cell = Counted(AtomicU64::new(tat), core::cell::Cell::new(0));
+            assert_eq!(acquire(&cell, &neutral, 0u64, 0), Outcome::Allowed);
+            refund(&cell, &neutral, 0u64, 0);
+            assert_eq!((cell.load(), cell.1.get()), (tat, 0), "TAT {tat}");
+        }
+        let gcra = Gcra::new(10, SEC, 5).unwrap();
+        let cell = Counted(AtomicU64::new(0), core::cell::Cell::new(0));
+        assert_eq!(acquire(&cell, &gcra, 7 * SEC, 1), Outcome::Allowed);
+        assert_eq!(cell.1.get(), 1);
+        assert!(cell.load() > 7 * SEC);
+    }
 
     /// Guards the two steps of a limit change: meanwhile the later of the
     /// old and the carried TAT (no more budget than either limit allows),

@@ -688,20 +688,22 @@ fn meter_gcra(
         len,
     ));
     // The third limit, if any, in the key's third word: charged always
-    // (`acquire_all_after`), and without one at no cost to a meter that
-    // refuses nothing. A branch instead (a fifth optional meter, or a
+    // (`acquire_all_after`), and without one at no cost, at time 0, to a
+    // meter that refuses nothing: a charge that changes nothing, so
+    // writes nothing. A branch instead (a fifth optional meter, or a
     // subprogram for the rules with one) has the verifier explore every
     // meter after it twice, past its budget.
     let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    let has_third = flag_bit(rule.flags, rule_flag::THIRD_LIMIT);
     let third = third_meter(rule.flags, third);
     let cost = third_cost(rule.flags, len, credits);
-    acquire_all_after((&cell, &third, cost), charges, now)
+    acquire_all_after((&cell, &third, cost), pick(has_third, now, 0), charges, now)
 }
 
 /// The meter of a key's third word as its third limit: `stored` when the
 /// rule has one, else one that admits any cost at any TAT (nothing to
-/// charge, unlimited capacity and burst), so a charge of 0 at most moves
-/// a past TAT up to now and a soft limit's TAT there keeps its meaning.
+/// charge, unlimited capacity and burst), so a charge of 0 at time 0
+/// leaves the word as it is (a soft limit's TAT there keeps its meaning).
 /// Without a branch.
 #[inline(always)]
 fn third_meter(flags: u32, stored: &Gcra) -> Gcra {

@@ -840,7 +840,7 @@ impl Limiter {
                     // In the key's third word, charged first as in the
                     // kernel (`acquire_all_after`).
                     Some((gcra, cost)) => {
-                        acquire_all_after((&state.cells[2], &gcra, cost), charges, now)
+                        acquire_all_after((&state.cells[2], &gcra, cost), now, charges, now)
                     }
                     None => acquire_all(charges, now),
                 }

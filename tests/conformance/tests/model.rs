@@ -146,7 +146,7 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                             } else {
                                 trace.spec_at(n).credits(a)
                             };
-                            acquire_all_after((&*cell, &gcra, cost), charges, a.t)
+                            acquire_all_after((&*cell, &gcra, cost), a.t, charges, a.t)
                         }
                         None => acquire_all(charges, a.t),
                     };
