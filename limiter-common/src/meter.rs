@@ -3,8 +3,9 @@
 //! shared between CPUs, window updates under a lock, refunds, and pacing.
 //!
 //! A GCRA verdict is computed from a snapshot of the TAT and committed
-//! with compare-and-swap; if another CPU changed the TAT in between, the
-//! verdict is recomputed from the value it wrote. No update is ever lost, so
+//! with compare-and-swap (or, when it changes nothing, holds as of the
+//! snapshot); if another CPU changed the TAT in between, the verdict is
+//! recomputed from the value it wrote. No update is ever lost, so
 //! concurrency cannot admit more than the algorithm allows.
 //!
 //! The time a verdict uses is read after the snapshot it judges ([`Now`]):
@@ -391,7 +392,7 @@ mod tests {
             capacity_ns: u64::MAX,
             burst: u64::MAX,
         };
-        for tat in [0, 5 * SEC, u64::MAX - 1] {
+        for tat in [0, 5 * SEC, u64::MAX - 1, u64::MAX] {
             let cell = Counted(AtomicU64::new(tat), core::cell::Cell::new(0));
             assert_eq!(acquire(&cell, &neutral, 0u64, 0), Outcome::Allowed);
             refund(&cell, &neutral, 0u64, 0);
@@ -402,6 +403,20 @@ mod tests {
         assert_eq!(acquire(&cell, &gcra, 7 * SEC, 1), Outcome::Allowed);
         assert_eq!(cell.1.get(), 1);
         assert!(cell.load() > 7 * SEC);
+
+        // As the kernel composes it: the neutral third word first, then a
+        // packet meter that refuses (its TAT far ahead): neither is written.
+        let third = Counted(AtomicU64::new(3 * SEC), core::cell::Cell::new(0));
+        let packets = Counted(AtomicU64::new(1000 * SEC), core::cell::Cell::new(0));
+        let mut charges: [Charge<'_, Counted>; order::METERS] = [None; order::METERS];
+        charges[order::KEY_PACKETS] = Some((&packets, &gcra, 1));
+        let verdict = acquire_all_after((&third, &neutral, 0), 0u64, charges, 7 * SEC);
+        assert_eq!(
+            (verdict.outcome, verdict.refused_by),
+            (Outcome::Denied, order::KEY_PACKETS)
+        );
+        assert_eq!((third.load(), third.1.get()), (3 * SEC, 0));
+        assert_eq!((packets.load(), packets.1.get()), (1000 * SEC, 0));
     }
 
     /// Guards the two steps of a limit change: meanwhile the later of the

@@ -187,10 +187,11 @@ fn claim_slot(
 
 /// Takes an occupied slot's state from any CPU still metering its old key
 /// (found before the claim): for windows, takes the key's window lock and
-/// checks again that it is at rest; for GCRA, swaps each TAT for
-/// `u64::MAX`, so a charge in flight fails its compare-and-swap and then
-/// finds no budget. `false` (and the state as it was) if anything moved
-/// meanwhile. (No other CPU can seize it at once: the tag is `CLAIMED`.)
+/// checks again that it is at rest; for GCRA, swaps each TAT (the third
+/// word's too) for `u64::MAX`, so a charge in flight fails its
+/// compare-and-swap and then finds no budget. `false` (and the state as
+/// it was) if anything moved meanwhile. (No other CPU can seize it at
+/// once: the tag is `CLAIMED`.)
 #[inline(always)]
 fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> bool {
     let state = unsafe { &raw mut (*slot).state };
@@ -225,14 +226,24 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
         return at_rest.is_some();
     }
     // GCRA charges without a lock: at rest means every TAT at or before
-    // now, which each swap checks against the value it replaces.
+    // now, which each swap checks against the value it replaces. The
+    // third word too (a third or soft limit's): a charge in flight there
+    // would otherwise land on the new key's fresh word.
     let packets = unsafe { &raw mut (*state).meters[0] };
     let bytes = unsafe { &raw mut (*state).meters[1] };
+    let third = unsafe { &raw mut (*state).meters[2] };
     let Some(packets_tat) = poison(packets, now) else {
         return false;
     };
-    if poison(bytes, now).is_none() {
+    let Some(bytes_tat) = poison(bytes, now) else {
         unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat) };
+        return false;
+    };
+    if poison(third, now).is_none() {
+        unsafe {
+            atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat);
+            atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(bytes, bytes_tat);
+        }
         return false;
     }
     true
