@@ -115,8 +115,9 @@ pub struct Admission {
 /// What a request (or a streamed body's chunk) is charged.
 #[derive(Clone, Copy)]
 struct Charges<'a> {
-    /// Each meter's limit, in [`order`].
-    rates: [Option<Rate>; order::METERS],
+    /// Each meter's limit, in [`order`] (borrowed: a request copies no
+    /// limit).
+    rates: [Option<&'a Rate>; order::METERS],
     /// What meter `i` charges.
     cost: &'a dyn Fn(usize) -> u64,
     /// The key's third limit (GCRA) and what it charges, if it does.
@@ -477,9 +478,9 @@ impl Limiter {
         let Limit::Metered { bytes, .. } = rule.limit else {
             return true;
         };
-        let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
-        rates[order::KEY_BYTES] = bytes;
-        rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
+        let mut rates: [Option<&Rate>; order::METERS] = [None; order::METERS];
+        rates[order::KEY_BYTES] = bytes.as_ref();
+        rates[order::AGGREGATE_BYTES] = rule.aggregate.as_ref().and_then(|a| a.bytes.as_ref());
         let aggregate = &self.aggregates[meter.index];
         let judged_at = Cell::new(0);
         // The third limit only if it counts bytes.
@@ -589,13 +590,14 @@ impl Limiter {
         };
         let aggregate = &self.aggregates[index];
         // In `order`: the key's packets and bytes, the aggregate's.
-        let mut rates: [Option<Rate>; order::METERS] = [None; order::METERS];
+        let aggregate_packets = self.aggregate_packets(index);
+        let mut rates: [Option<&Rate>; order::METERS] = [None; order::METERS];
         rates[order::KEY_PACKETS] = packets;
         // A second packet limit takes the byte meter's place, as in the
         // kernel (validation keeps the two apart).
         rates[order::KEY_BYTES] = key_bytes;
-        rates[order::AGGREGATE_PACKETS] = self.aggregate_packets(index);
-        rates[order::AGGREGATE_BYTES] = rule.aggregate.and_then(|a| a.bytes);
+        rates[order::AGGREGATE_PACKETS] = aggregate_packets.as_ref();
+        rates[order::AGGREGATE_BYTES] = rule.aggregate.as_ref().and_then(|a| a.bytes.as_ref());
         // A request's credits (`cost`): its class's, or 1.
         let credits = request.http.as_ref().map_or(1, |http| {
             rule.costs
@@ -686,7 +688,7 @@ impl Limiter {
             allowed: allowed || shadow,
             shadow,
             rule: Some(index),
-            quota: packets.map(|m| self.quota_at(rule, &m, state, now, credits)),
+            quota: packets.map(|m| self.quota_at(rule, m, state, now, credits)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,

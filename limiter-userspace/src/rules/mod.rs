@@ -135,12 +135,12 @@ impl Rule {
     /// The key's limits in the words of its state, as both layers keep
     /// them: the packet limit; the byte limit, or else a second packet
     /// limit; the third limit (GCRA; the word a soft limit uses otherwise).
-    pub fn key_meters(&self) -> [Option<Rate>; 3] {
-        match self.limit {
+    pub fn key_meters(&self) -> [Option<&Rate>; 3] {
+        match &self.limit {
             Limit::Metered { packets, bytes } => [
-                packets,
-                bytes.or(self.second_packets),
-                self.third.map(|t| t.rate),
+                packets.as_ref(),
+                bytes.as_ref().or(self.second_packets.as_ref()),
+                self.third.as_ref().map(|t| &t.rate),
             ],
             Limit::Unlimited => [None; 3],
         }
