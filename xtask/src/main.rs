@@ -309,19 +309,36 @@ fn build_profile_stages() -> Result<PathBuf> {
     let dir = root().join("target/profile");
     std::fs::create_dir_all(&dir)?;
     for stage in 1..=STAGES {
-        status(
-            nightly_cargo()
-                .current_dir(&ebpf)
-                .args(["build", "--release", "--quiet", "--target-dir"])
-                .arg("target/profile")
-                .env("LIMITER_PROFILE_STOP", stage.to_string()),
+        build_program_variant(
+            &ebpf,
+            &ebpf.join("target/profile"),
+            &[("LIMITER_PROFILE_STOP", &stage.to_string())],
+            &dir.join(format!("stage-{stage}")),
         )?;
-        let built = ebpf.join("target/profile/bpfel-unknown-none/release/limiter");
-        let to = dir.join(format!("stage-{stage}"));
-        std::fs::copy(&built, &to)
-            .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
     }
     Ok(dir)
+}
+
+/// Builds the XDP program of `crate_dir` (a `limiter-ebpf`) with `env`
+/// set, in `target_dir` (one of its own, so that no variant is ever the
+/// program a later build embeds), and copies it to `to`.
+fn build_program_variant(
+    crate_dir: &Path,
+    target_dir: &Path,
+    env: &[(&str, &str)],
+    to: &Path,
+) -> Result<()> {
+    status(
+        nightly_cargo()
+            .current_dir(crate_dir)
+            .args(["build", "--release", "--quiet", "--target-dir"])
+            .arg(target_dir)
+            .envs(env.iter().copied()),
+    )?;
+    let built = target_dir.join("bpfel-unknown-none/release/limiter");
+    std::fs::copy(&built, to)
+        .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
+    Ok(())
 }
 
 /// The program without any tracing code (`LIMITER_NO_TRACE=1`), for the
@@ -330,17 +347,13 @@ fn build_profile_stages() -> Result<PathBuf> {
 fn build_without_trace() -> Result<PathBuf> {
     step("building the XDP program without tracing code (the bench's trace section)");
     let ebpf = root().join("limiter-ebpf");
-    status(
-        nightly_cargo()
-            .current_dir(&ebpf)
-            .args(["build", "--release", "--quiet", "--target-dir"])
-            .arg("target/notrace")
-            .env("LIMITER_NO_TRACE", "1"),
-    )?;
-    let built = ebpf.join("target/notrace/bpfel-unknown-none/release/limiter");
     let to = root().join("target/notrace-limiter.o");
-    std::fs::copy(&built, &to)
-        .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
+    build_program_variant(
+        &ebpf,
+        &ebpf.join("target/notrace"),
+        &[("LIMITER_NO_TRACE", "1")],
+        &to,
+    )?;
     Ok(to)
 }
 
@@ -399,19 +412,16 @@ fn build_baseline(revision: &str) -> Result<(PathBuf, String)> {
         &source_arg,
         &commit,
     ])?;
-    let built = status(
-        nightly_cargo()
-            .current_dir(source.join("limiter-ebpf"))
-            .args(["build", "--release", "--quiet", "--target-dir"])
-            .arg(root().join("limiter-ebpf/target/baseline")),
+    let to = root().join("target/baseline-limiter.o");
+    let built = build_program_variant(
+        &source.join("limiter-ebpf"),
+        &root().join("limiter-ebpf/target/baseline"),
+        &[],
+        &to,
     );
     let removed = git_output(&["worktree", "remove", "--force", &source_arg]);
     built?;
     removed?;
-    let from = root().join("limiter-ebpf/target/baseline/bpfel-unknown-none/release/limiter");
-    let to = root().join("target/baseline-limiter.o");
-    std::fs::copy(&from, &to)
-        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok((to, commit))
 }
 
