@@ -258,8 +258,7 @@ fn main() -> Result<()> {
         for _ in 0..plan.rounds {
             let installed =
                 receivers::install(&lab, Peer::XdpDrop, receivers::CAPACITY, Limit::Peers)?;
-            let floor = generator.flood(&lab, Sources::Random, plan.duration)?;
-            receivers::remove(&lab, installed)?;
+            let floor = flood_through(&lab, &mut generator, installed, Sources::Random, &plan)?;
             let (run, filled) = flood_full_table(&lab, &mut generator, &plan)?;
             println!(
                 "   XDP_DROP {:.2} Mpps; limiter {:.2} Mpps = {:.2} of XDP_DROP ({} keys held, {:.0}% of the filter set; {:.1}% of the frames passed)",
@@ -301,12 +300,8 @@ fn main() -> Result<()> {
         let mut scale = Vec::new();
         for &keys in plan.scale {
             let sources = Sources::Cycle(keys);
-            let floor = {
-                let installed = receivers::install(&lab, Peer::XdpDrop, keys, Limit::OnePerHour)?;
-                let run = generator.flood(&lab, sources, plan.duration)?;
-                receivers::remove(&lab, installed)?;
-                run
-            };
+            let installed = receivers::install(&lab, Peer::XdpDrop, keys, Limit::OnePerHour)?;
+            let floor = flood_through(&lab, &mut generator, installed, sources, &plan)?;
             let max_keys = (keys + keys / 4).max(receivers::CAPACITY);
             // One 64-byte state per source in a table of the limiter's
             // size: the least memory traffic per packet at this scale.
@@ -317,9 +312,7 @@ fn main() -> Result<()> {
                 };
                 let installed = receivers::install_helper(&lab, name, Some(table))?;
                 generator.send(&lab, sources, u64::from(keys))?;
-                let run = generator.flood(&lab, sources, plan.duration);
-                receivers::remove(&lab, installed)?;
-                run
+                flood_through(&lab, &mut generator, installed, sources, &plan)
             };
             let floor_state = floor_table("floor_state", false)?;
             // The key table's shape: tags apart from the states (as it
@@ -355,8 +348,7 @@ fn main() -> Result<()> {
                 _ => (0, 0),
             };
             let preferred = preferred as f64 / held.max(1) as f64;
-            let run = generator.flood(&lab, sources, plan.duration)?;
-            receivers::remove(&lab, installed)?;
+            let run = flood_through(&lab, &mut generator, installed, sources, &plan)?;
             let cost_ns = 1e3 / run.mpps() - 1e3 / floor.mpps();
             let state_ns = 1e3 / floor_state.mpps() - 1e3 / floor.mpps();
             let shape_ns = shapes.map(|(apart, with)| {
@@ -547,13 +539,11 @@ fn flood_profile(
     let mut best = vec![0.0f64; objects.len() + 1];
     for _ in 0..plan.rounds {
         let installed = receivers::install(lab, Peer::XdpDrop, receivers::CAPACITY, Limit::Peers)?;
-        let run = generator.flood(lab, Sources::Random, plan.duration)?;
-        receivers::remove(lab, installed)?;
+        let run = flood_through(lab, generator, installed, Sources::Random, plan)?;
         best[0] = best[0].max(run.mpps());
         for (i, (_, object)) in objects.iter().enumerate() {
             let installed = receivers::install_object(lab, object)?;
-            let run = generator.flood(lab, Sources::Random, plan.duration)?;
-            receivers::remove(lab, installed)?;
+            let run = flood_through(lab, generator, installed, Sources::Random, plan)?;
             best[i + 1] = best[i + 1].max(run.mpps());
         }
     }
@@ -592,9 +582,8 @@ fn measure_ceilings(lab: &Lab, generator: &mut Generator, plan: &Plan) -> Result
             } else {
                 receivers::install_helper(lab, name, None)?
             };
-            let run = generator.flood(lab, Sources::Cycle(1), plan.duration);
-            receivers::remove(lab, installed)?;
-            *best = best.max(run?.mpps());
+            let run = flood_through(lab, generator, installed, Sources::Cycle(1), plan)?;
+            *best = best.max(run.mpps());
         }
     }
     for (name, mpps) in RECEIVERS.iter().zip(best) {
@@ -637,9 +626,21 @@ fn one_source_mpps(
     plan: &Plan,
 ) -> Result<f64> {
     let installed = receivers::install_object(lab, object)?;
-    let run = generator.flood(lab, Sources::Cycle(1), plan.duration);
+    Ok(flood_through(lab, generator, installed, Sources::Cycle(1), plan)?.mpps())
+}
+
+/// A flood through an installed receiver, which is removed after it,
+/// whether the flood worked or not.
+fn flood_through(
+    lab: &Lab,
+    generator: &mut Generator,
+    installed: Installed,
+    sources: Sources,
+    plan: &Plan,
+) -> Result<generator::Run> {
+    let run = generator.flood(lab, sources, plan.duration);
     receivers::remove(lab, installed)?;
-    Ok(run?.mpps())
+    run
 }
 
 /// The program as built against the program built from another revision
