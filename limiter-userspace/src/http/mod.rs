@@ -606,7 +606,7 @@ impl Limiter {
                 .map_or(1, |class| class.credits)
         });
         let second_counts_packets = rule.second_packets.is_some();
-        let third_counts_bytes = rule.third.is_some_and(|t| t.counts_bytes);
+        let third_counts_bytes = rule.third.as_ref().is_some_and(|t| t.counts_bytes);
         let cost = |i: usize| {
             let bytes = if i == order::KEY_THIRD {
                 third_counts_bytes
@@ -641,7 +641,10 @@ impl Limiter {
                 let charges = Charges {
                     rates,
                     cost: &cost,
-                    third: rule.third.map(|t| (t.rate.gcra, cost(order::KEY_THIRD))),
+                    third: rule
+                        .third
+                        .as_ref()
+                        .map(|t| (t.rate.gcra, cost(order::KEY_THIRD))),
                 };
                 let verdict = self.meter(rule, state, aggregate, &charges, &judged_at);
                 by_aggregate =
