@@ -45,7 +45,8 @@ enum Task {
     /// iptables hashlimit and nftables (BENCHMARKS.md), the layer-7
     /// limiter against governor.
     Bench {
-        /// A two-minute subset (shorter floods, one round, fewer sizes).
+        /// About two minutes: the sections of the goals (cost, ceilings,
+        /// flood, scale) with shorter floods, one round, fewer sizes.
         #[arg(long)]
         quick: bool,
         /// A git revision to build the XDP program from as well, for the
@@ -153,9 +154,11 @@ fn run() -> Result<()> {
                 }
             }
             // Eight builds of the program: only for a run with the profile.
-            let profile = sections.is_empty() || sections.iter().any(|s| s == "profile");
+            // (`--quick` alone runs neither the profile nor the trace section.)
+            let every = sections.is_empty() && !quick;
+            let profile = every || sections.iter().any(|s| s == "profile");
             let stages = profile.then(build_profile_stages).transpose()?;
-            let trace = sections.is_empty() || sections.iter().any(|s| s == "trace");
+            let trace = every || sections.iter().any(|s| s == "trace");
             let untraced = trace.then(build_without_trace).transpose()?;
             let baseline_object = baseline.as_deref().map(build_baseline).transpose()?;
             build(false)?;

@@ -17,8 +17,10 @@
 //! - `trace`: what `limiter trace` costs when nobody traces (the program
 //!   against a build without any tracing code), and while a trace runs.
 //!
-//! `--quick` runs a two-minute subset. Results go to target/bench/xdp.json,
-//! the plots to docs/bench/.
+//! `--quick` runs the sections of issue 14's goals ([`QUICK_SECTIONS`])
+//! with shorter floods, one round and two scale points, in about two
+//! minutes (or, with sections named, those sections so). Results go to
+//! target/bench/xdp.json, the plots to docs/bench/.
 
 mod cost;
 mod dashboard;
@@ -52,6 +54,9 @@ const FULL: Plan = Plan {
     rates: &[10, 100, 1_000, 10_000, 100_000],
 };
 
+/// What `--quick` runs when no section is named: the goals' ratios.
+const QUICK_SECTIONS: [&str; 4] = ["cost", "ceilings", "flood", "scale"];
+
 const QUICK: Plan = Plan {
     duration: Duration::from_secs(2),
     rounds: 1,
@@ -64,7 +69,13 @@ fn main() -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let plan = if quick { QUICK } else { FULL };
     let named: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    let wanted = |section: &str| named.is_empty() || named.iter().any(|n| n.as_str() == section);
+    let wanted = |section: &str| {
+        if named.is_empty() {
+            !quick || QUICK_SECTIONS.contains(&section)
+        } else {
+            named.iter().any(|n| n.as_str() == section)
+        }
+    };
     limiter::kernel::require_root()?;
     limiter::kernel::pins::ensure_bpffs()?;
     plot::register_font()?;
