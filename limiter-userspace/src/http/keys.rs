@@ -91,7 +91,7 @@ impl KeyStore {
         // that scan saw.
         self.no_rest_before.fetch_min(
             // GCRA: at rest by its state, maybe at once (a lower bound).
-            rest_ns[key.0].map_or(now, |ns| now.saturating_add(ns)),
+            rest_ns[key.rule()].map_or(now, |ns| now.saturating_add(ns)),
             Ordering::Relaxed,
         );
         let state = match self.map.entry(key) {
@@ -119,7 +119,7 @@ impl KeyStore {
     /// until then, no scan can free anything.
     fn evict_at_rest(&self, keep: usize, now: u64, rest_ns: &[Option<u64>]) -> u64 {
         let rests_at = |key: &StateKey, state: &State| {
-            let meters = match rest_ns[key.0] {
+            let meters = match rest_ns[key.rule()] {
                 // GCRA: when every TAT has passed (0: never charged),
                 // a third limit's (a daily quota, say) too.
                 None => state
@@ -169,9 +169,10 @@ impl KeyStore {
     ) -> Vec<(usize, Arc<State>)> {
         let mut shared = Vec::new();
         for entry in self.map.iter() {
-            let ((i, key), state) = (*entry.key(), entry.value());
+            let (key, state) = (*entry.key(), entry.value());
+            let i = key.rule();
             if let Some(&j) = kept.get(&i)
-                && let Entry::Vacant(vacant) = next.map.entry((j, key))
+                && let Entry::Vacant(vacant) = next.map.entry(key.new_rule(j))
             {
                 vacant.insert(Arc::clone(state));
                 next.count.fetch_add(1, Ordering::Relaxed);
