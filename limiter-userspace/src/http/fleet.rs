@@ -2,7 +2,10 @@
 //! written by the fleet loop (`crate::fleet`) with the moment it lapses,
 //! after which the reserve applies, as in the kernel.
 
-use std::sync::{Mutex, atomic::Ordering};
+use std::{
+    borrow::Cow,
+    sync::{Mutex, atomic::Ordering},
+};
 
 use anyhow::Context;
 
@@ -31,16 +34,22 @@ impl FleetMeter {
 }
 
 impl Limiter {
-    /// The aggregate request meter of rule `index` now.
-    pub(super) fn aggregate_packets(&self, index: usize) -> Option<Rate> {
+    /// The aggregate request meter of rule `index` now: the rule's own,
+    /// borrowed (every request asks), or a fleet rule's share of the
+    /// moment.
+    pub(super) fn aggregate_packets(&self, index: usize) -> Option<Cow<'_, Rate>> {
         let rule = &self.rules.rules[index];
         match &self.fleet[index] {
-            None => rule.aggregate.and_then(|a| a.packets),
+            None => rule
+                .aggregate
+                .as_ref()
+                .and_then(|a| a.packets.as_ref())
+                .map(Cow::Borrowed),
             Some(fleet) => {
                 let (share, until) = *fleet.share.lock().expect("fleet share lock");
                 // A share's deadline is judged to the nanosecond.
                 let now = self.clock.monotonic_ns();
-                Some(if now < until { share } else { fleet.reserve })
+                Some(Cow::Owned(if now < until { share } else { fleet.reserve }))
             }
         }
     }

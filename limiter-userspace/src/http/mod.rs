@@ -119,8 +119,8 @@ struct Charges<'a> {
     /// Each meter's limit, in [`order`] (borrowed: a request copies no
     /// limit).
     rates: [Option<&'a Rate>; order::METERS],
-    /// What meter `i` charges.
-    cost: &'a dyn Fn(usize) -> u64,
+    /// What each meter charges.
+    costs: [u64; order::METERS],
     /// The key's third limit (GCRA) and what it charges, if it does.
     third: Option<(Gcra, u64)>,
 }
@@ -538,7 +538,7 @@ impl Limiter {
             .map(|t| (t.rate.gcra, n));
         let charges = Charges {
             rates,
-            cost: &|_| n,
+            costs: [n; order::METERS],
             third,
         };
         let verdict = self.meter(rule, &meter.state, aggregate, &charges, &judged_at);
@@ -636,16 +636,6 @@ impl Limiter {
                 }
             },
         };
-        let aggregate = &self.aggregates[index];
-        // In `order`: the key's packets and bytes, the aggregate's.
-        let aggregate_packets = self.aggregate_packets(index);
-        let mut rates: [Option<&Rate>; order::METERS] = [None; order::METERS];
-        rates[order::KEY_PACKETS] = packets;
-        // A second packet limit takes the byte meter's place, as in the
-        // kernel (validation keeps the two apart).
-        rates[order::KEY_BYTES] = key_bytes;
-        rates[order::AGGREGATE_PACKETS] = aggregate_packets.as_ref();
-        rates[order::AGGREGATE_BYTES] = rule.aggregate.as_ref().and_then(|a| a.bytes.as_ref());
         // A request's credits (`cost`): its class's, or 1.
         let credits = request.http.as_ref().map_or(1, |http| {
             rule.costs
@@ -653,22 +643,20 @@ impl Limiter {
                 .find(|class| class.holds_request(http))
                 .map_or(1, |class| class.credits)
         });
-        let second_counts_packets = rule.second_packets.is_some();
-        let third_counts_bytes = rule.third.as_ref().is_some_and(|t| t.counts_bytes);
-        let cost = |i: usize| {
-            let bytes = if i == order::KEY_THIRD {
-                third_counts_bytes
-            } else {
-                order::charges_bytes(i) && !(i == order::KEY_BYTES && second_counts_packets)
-            };
-            if bytes { request.bytes } else { credits }
-        };
         let mut delay_ns = 0;
         let mut by_aggregate = false;
         let mut refused_by = None;
         let judged_at = Cell::new(0);
-        let allowed = match (rule.algorithm, rule.delay) {
-            (Algorithm::Gcra, Some(delay)) => {
+        // A lone request limit (most rules): its one meter alone, as
+        // `acquire_all` charges an array of it alone.
+        let lone = packets.filter(|_| {
+            key_bytes.is_none()
+                && rule.third.is_none()
+                && rule.aggregate.is_none()
+                && self.fleet[index].is_none()
+        });
+        let allowed = match (rule.algorithm, rule.delay, lone) {
+            (Algorithm::Gcra, Some(delay), _) => {
                 // Validation allows pacing only on a lone packet meter.
                 let max = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
                 let gcra = packets.as_ref().map(|m| m.gcra).unwrap_or_default();
@@ -685,14 +673,46 @@ impl Limiter {
                     }
                 }
             }
+            (Algorithm::Gcra, None, Some(limit)) => {
+                let now = || {
+                    let now = self.clock.monotonic_ns();
+                    judged_at.set(now);
+                    now
+                };
+                let outcome = acquire(&state.cells[0], &limit.gcra, now, credits);
+                if outcome != Outcome::Allowed {
+                    refused_by = Some(order::KEY_PACKETS as u8);
+                }
+                outcome == Outcome::Allowed
+            }
             _ => {
+                let aggregate = &self.aggregates[index];
+                // In `order`: the key's packets and bytes, the aggregate's.
+                let aggregate_packets = self.aggregate_packets(index);
+                let mut rates: [Option<&Rate>; order::METERS] = [None; order::METERS];
+                rates[order::KEY_PACKETS] = packets;
+                // A second packet limit takes the byte meter's place, as in the
+                // kernel (validation keeps the two apart).
+                rates[order::KEY_BYTES] = key_bytes;
+                rates[order::AGGREGATE_PACKETS] = aggregate_packets.as_deref();
+                rates[order::AGGREGATE_BYTES] =
+                    rule.aggregate.as_ref().and_then(|a| a.bytes.as_ref());
+                let second_counts_packets = rule.second_packets.is_some();
+                let third_counts_bytes = rule.third.as_ref().is_some_and(|t| t.counts_bytes);
+                let cost = |bytes: bool| if bytes { request.bytes } else { credits };
+                let costs: [u64; order::METERS] = std::array::from_fn(|i| {
+                    cost(
+                        order::charges_bytes(i)
+                            && !(i == order::KEY_BYTES && second_counts_packets),
+                    )
+                });
                 let charges = Charges {
                     rates,
-                    cost: &cost,
+                    costs,
                     third: rule
                         .third
                         .as_ref()
-                        .map(|t| (t.rate.gcra, cost(order::KEY_THIRD))),
+                        .map(|t| (t.rate.gcra, cost(third_counts_bytes))),
                 };
                 let verdict = self.meter(rule, state, aggregate, &charges, &judged_at);
                 by_aggregate =
@@ -827,7 +847,11 @@ impl Limiter {
         charges: &Charges<'_>,
         judged_at: &Cell<u64>,
     ) -> Verdict {
-        let Charges { rates, cost, third } = *charges;
+        let Charges {
+            rates,
+            costs,
+            third,
+        } = *charges;
         // Each state keeps its packet meter, then its byte meter.
         let state_of = |i: usize| {
             if order::is_aggregate(i) {
@@ -854,7 +878,7 @@ impl Limiter {
                 let refused = (0..order::METERS).find(|&i| {
                     !rates[i]
                         .as_ref()
-                        .is_none_or(|m| trial[i].admit(&m.window, now, cost(i)))
+                        .is_none_or(|m| trial[i].admit(&m.window, now, costs[i]))
                 });
                 if refused.is_none() {
                     for (i, log) in trial.into_iter().enumerate() {
@@ -879,7 +903,7 @@ impl Limiter {
                 let charges: [Charge<'_, AtomicU64>; order::METERS] = std::array::from_fn(|i| {
                     rates[i]
                         .as_ref()
-                        .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, cost(i)))
+                        .map(|m| (&state_of(i).cells[pair(i)], &m.gcra, costs[i]))
                 });
                 // The clock read as each meter is judged (after the key
                 // map's lock, and again after a lost compare-and-swap).
@@ -915,7 +939,7 @@ impl Limiter {
                 let windows = rates.map(|m| m.map(|m| m.window));
                 let charges: [WindowCharge<'_>; order::METERS] = std::array::from_fn(|i| {
                     let state = states[i].take().expect("each state once");
-                    windows[i].as_ref().map(|w| (state, w, cost(i)))
+                    windows[i].as_ref().map(|w| (state, w, costs[i]))
                 });
                 judged_at.set(self.clock.monotonic_ns());
                 windows_all(charges, now, sliding)
