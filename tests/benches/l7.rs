@@ -50,6 +50,17 @@ fn bench(c: &mut Criterion) {
     group.bench_function("governor direct", |b| b.iter(|| direct.check().is_ok()));
     group.finish();
 
+    // What a reading of the time costs: the vDSO's CLOCK_MONOTONIC (as the
+    // kernel's clock) and the CPU's counter layer 7 reads instead.
+    let mut group = c.benchmark_group("clock");
+    group.bench_function("CLOCK_MONOTONIC (vDSO)", |b| {
+        b.iter(limiter::clock::monotonic_ns)
+    });
+    group.bench_function("counter (quanta), anchored to CLOCK_MONOTONIC", |b| {
+        b.iter(limiter::clock::counter_monotonic_ns)
+    });
+    group.finish();
+
     let mut group = c.benchmark_group("10k keys");
     let mut i = 0;
     group.bench_function("limiter l7", |b| {
