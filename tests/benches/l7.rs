@@ -91,6 +91,36 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // Many rules: 1,000 of /24 sources, and the client under none of them
+    // (the catch-all after them applies), as a flood from elsewhere is.
+    let mut text = String::from("max_keys: 1000000\nrules:\n");
+    for i in 0..1_000u32 {
+        let net = std::net::Ipv4Addr::from(0x6400_0000 + (i << 8));
+        text.push_str(&format!(
+            "  - {{ name: r{i}, match: {{ source: {net}/24 }}, limit: {{ rate: 1000000000, unit: second, burst: 1000000000 }} }}\n"
+        ));
+    }
+    text.push_str(
+        "  - { name: rest, limit: { rate: 1000000000, unit: second, burst: 1000000000 } }\n",
+    );
+    let many = Limiter::new(rules(&text), Arc::new(SystemClock));
+    let mut group = c.benchmark_group("1,000 rules");
+    let mut i = 0;
+    group.bench_function("limiter l7, 10k keys, under the last rule", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            many.check(&RequestMeta {
+                client: addr(i),
+                port: None,
+                key: None,
+                bytes: 0,
+                http: None,
+            })
+            .allowed
+        })
+    });
+    group.finish();
 }
 
 criterion_group!(benches, bench);

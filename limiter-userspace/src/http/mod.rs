@@ -44,7 +44,7 @@ pub use reload::Reloadable;
 
 use crate::rules::{
     Algorithm, Fallback, HttpRequest, KeyPart, Limit, Rate, Rule, RuleSet,
-    matching::{first_request_match, key_masks, match_order},
+    matching::{RequestRules, key_masks},
 };
 
 /// Where the limiter reads the time: monotonic ns for GCRA, Unix-epoch ns
@@ -403,8 +403,8 @@ impl std::hash::Hash for StateKey {
 
 pub struct Limiter {
     rules: RuleSet,
-    /// Rules most specific first, as the kernel searches them.
-    order: Vec<usize>,
+    /// Which rule applies to a request (the kernel's order), by source.
+    matcher: RequestRules,
     /// By rule index: what its responses always say.
     header_fields: Vec<headers::RuleFields>,
     clock: Arc<dyn Clock>,
@@ -434,7 +434,7 @@ impl Limiter {
             aggregates: (0..n).map(|_| Arc::default()).collect(),
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
             counters: (0..n).map(|_| Arc::default()).collect(),
-            order: match_order(&rules),
+            matcher: RequestRules::new(&rules),
             header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
             key_masks: rules.rules.iter().map(key_masks).collect(),
             rules,
@@ -467,9 +467,8 @@ impl Limiter {
             client: request.client.to_canonical(),
             ..*request
         };
-        let index = first_request_match(
+        let index = self.matcher.first(
             &self.rules,
-            &self.order,
             request.client,
             request.port,
             request.http.as_ref(),

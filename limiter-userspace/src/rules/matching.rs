@@ -2,7 +2,7 @@
 //! kernel's trie entries list candidates in [`match_order`], and layer 7
 //! and the lab ask [`first_match`]; both mask sources with [`key_masks`].
 
-use std::net::IpAddr;
+use std::{collections::HashMap, net::IpAddr};
 
 use ipnet::IpNet;
 
@@ -133,15 +133,114 @@ pub fn first_request_match(
     dest_port: Option<u16>,
     request: Option<&HttpRequest<'_>>,
 ) -> Option<usize> {
+    order
+        .iter()
+        .copied()
+        .find(|&i| request_applies(&set.rules[i], source, dest_port, request))
+}
+
+/// Whether `rule` applies to an HTTP request (see [`first_request_match`]).
+fn request_applies(
+    rule: &Rule,
+    source: IpAddr,
+    dest_port: Option<u16>,
+    request: Option<&HttpRequest<'_>>,
+) -> bool {
     const TCP: u8 = 6;
     // A request is not a segment: a rule on TCP flags (connection
     // attempts) is the kernel's and never matches one.
-    order.iter().copied().find(|&i| {
-        let rule = &set.rules[i];
-        rule.matches.applies(source, TCP, dest_port, None)
-            && rule.request.matches(request)
-            && keyable(&rule.keyed_by, request)
-    })
+    rule.matches.applies(source, TCP, dest_port, None)
+        && rule.request.matches(request)
+        && keyable(&rule.keyed_by, request)
+}
+
+/// [`first_request_match`] by an index of the rules' sources: a request
+/// tries only the rules whose source covers its address (one lookup per
+/// distinct prefix length among the rules, and the rules of any source),
+/// not every rule in turn (at 1,000 rules that took 6.7 µs a request,
+/// and a flood from addresses no rule names made every request take it).
+pub struct RequestRules {
+    order: Vec<usize>,
+    /// Positions in `order` of the rules of any source, ascending.
+    any: Vec<u32>,
+    /// The distinct source prefix lengths of IPv4 and IPv6 rules.
+    lengths: [Vec<u8>; 2],
+    /// By (family, prefix length, network): positions in `order` of the
+    /// rules of that source, ascending.
+    by_source: HashMap<(u8, u8, u128), Vec<u32>, foldhash::fast::RandomState>,
+}
+
+impl RequestRules {
+    pub fn new(set: &RuleSet) -> Self {
+        let order = match_order(set);
+        let mut any = Vec::new();
+        let mut lengths: [Vec<u8>; 2] = Default::default();
+        let mut by_source: HashMap<_, Vec<u32>, _> = HashMap::default();
+        for (position, &i) in order.iter().enumerate() {
+            let position = u32::try_from(position).expect("rules fewer than 2^32");
+            match set.rules[i].matches.source {
+                None => any.push(position),
+                Some(net) => {
+                    let key = source_key(net.network(), net.prefix_len());
+                    if !lengths[usize::from(key.0)].contains(&key.1) {
+                        lengths[usize::from(key.0)].push(key.1);
+                    }
+                    by_source.entry(key).or_default().push(position);
+                }
+            }
+        }
+        Self {
+            order,
+            any,
+            lengths,
+            by_source,
+        }
+    }
+
+    /// The rule [`first_request_match`] finds, found by the index.
+    pub fn first(
+        &self,
+        set: &RuleSet,
+        source: IpAddr,
+        dest_port: Option<u16>,
+        request: Option<&HttpRequest<'_>>,
+    ) -> Option<usize> {
+        // The earliest position in `order` of a rule that applies: each
+        // list is in order, so its first rule that applies is its best.
+        let mut best = u32::MAX;
+        let mut try_list = |positions: &[u32]| {
+            for &position in positions.iter().take_while(|&&p| p < best) {
+                let i = self.order[position as usize];
+                if request_applies(&set.rules[i], source, dest_port, request) {
+                    best = position;
+                    return;
+                }
+            }
+        };
+        try_list(&self.any);
+        let family = usize::from(source_key(source, 0).0);
+        for &length in &self.lengths[family] {
+            if let Some(positions) = self.by_source.get(&source_key(source, length)) {
+                try_list(positions);
+            }
+        }
+        (best != u32::MAX).then(|| self.order[best as usize])
+    }
+}
+
+/// `address`'s network of `length` bits, with its family (0: IPv4,
+/// 1: IPv6).
+fn source_key(address: IpAddr, length: u8) -> (u8, u8, u128) {
+    let masked = |bits: u128, width: u32| {
+        let mask = u128::MAX
+            .checked_shl(width - u32::from(length))
+            .unwrap_or(0);
+        bits & mask
+    };
+    match address {
+        IpAddr::V4(a) => (0, length, masked(u128::from(a.to_bits()), 32)),
+        IpAddr::V6(a) => (1, length, masked(a.to_bits(), 128)),
+    }
 }
 
 /// [`first_match`] for a one-off question (`limiter lab`'s table).

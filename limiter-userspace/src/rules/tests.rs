@@ -956,3 +956,64 @@ fn several_limits_are_three_at_most() {
     let e = error("rules:\n  - { name: m }\n");
     assert!(e.contains("rules[0].limit: missing"), "{e}");
 }
+
+/// The source index finds the rule a search of every rule in order finds,
+/// on random rule files (sources of every length of both families, any
+/// source, ports, layer-7 conditions) and addresses in and out of them.
+#[test]
+fn the_source_index_finds_the_rule_the_search_in_order_finds() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let (mut found, mut files) = ([0usize; 2], 0);
+    for _ in 0..400 {
+        let mut text = String::from("rules:\n");
+        for r in 0..1 + next(12) {
+            let net = match next(4) {
+                0 => None,
+                1 => Some(format!("10.{}.{}.0/{}", next(3), next(4), 8 + next(25))),
+                2 => Some(format!("2001:db8:{:x}::/{}", next(3), 32 + next(97))),
+                _ => Some(format!("10.{}.0.0/16", next(3))),
+            };
+            // Without host bits, as validation wants.
+            let source = net.map_or(String::new(), |net| {
+                let net: ipnet::IpNet = net.parse().expect("a prefix");
+                format!("source: {}, ", net.trunc())
+            });
+            let port = ["", "dest_port: 80, ", "dest_port: 443, "][next(3) as usize];
+            let method = ["", "", "method: POST, "][next(3) as usize];
+            text.push_str(&format!(
+                "  - {{ name: r{r}, match: {{ {source}{port}{method}protocol: tcp }}, limit: {{ rate: 1, unit: second }} }}\n"
+            ));
+        }
+        // (Files where two rules have the same match are refused.)
+        let Ok(set) = parse(&text) else { continue };
+        files += 1;
+        let index = matching::RequestRules::new(&set);
+        let order = matching::match_order(&set);
+        for _ in 0..200 {
+            let source: std::net::IpAddr = if next(2) == 0 {
+                std::net::Ipv4Addr::new(10, next(4) as u8, next(5) as u8, next(256) as u8).into()
+            } else {
+                let mut bits = 0x2001_0db8u128 << 96 | u128::from(next(4)) << 80;
+                bits |= u128::from(next(u64::MAX)) * u128::from(next(2));
+                std::net::Ipv6Addr::from(bits).into()
+            };
+            let port = [None, Some(80), Some(443)][next(3) as usize];
+            let expected = matching::first_request_match(&set, &order, source, port, None);
+            assert_eq!(
+                index.first(&set, source, port, None),
+                expected,
+                "{source} port {port:?} under\n{text}"
+            );
+            found[usize::from(expected.is_some())] += 1;
+        }
+    }
+    // Many files, both outcomes often.
+    assert!(files > 100, "{files} files");
+    assert!(found.iter().all(|&n| n > 5_000), "{found:?}");
+}
