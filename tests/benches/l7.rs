@@ -76,6 +76,51 @@ fn bench(c: &mut Criterion) {
             .allowed
         })
     });
+    // Two threads at once (as the proxy's two workers), each on keys of
+    // its own: wall time per check of both, so shared lines (a rule's
+    // counts) show as time the second thread does not save.
+    let ours = Arc::new(ours);
+    group.bench_function("limiter l7, two threads", |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for t in 0..2u32 {
+                    let ours = &ours;
+                    scope.spawn(move || {
+                        for n in 0..iters / 2 {
+                            let i = (n as u32 % (KEYS / 2)) + t * (KEYS / 2);
+                            ours.check(&RequestMeta {
+                                client: addr(i),
+                                port: None,
+                                key: None,
+                                bytes: 0,
+                                http: None,
+                            });
+                        }
+                    });
+                }
+            });
+            start.elapsed()
+        })
+    });
+    let keyed = Arc::new(keyed);
+    group.bench_function("governor keyed (dashmap), two threads", |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for t in 0..2u32 {
+                    let keyed = &keyed;
+                    scope.spawn(move || {
+                        for n in 0..iters / 2 {
+                            let i = (n as u32 % (KEYS / 2)) + t * (KEYS / 2);
+                            let _ = keyed.check_key(&addr(i));
+                        }
+                    });
+                }
+            });
+            start.elapsed()
+        })
+    });
     let mut i = 0;
     group.bench_function("governor keyed (dashmap)", |b| {
         b.iter(|| {

@@ -426,7 +426,7 @@ fn shadow_rules_pass_and_count_the_excess() {
         [(true, false), (true, false), (true, true), (true, true)]
     );
     let c = &limiter.counters[0];
-    let counts = [&c.passed, &c.dropped, &c.shadow].map(|n| n.load(Ordering::Relaxed));
+    let counts = [&c.passed, &c.dropped, &c.shadow].map(|n| n.get());
     assert_eq!(counts, [2, 0, 2]);
 }
 

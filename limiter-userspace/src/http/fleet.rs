@@ -78,7 +78,7 @@ impl Enforcer for Limiter {
     fn counts(&self, rule: &RuleRef) -> anyhow::Result<RuleCounts> {
         let counters = &self.counters[self.fleet_index(rule)?];
         Ok(RuleCounts {
-            admitted: counters.passed.load(Ordering::Relaxed),
+            admitted: counters.passed.get(),
             refused: counters.aggregate_excess.load(Ordering::Relaxed),
         })
     }

@@ -13,6 +13,7 @@ mod keys;
 pub mod layer;
 pub mod proxy;
 mod reload;
+pub mod striped;
 pub mod trace;
 
 use std::{
@@ -212,9 +213,10 @@ pub struct Quota {
 /// Counters per rule, as the kernel keeps them.
 #[derive(Default)]
 pub struct HttpCounters {
-    pub passed: AtomicU64,
-    pub dropped: AtomicU64,
-    pub shadow: AtomicU64,
+    // Added to at every request: striped (see [`striped`]).
+    pub passed: striped::StripedCounter,
+    pub dropped: striped::StripedCounter,
+    pub shadow: striped::StripedCounter,
     /// Admitted requests whose streaming body a byte limit cut short.
     pub bodies_cut: AtomicU64,
     /// The same under a dry run: counted, not cut.
@@ -598,7 +600,7 @@ impl Limiter {
         } else {
             &counters.dropped
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.add(1);
         Admission::plain(rule.shadow, rule.shadow, Some(index), Some(refused_by))
     }
 
@@ -750,9 +752,9 @@ impl Limiter {
         }
         let shadow = !allowed && rule.shadow;
         match (allowed, shadow) {
-            (true, _) => counters.passed.fetch_add(1, Ordering::Relaxed),
-            (false, true) => counters.shadow.fetch_add(1, Ordering::Relaxed),
-            (false, false) => counters.dropped.fetch_add(1, Ordering::Relaxed),
+            (true, _) => counters.passed.add(1),
+            (false, true) => counters.shadow.add(1),
+            (false, false) => counters.dropped.add(1),
         };
         Admission {
             allowed: allowed || shadow,

@@ -322,9 +322,9 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
             ]
         };
         for (verdict, value) in [
-            ("passed", counters.passed.load(Relaxed)),
-            ("dropped", counters.dropped.load(Relaxed)),
-            ("shadow_dropped", counters.shadow.load(Relaxed)),
+            ("passed", counters.passed.get()),
+            ("dropped", counters.dropped.get()),
+            ("shadow_dropped", counters.shadow.get()),
         ] {
             packets
                 .get_or_create(&labels("verdict", verdict))
