@@ -969,14 +969,30 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
         seed ^= seed << 17;
         seed % n
     };
+    let requests: Vec<(http::Method, http::Uri, http::HeaderMap)> = vec![
+        (
+            http::Method::GET,
+            "/".parse().unwrap(),
+            http::HeaderMap::new(),
+        ),
+        (
+            http::Method::POST,
+            "/x".parse().unwrap(),
+            http::HeaderMap::new(),
+        ),
+    ];
     let (mut found, mut files) = ([0usize; 2], 0);
-    for _ in 0..400 {
+    for _ in 0..600 {
         let mut text = String::from("rules:\n");
         for r in 0..1 + next(12) {
-            let net = match next(4) {
+            let net = match next(6) {
                 0 => None,
                 1 => Some(format!("10.{}.{}.0/{}", next(3), next(4), 8 + next(25))),
                 2 => Some(format!("2001:db8:{:x}::/{}", next(3), 32 + next(97))),
+                3 => Some(
+                    ["0.0.0.0/0", "::/0", "8.0.0.0/5", "2000::/3"][next(4) as usize].to_owned(),
+                ),
+                4 => Some(format!("10.{}.{}.{}/32", next(3), next(4), next(4))),
                 _ => Some(format!("10.{}.0.0/16", next(3))),
             };
             // Without host bits, as validation wants.
@@ -984,10 +1000,18 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
                 let net: ipnet::IpNet = net.parse().expect("a prefix");
                 format!("source: {}, ", net.trunc())
             });
-            let port = ["", "dest_port: 80, ", "dest_port: 443, "][next(3) as usize];
-            let method = ["", "", "method: POST, "][next(3) as usize];
+            let (protocol, port) = match next(4) {
+                0 => ("", ""),
+                1 => ("protocol: udp, ", ""),
+                _ => (
+                    "protocol: tcp, ",
+                    ["", "dest_port: 80, ", "dest_port: 443, "][next(3) as usize],
+                ),
+            };
+            let method = ["", "", "method: POST, ", "path_prefix: /x, "][next(4) as usize];
+            let key = ["", "", "key: [source, path], "][next(3) as usize];
             text.push_str(&format!(
-                "  - {{ name: r{r}, match: {{ {source}{port}{method}protocol: tcp }}, limit: {{ rate: 1, unit: second }} }}\n"
+                "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
             ));
         }
         // (Files where two rules have the same match are refused.)
@@ -996,19 +1020,34 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
         let index = matching::RequestRules::new(&set);
         let order = matching::match_order(&set);
         for _ in 0..200 {
-            let source: std::net::IpAddr = if next(2) == 0 {
-                std::net::Ipv4Addr::new(10, next(4) as u8, next(5) as u8, next(256) as u8).into()
-            } else {
-                let mut bits = 0x2001_0db8u128 << 96 | u128::from(next(4)) << 80;
-                bits |= u128::from(next(u64::MAX)) * u128::from(next(2));
-                std::net::Ipv6Addr::from(bits).into()
+            let source: std::net::IpAddr = match next(3) {
+                0 => std::net::Ipv4Addr::new(10, next(4) as u8, next(5) as u8, next(256) as u8)
+                    .into(),
+                1 => std::net::Ipv4Addr::from(next(1 << 32) as u32).into(),
+                _ => {
+                    let mut bits = 0x2001_0db8u128 << 96 | u128::from(next(4)) << 80;
+                    bits |= u128::from(next(u64::MAX)) * u128::from(next(2));
+                    std::net::Ipv6Addr::from(bits).into()
+                }
             };
             let port = [None, Some(80), Some(443)][next(3) as usize];
-            let expected = matching::first_request_match(&set, &order, source, port, None);
+            let request = match next(3) {
+                0 => None,
+                i => {
+                    let (method, uri, headers) = &requests[i as usize - 1];
+                    Some(HttpRequest {
+                        method,
+                        uri,
+                        headers,
+                    })
+                }
+            };
+            let expected =
+                matching::first_request_match(&set, &order, source, port, request.as_ref());
             assert_eq!(
-                index.first(&set, source, port, None),
+                index.first(&set, source, port, request.as_ref()),
                 expected,
-                "{source} port {port:?} under\n{text}"
+                "{source} port {port:?} {request:?} under\n{text}"
             );
             found[usize::from(expected.is_some())] += 1;
         }
