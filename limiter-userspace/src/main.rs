@@ -242,11 +242,14 @@ struct ProxyArgs {
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
     /// A load balancer or proxy in front (address or prefix; repeat for
-    /// several): requests from it are from the client its `Forwarded`
-    /// or `X-Forwarded-For` names. From anyone else, those fields are
-    /// ignored.
+    /// several): requests from it are from the client it names in
+    /// --forwarded-header. From anyone else, that field is ignored.
     #[arg(long = "trusted-proxy", value_parser = limiter::rules::parse_net)]
     trusted_proxies: Vec<ipnet::IpNet>,
+    /// The field the trusted proxies append the client to (the other is
+    /// never read: they pass it through as the client wrote it).
+    #[arg(long, value_enum, default_value = "x-forwarded-for")]
+    forwarded_header: limiter::http::forwarded::ForwardedField,
     /// Serve TLS with this certificate chain (PEM; HTTP/2 or HTTP/1.1
     /// by ALPN); needs --tls-key.
     #[arg(long, requires = "tls_key")]
@@ -328,6 +331,7 @@ impl ProxyArgs {
                 upstream_timeout: self.upstream_timeout,
                 metrics: self.metrics,
                 trusted_proxies: self.trusted_proxies,
+                forwarded_field: self.forwarded_header,
                 tls,
                 workers: self.workers,
                 trace,

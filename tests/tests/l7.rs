@@ -444,13 +444,24 @@ async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
     );
     let trusting = proxy(&config, &upstream, &["--trusted-proxy", "127.0.0.0/8"]);
     let trusting_nobody = proxy(&config, &upstream, &[]);
+    let reading_forwarded = proxy(
+        &config,
+        &upstream,
+        &[
+            "--trusted-proxy",
+            "127.0.0.0/8",
+            "--forwarded-header",
+            "forwarded",
+        ],
+    );
     tokio::task::spawn_blocking(move || {
-        let get = |p: &limiter_tests::Proxy, forwarded_for: &str| {
+        let send = |p: &limiter_tests::Proxy, field: &str, value: &str| {
             let request = format!(
-                "GET /x HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {forwarded_for}\r\nConnection: close\r\n\r\n"
+                "GET /x HTTP/1.1\r\nHost: x\r\n{field}: {value}\r\nConnection: close\r\n\r\n"
             );
             status(&exchange(p.addr, request.as_bytes())).to_owned()
         };
+        let get = |p: &limiter_tests::Proxy, forwarded_for: &str| send(p, "X-Forwarded-For", forwarded_for);
         let statuses = |p, xff, n| (0..n).map(|_| get(p, xff)).collect::<Vec<_>>();
         assert_eq!(statuses(&trusting, "198.51.100.1", 3), ["200", "200", "429"]);
         assert_eq!(statuses(&trusting, "198.51.100.2", 2), ["200", "200"], "a budget of its own");
@@ -459,8 +470,24 @@ async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
             "429",
             "a client chose its address by prepending it"
         );
+        // A `Forwarded` field of the client's own, beside the one the
+        // proxy appended to, is not read.
+        let request = "GET /x HTTP/1.1\r\nHost: x\r\nForwarded: for=198.51.100.50\r\nX-Forwarded-For: 198.51.100.1\r\nConnection: close\r\n\r\n";
+        assert_eq!(
+            status(&exchange(trusting.addr, request.as_bytes())),
+            "429",
+            "a client chose its address by a Forwarded field"
+        );
         // Not trusted: 127.0.0.1 is the client, and no rule covers it.
         assert_eq!(statuses(&trusting_nobody, "198.51.100.1", 4), ["200"; 4]);
+        // Told the proxies write `Forwarded`: that field names the client,
+        // and `X-Forwarded-For` is not read.
+        let forwarded = |value| send(&reading_forwarded, "Forwarded", value);
+        assert_eq!(
+            [forwarded("for=198.51.100.7"), forwarded("for=198.51.100.7"), forwarded("for=198.51.100.7")],
+            ["200", "200", "429"]
+        );
+        assert_eq!(statuses(&reading_forwarded, "198.51.100.7", 3), ["200"; 3]);
     })
     .await
     .unwrap();

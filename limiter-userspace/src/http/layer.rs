@@ -85,6 +85,7 @@ pub struct RateLimitLayer {
     port: Option<u16>,
     /// Peers whose `Forwarded` / `X-Forwarded-For` say who the client is.
     trusted_proxies: Arc<[ipnet::IpNet]>,
+    forwarded_field: super::forwarded::ForwardedField,
     /// Where decisions are traced (`limiter proxy --trace`), if anywhere.
     trace: Option<Arc<super::trace::HttpTracer>>,
 }
@@ -103,6 +104,7 @@ impl RateLimitLayer {
             cost_by: CostBy::ContentLength,
             port: None,
             trusted_proxies: Arc::new([]),
+            forwarded_field: Default::default(),
             trace: None,
         }
     }
@@ -118,6 +120,13 @@ impl RateLimitLayer {
     /// peer, whatever the fields say.
     pub fn trust_proxies(mut self, proxies: Vec<ipnet::IpNet>) -> Self {
         self.trusted_proxies = proxies.into();
+        self
+    }
+
+    /// The field the trusted proxies record the client in
+    /// (`X-Forwarded-For` unless told otherwise); the other is never read.
+    pub fn forwarded_field(mut self, field: super::forwarded::ForwardedField) -> Self {
+        self.forwarded_field = field;
         self
     }
 
@@ -229,7 +238,12 @@ impl<S> RateLimit<S> {
         let client = if self.config.trusted_proxies.is_empty() {
             client
         } else {
-            super::forwarded::client(client, request.headers(), &self.config.trusted_proxies)
+            super::forwarded::client(
+                client,
+                request.headers(),
+                &self.config.trusted_proxies,
+                self.config.forwarded_field,
+            )
         };
         let headers = request.headers();
         // Parts without the body, for the caller's extractors only: a copy

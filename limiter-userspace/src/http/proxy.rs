@@ -63,8 +63,10 @@ pub struct Options {
     pub upstream_timeout: Duration,
     /// Where to serve `/metrics` (loopback unless configured otherwise).
     pub metrics: Option<SocketAddr>,
-    /// Peers whose `Forwarded` / `X-Forwarded-For` name the client.
+    /// Peers whose forwarding field names the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The field they record it in.
+    pub forwarded_field: super::forwarded::ForwardedField,
     /// Serve TLS (HTTP/2 or HTTP/1.1 by ALPN) instead of cleartext.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Threads serving requests, each with its own listener and upstream
@@ -211,6 +213,7 @@ async fn worker(
     let layer = RateLimitLayer::reloadable(limiter)
         .key_by(options.key_by.clone())
         .trust_proxies(options.trusted_proxies.clone())
+        .forwarded_field(options.forwarded_field)
         .trace(options.trace.clone())
         .port(local.port());
     let service = ServiceBuilder::new().layer(layer).service(forward);
