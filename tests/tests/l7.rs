@@ -1045,6 +1045,10 @@ async fn requests_in_flight_are_capped_per_key_until_their_bodies_end() {
         let third = exchange(p.addr, get("alice").as_bytes());
         assert_eq!(status(&third), "429", "{third}");
         assert!(third.contains("too many requests in flight"), "{third}");
+        assert!(
+            third.to_ascii_lowercase().contains("retry-after: 1\r\n"),
+            "a hint of when to retry: {third}"
+        );
         assert_eq!(
             status(&exchange(p.addr, get("bob").as_bytes())),
             "200",
@@ -1128,4 +1132,35 @@ async fn the_proxy_logs_reloads_as_json_events() {
     })
     .await
     .unwrap();
+}
+
+/// A request refused by the rule's aggregate (or a byte limit) is told
+/// when that meter takes it, not when its own request meter would (which
+/// had room: `Retry-After: 1`, and a client pacing by it retried every
+/// second into a refusal).
+#[test]
+fn retry_after_is_the_refusing_meters_wait() {
+    let clock = Arc::new(TestClock::default());
+    clock.0.store(1_000_000_000_000, Ordering::SeqCst);
+    let text = "rules:\n  - { name: api, limit: { rate: 100, unit: second, burst: 100 }, aggregate: { rate: 2, unit: minute, burst: 1 } }\n";
+    let limiter = Limiter::new(rules(text), clock.clone());
+    let from = |client: u32| limiter::http::RequestMeta {
+        client: std::net::Ipv4Addr::from(0x0a00_0000 + client).into(),
+        port: None,
+        key: None,
+        bytes: 0,
+        http: None,
+    };
+    assert!(limiter.check(&from(1)).allowed);
+    let refused = limiter.check(&from(2));
+    assert!(!refused.allowed);
+    let quota = limiter.quota(&refused).expect("the key's request meter");
+    // The aggregate's emission interval is 30 s; the key's own meter,
+    // charged nothing, has its whole burst.
+    assert_eq!((quota.remaining, quota.retry_after_secs), (100, 30));
+    // Half a minute later the aggregate takes it.
+    clock
+        .0
+        .store(1_000_000_000_000 + 30_000_000_000, Ordering::SeqCst);
+    assert!(limiter.check(&from(2)).allowed);
 }

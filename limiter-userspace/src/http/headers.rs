@@ -4,6 +4,8 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use limiter_common::trace::reason;
+
 use super::{Admission, Limiter};
 use crate::rules::{Limit, Rule};
 
@@ -64,6 +66,17 @@ pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
             .map(|name| (X_RATELIMIT_OVER_SOFT, name));
     }
     let (Some(index), Some(p)) = (admission.rule, limiter.quota(admission)) else {
+        // Refused with no meter to say when: too many in flight, or no
+        // room for a new key. A second is a hint, not a promise; a request
+        // no rule admits (`default: block`) is told nothing (retrying
+        // will not help).
+        let hint = matches!(
+            admission.refused_by,
+            Some(reason::IN_FLIGHT | reason::NO_SLOT)
+        );
+        if !admission.allowed && hint {
+            fields.0[5] = Some((http::header::RETRY_AFTER, HeaderValue::from(1u64)));
+        }
         return fields;
     };
     let rule = &limiter.header_fields[index];

@@ -137,6 +137,9 @@ enum QuotaAt {
         now: u64,
         /// The request's cost: `Retry-After` says when one of it conforms.
         cost: u64,
+        /// A refusal by another meter (bytes, the aggregate, a third
+        /// limit): how long until that one takes the request.
+        refused_wait_ns: u64,
     },
     /// Windows and logs: read under their locks at once.
     Ready(Quota),
@@ -647,6 +650,7 @@ impl Limiter {
         let mut delay_ns = 0;
         let mut by_aggregate = false;
         let mut refused_by = None;
+        let mut refused_wait_ns = 0;
         let judged_at = Cell::new(0);
         // A lone request limit (most rules): its one meter alone, as
         // `acquire_all` charges an array of it alone.
@@ -724,6 +728,33 @@ impl Limiter {
                         i => i.min(order::METERS - 1) as u8,
                     });
                 }
+                // Refused by a meter other than the key's requests: when
+                // that one would take the request (`Retry-After`).
+                if verdict.outcome == Outcome::Denied && rule.algorithm == Algorithm::Gcra {
+                    let i = verdict.refused_by;
+                    let refusing = match (i, charges.third) {
+                        (order::KEY_THIRD, Some((gcra, cost))) => {
+                            Some((&state.cells[2], gcra, cost))
+                        }
+                        (order::KEY_PACKETS, _) | (order::KEY_THIRD, None) => None,
+                        (i, _) => rates.get(i).copied().flatten().map(|m| {
+                            let state = if order::is_aggregate(i) {
+                                aggregate
+                            } else {
+                                state
+                            };
+                            (
+                                &state.cells[usize::from(order::charges_bytes(i))],
+                                m.gcra,
+                                costs[i],
+                            )
+                        }),
+                    };
+                    if let Some((cell, gcra, cost)) = refusing {
+                        refused_wait_ns =
+                            gcra.wait_ns(cell.load(Ordering::Acquire), judged_at.get(), cost);
+                    }
+                }
                 verdict.outcome == Outcome::Allowed
             }
         };
@@ -760,7 +791,7 @@ impl Limiter {
             allowed: allowed || shadow,
             shadow,
             rule: Some(index),
-            quota: packets.map(|m| self.quota_at(rule, m, state, now, credits)),
+            quota: packets.map(|m| self.quota_at(rule, m, state, (now, refused_wait_ns), credits)),
             delay_ns,
             in_flight: in_flight.filter(|_| allowed),
             too_many_in_flight: false,
@@ -995,7 +1026,12 @@ impl Limiter {
     pub fn quota(&self, admission: &Admission) -> Option<Quota> {
         match admission.quota? {
             QuotaAt::Ready(quota) => Some(quota),
-            QuotaAt::Gcra { tats, now, cost } => {
+            QuotaAt::Gcra {
+                tats,
+                now,
+                cost,
+                refused_wait_ns,
+            } => {
                 let rule = &self.rules.rules[admission.rule?];
                 let quota = |meter: Rate, tat: u64| {
                     let g = meter.gcra;
@@ -1014,10 +1050,12 @@ impl Limiter {
                     None => first,
                 };
                 // A third limit in bytes says nothing of requests.
-                Some(match rule.third {
+                let mut quota = match rule.third {
                     Some(third) if !third.counts_bytes => first.and(quota(third.rate, tats[2])),
                     _ => first,
-                })
+                };
+                quota.retry_after_secs = quota.retry_after_secs.max(secs(refused_wait_ns));
+                Some(quota)
             }
         }
     }
@@ -1043,7 +1081,9 @@ impl Limiter {
         rule: &Rule,
         meter: &Rate,
         state: &State,
-        monotonic: u64,
+        // When the request was judged, and how long until the meter that
+        // refused it (if not the key's requests) would take it.
+        (monotonic, refused_wait_ns): (u64, u64),
         cost: u64,
     ) -> QuotaAt {
         match rule.algorithm {
@@ -1051,6 +1091,7 @@ impl Limiter {
                 tats: std::array::from_fn(|i| AtomicCell::load(&state.cells[i])),
                 now: monotonic,
                 cost,
+                refused_wait_ns,
             },
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
