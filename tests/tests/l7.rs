@@ -1164,3 +1164,56 @@ fn retry_after_is_the_refusing_meters_wait() {
         .store(1_000_000_000_000 + 30_000_000_000, Ordering::SeqCst);
     assert!(limiter.check(&from(2)).allowed);
 }
+
+/// The upstream gets the target the rules judged: a path the upstream
+/// would serve as `/login` (`//login`, `/./login`, `/%6cogin`) is judged
+/// as `/login` and forwarded so, and an absolute target's host is the
+/// `Host` the upstream gets (a rule on `host:` cannot be escaped by
+/// naming another host in the target while `Host` names the real one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_gets_the_path_and_host_the_rules_judged() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let echo = Router::new().fallback(any(|request: Request<Body>| async move {
+        let host = request
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
+        format!("upstream got {host} {}", request.uri().path())
+    }));
+    tokio::spawn(async move { axum::serve(listener, echo).await.unwrap() });
+    let dir = TempDir::new("judged-target");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: login, match: { path: /login }, key: all, limit: { rate: 1, unit: minute, burst: 1 } }\n  - { name: api, match: { host: api.example.com }, key: all, limit: { rate: 1, unit: minute, burst: 1 } }\n",
+    );
+    let p = proxy(&config, &upstream, &[]);
+    tokio::task::spawn_blocking(move || {
+        let send = |target: &str, host: &str| {
+            let request =
+                format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+            exchange(p.addr, request.as_bytes())
+        };
+        let first = send("/login", "site.example");
+        assert_eq!(status(&first), "200", "{first}");
+        assert!(
+            first.contains("upstream got site.example /login"),
+            "{first}"
+        );
+        for path in ["//login", "/./login", "/%6cogin", "/x/../login"] {
+            assert_eq!(status(&send(path, "site.example")), "429", "{path}");
+        }
+        let first = send("/a", "api.example.com");
+        assert_eq!(status(&first), "200", "{first}");
+        // Another host in the target: judged as that host (no rule), and
+        // the upstream is told that host, not api.example.com.
+        let other = send("http://other.example/a", "api.example.com");
+        assert_eq!(status(&other), "200", "{other}");
+        assert!(other.contains("upstream got other.example /a"), "{other}");
+        assert_eq!(status(&send("/a", "api.example.com")), "429");
+    })
+    .await
+    .unwrap();
+}

@@ -17,6 +17,7 @@
 
 mod held;
 mod stall;
+mod target;
 mod upload;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -238,6 +239,8 @@ async fn worker(
                     if let Some(refusal) = screen(&request, max_body_bytes) {
                         return Ok(refusal);
                     }
+                    // Judged as forwarded: one host, one path.
+                    target::canonicalize(&mut request);
                     request.extensions_mut().insert(ClientAddr(peer));
                     let response = service.oneshot(request).await?;
                     Ok::<_, std::convert::Infallible>(hold_in_flight(response))

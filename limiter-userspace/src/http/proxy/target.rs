@@ -1,0 +1,164 @@
+//! The request target as the rules judge it and as the upstream gets it:
+//! one and the same. A rule on `path: /login` must not be escaped by
+//! `//login`, `/./login` or `/%6cogin`, which an upstream normalizing
+//! paths (nginx does) serves as `/login`; nor a rule on `host:` by an
+//! absolute target naming another host while `Host` names the real one.
+//! So the proxy normalizes the path (RFC 3986: percent-encoded unreserved
+//! characters decoded, dot segments removed; and runs of slashes merged,
+//! as nginx's `merge_slashes`) and writes the target's authority into
+//! `Host` before the limiter sees the request, and forwards that.
+
+use std::borrow::Cow;
+
+use http::{HeaderValue, Request, Uri, header};
+
+/// Makes `request`'s target canonical (see the module).
+pub fn canonicalize<B>(request: &mut Request<B>) {
+    // An absolute target (or HTTP/2's `:authority`) says the host: the
+    // limiter judges it, so the upstream must get it too.
+    if let Some(authority) = request.uri().authority() {
+        let host = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, host)| host);
+        if let Ok(host) = HeaderValue::from_str(host) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
+    if let Cow::Owned(path) = normalize_path(request.uri().path()) {
+        let mut parts = request.uri().clone().into_parts();
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        // Made of the bytes of a path that parsed, less some: it parses.
+        if let Ok(path_and_query) = path_and_query.parse() {
+            parts.path_and_query = Some(path_and_query);
+            if let Ok(uri) = Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+    }
+}
+
+/// `path` normalized (borrowed when already normal): `%XX` of an
+/// unreserved character decoded (`%2F` and other reserved ones kept,
+/// their hex digits upper-cased), runs of `/` merged, `.` and `..`
+/// segments removed (never above the root).
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let normal = !path.contains("//")
+        && !path.contains('%')
+        && !path
+            .split('/')
+            .any(|segment| segment == "." || segment == "..");
+    if normal {
+        return Cow::Borrowed(path);
+    }
+    let decoded = decode_unreserved(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/').skip(1) {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    // A path that ended in a directory keeps its slash.
+    let last = decoded.rsplit('/').next().unwrap_or("");
+    if out.is_empty() || matches!(last, "" | "." | "..") {
+        out.push('/');
+    }
+    if out == path {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(out)
+    }
+}
+
+/// `%XX` decoded where XX is an unreserved character (RFC 3986 2.3);
+/// other escapes kept, upper-cased.
+fn decode_unreserved(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = (bytes[i] == b'%')
+            .then(|| path.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            Some(b) if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            Some(_) => {
+                out.push('%');
+                out.push_str(&path[i + 1..i + 3].to_ascii_uppercase());
+                i += 3;
+            }
+            None => {
+                let c = path[i..].chars().next().expect("in bounds");
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_an_upstream_serves_alike_are_one_path() {
+        for (path, normal) in [
+            ("/login", "/login"),
+            ("//login", "/login"),
+            ("/./login", "/login"),
+            ("/%6cogin", "/login"),
+            ("/%6Cogin", "/login"),
+            ("/a/../login", "/login"),
+            ("/../../login", "/login"),
+            ("/api//v1/", "/api/v1/"),
+            ("/api/v1/.", "/api/v1/"),
+            ("/api/v1/..", "/api/"),
+            ("/", "/"),
+            ("//", "/"),
+            ("/a%2Fb", "/a%2Fb"),
+            ("/a%2fb", "/a%2Fb"),
+            ("/a%zz", "/a%zz"),
+            ("/caf%C3%A9", "/caf%C3%A9"),
+            ("/%7Euser", "/~user"),
+        ] {
+            assert_eq!(normalize_path(path), normal, "{path}");
+        }
+        assert!(matches!(normalize_path("/api/v1"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn the_targets_host_and_normal_path_are_forwarded() {
+        let mut request = Request::get("http://api.example.com:8080/./login?x=1")
+            .header(header::HOST, "other.example")
+            .body(())
+            .unwrap();
+        canonicalize(&mut request);
+        assert_eq!(request.headers()[header::HOST], "api.example.com:8080");
+        assert_eq!(request.uri().path_and_query().unwrap(), "/login?x=1");
+        // Origin form: Host stays.
+        let mut request = Request::get("//login")
+            .header(header::HOST, "api.example.com")
+            .body(())
+            .unwrap();
+        canonicalize(&mut request);
+        assert_eq!(request.headers()[header::HOST], "api.example.com");
+        assert_eq!(request.uri().path(), "/login");
+    }
+}
