@@ -1217,3 +1217,67 @@ async fn the_upstream_gets_the_path_and_host_the_rules_judged() {
     .await
     .unwrap();
 }
+
+/// A request the pacer holds goes out no sooner than a refusal that
+/// arrived while it waited says: the server's `Retry-After` binds the
+/// requests already queued too, not only those sent after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_while_requests_wait_holds_them_too() {
+    use limiter::http::client::PacingLayer;
+    use tower::{Layer, Service, ServiceExt};
+
+    let budget = rules("rules:\n  - { name: pace, limit: { rate: 2, unit: second, burst: 1 } }\n");
+    let limiter::rules::Limit::Metered {
+        packets: budget, ..
+    } = budget.rules[0].limit
+    else {
+        unreachable!()
+    };
+    let start = Instant::now();
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = {
+        let sent = Arc::clone(&sent);
+        tower::service_fn(move |_: Request<Body>| {
+            let sent = Arc::clone(&sent);
+            async move {
+                let n = {
+                    let mut sent = sent.lock().unwrap();
+                    sent.push(start.elapsed());
+                    sent.len()
+                };
+                // The first is refused after 100 ms: nothing for a second.
+                if n == 1 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let status = if n == 1 { 429 } else { 200 };
+                let response = http::Response::builder()
+                    .status(status)
+                    .header("retry-after", "1")
+                    .body(Body::empty())
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        })
+    };
+    let service = PacingLayer::new(budget, 8, Duration::from_secs(10)).layer(server);
+    let send = |mut service: limiter::http::client::Paced<_>| async move {
+        let request = Request::get("http://x/").body(Body::empty()).unwrap();
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(request)
+            .await
+            .map(|r| r.status().as_u16())
+    };
+    // Both at once: the second held half a second by the budget, during
+    // which (at 100 ms) the first is refused for a second.
+    let (first, second) = tokio::join!(send(service.clone()), send(service.clone()));
+    assert_eq!((first.ok(), second.ok()), (Some(429), Some(200)));
+    let sent = sent.lock().unwrap().clone();
+    assert!(
+        sent[1] >= Duration::from_millis(1_050),
+        "the second went out {:?} after the first, inside the server's second",
+        sent[1] - sent[0]
+    );
+}

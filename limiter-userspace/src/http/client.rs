@@ -141,6 +141,12 @@ impl Pacer {
         Ok(Duration::from_nanos(own.max(server)))
     }
 
+    /// How long the server still wants nothing sent.
+    fn server_wait_left(&self) -> Duration {
+        let until = self.server_until.load(Ordering::Relaxed);
+        Duration::from_nanos(until.saturating_sub(monotonic_ns()))
+    }
+
     /// Learns from a response how long the server wants nothing sent.
     fn heed<B>(&self, response: &Response<B>) {
         let headers = response.headers();
@@ -157,29 +163,35 @@ impl Pacer {
     }
 }
 
-/// How long the server asks to wait: `Retry-After` (seconds) on a refusal,
-/// or the `t` of a `RateLimit` field whose `r` is 0.
+/// How long the server asks to wait: `Retry-After` (seconds, or an HTTP
+/// date) on a refusal, or the longest `t` of the `RateLimit` field's
+/// policies whose `r` is 0.
 fn server_wait(headers: &HeaderMap, refused: bool) -> Option<Duration> {
     let retry_after = refused
         .then(|| {
-            headers
+            let value = headers
                 .get(http::header::RETRY_AFTER)?
                 .to_str()
                 .ok()?
-                .trim()
-                .parse::<u64>()
-                .ok()
+                .trim();
+            match value.parse::<u64>() {
+                Ok(secs) => Some(Duration::from_secs(secs)),
+                Err(_) => {
+                    let at = httpdate::parse_http_date(value).ok()?;
+                    Some(
+                        at.duration_since(std::time::SystemTime::now())
+                            .unwrap_or_default(),
+                    )
+                }
+            }
         })
         .flatten();
     let exhausted = headers
-        .get("ratelimit")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let params: Vec<(&str, &str)> = v
-                .split(';')
-                .skip(1)
-                .filter_map(|p| p.trim().split_once('='))
-                .collect();
+        .get_all("ratelimit")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(policies)
+        .filter_map(|params| {
             let get = |k: &str| {
                 params
                     .iter()
@@ -187,12 +199,44 @@ fn server_wait(headers: &HeaderMap, refused: bool) -> Option<Duration> {
                     .and_then(|(_, v)| v.parse::<u64>().ok())
             };
             (get("r")? == 0).then(|| get("t")).flatten()
-        });
-    retry_after
-        .into_iter()
-        .chain(exhausted)
+        })
         .max()
-        .map(Duration::from_secs)
+        .map(Duration::from_secs);
+    retry_after.into_iter().chain(exhausted).max()
+}
+
+/// The parameters of each policy of a `RateLimit` field
+/// (`"a";r=5;t=1, "b";r=0;t=30`): items split at commas outside the
+/// policies' quoted names.
+fn policies(field: &str) -> Vec<Vec<(&str, &str)>> {
+    let mut items = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in field.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                items.push(&field[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&field[start..]);
+    items
+        .into_iter()
+        .map(|item| {
+            // The name, then `;`-separated parameters (after the closing
+            // quote: a name may hold a `;`).
+            let params = item.rfind('"').map_or(item, |end| &item[end + 1..]);
+            params
+                .split(';')
+                .filter_map(|p| p.trim().split_once('='))
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .collect()
+        })
+        .collect()
 }
 
 impl<S, B, R> Service<Request<B>> for Paced<S>
@@ -229,12 +273,24 @@ where
                 stats.refused.fetch_add(1, Ordering::Relaxed);
                 PacingError::TooLong(too_long)
             })?;
-            if !wait.is_zero() {
-                stats.delayed.fetch_add(1, Ordering::Relaxed);
+            let mut waited = Duration::ZERO;
+            let mut wait = wait;
+            while !wait.is_zero() {
+                if waited.is_zero() {
+                    stats.delayed.fetch_add(1, Ordering::Relaxed);
+                }
                 stats
                     .delayed_ns
                     .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
                 tokio::time::sleep(wait).await;
+                waited += wait;
+                // The server may have refused another request meanwhile:
+                // nothing goes out before the time it gave.
+                wait = pacer.server_wait_left();
+                if waited + wait > pacer.max_delay {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(PacingError::TooLong(waited + wait));
+                }
             }
             drop(waiting);
             stats.sent.fetch_add(1, Ordering::Relaxed);
@@ -268,12 +324,28 @@ mod tests {
         assert_eq!(server_wait(&left, false), None);
         let both = headers(&[("retry-after", "2"), ("ratelimit", "\"api\";r=0;t=5")]);
         assert_eq!(server_wait(&both, true), secs(5), "the longer");
+        // A date: as long as until then (none, once past).
         assert_eq!(
             server_wait(
                 &headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
                 true
             ),
-            None
+            Some(Duration::ZERO)
         );
+        let later =
+            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(100));
+        let wait = server_wait(&headers(&[("retry-after", &later)]), true).unwrap();
+        assert!(
+            (Duration::from_secs(98)..=Duration::from_secs(100)).contains(&wait),
+            "{wait:?}"
+        );
+        // Several policies: the spent one's wait, whichever comes first.
+        let two = headers(&[("ratelimit", "\"a\";r=5;t=1, \"b,;\";r=0;t=30")]);
+        assert_eq!(server_wait(&two, false), secs(30));
+        let two = headers(&[
+            ("ratelimit", "\"a\";r=0;t=3"),
+            ("ratelimit", "\"b\";r=9;t=30"),
+        ]);
+        assert_eq!(server_wait(&two, false), secs(3));
     }
 }
