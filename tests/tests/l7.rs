@@ -1281,3 +1281,36 @@ async fn a_refusal_while_requests_wait_holds_them_too() {
         sent[1] - sent[0]
     );
 }
+
+/// Guards byte limits on HTTP/2 uploads, which carry no
+/// `Transfer-Encoding` and here no `Content-Length` either: before, such a
+/// body was charged nothing and went through whole; now it is charged as
+/// it streams and cut with 429 once past the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_uploads_without_a_length_are_charged_as_they_stream() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("h2-upload");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: uploads, limit: { bytes: 1000, unit: second, burst_bytes: 20000 } }\n",
+    );
+    let p = proxy(&config, &upstream, &["--max-body-bytes", "10000000"]);
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let chunks = futures_util::stream::iter(
+        (0..16).map(|_| Ok::<_, std::convert::Infallible>(bytes::Bytes::from(vec![b'a'; 65_536]))),
+    );
+    let request = Request::post(format!("http://{}/up", p.addr))
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    assert!(
+        request
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .is_none()
+    );
+    let response = client.request(request).await.expect("an HTTP/2 exchange");
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+}

@@ -282,11 +282,14 @@ impl<S> RateLimit<S> {
         if let Some(tracer) = &self.config.trace {
             tracer.record(&admission, limiter, client, self.config.port, bytes);
         }
-        // HTTP/1.1: a request without Content-Length has a body only if it
-        // says how it is framed (Transfer-Encoding).
+        // Without Content-Length, a body is charged as it streams: in
+        // HTTP/1.1 a request has one only if it says how it is framed
+        // (Transfer-Encoding); in HTTP/2 and later, which frame bodies
+        // themselves, any request may (one without is charged nothing).
         let streams = matches!(self.config.cost_by, CostBy::ContentLength)
             && length.is_none()
-            && headers.contains_key(http::header::TRANSFER_ENCODING);
+            && (headers.contains_key(http::header::TRANSFER_ENCODING)
+                || request.version() >= http::Version::HTTP_2);
         let charge = (admission.allowed && streams)
             .then(|| limiter.body_meter(&meta))
             .flatten()
