@@ -285,12 +285,19 @@ where
                 tokio::time::sleep(wait).await;
                 waited += wait;
                 // The server may have refused another request meanwhile:
-                // nothing goes out before the time it gave.
-                wait = pacer.server_wait_left();
-                if waited + wait > pacer.max_delay {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    return Err(PacingError::TooLong(waited + wait));
+                // nothing goes out before the time it gave, and the held
+                // requests go out then at the budget's pace again (its slot
+                // taken anew), not all at once.
+                if pacer.server_wait_left().is_zero() {
+                    break;
                 }
+                wait = match pacer.wait() {
+                    Ok(wait) if waited + wait <= pacer.max_delay => wait,
+                    Ok(wait) | Err(wait) => {
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        return Err(PacingError::TooLong(waited + wait));
+                    }
+                };
             }
             drop(waiting);
             stats.sent.fetch_add(1, Ordering::Relaxed);
