@@ -364,6 +364,9 @@ impl Forward {
         let (mut parts, body) = request.into_parts();
         parts.uri = self.upstream_uri(&parts.uri)?;
         // The client may speak HTTP/2; the upstream leg is HTTP/1.1.
+        if parts.version >= http::Version::HTTP_2 {
+            target::join_cookies(&mut parts.headers);
+        }
         parts.version = http::Version::HTTP_11;
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         strip_hop_by_hop(&mut parts.headers);

@@ -41,6 +41,26 @@ pub fn canonicalize<B>(request: &mut Request<B>) {
     }
 }
 
+/// An HTTP/2 request's `cookie` fields (one per crumb, RFC 9113 8.2.3)
+/// joined into one with "; ", as an HTTP/1.1 upstream reads them (many
+/// read only the first line).
+pub fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    if crumbs.next().is_none() || crumbs.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for crumb in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
 /// `path` normalized (borrowed when already normal): `%XX` of an
 /// unreserved character decoded (`%2F` and other reserved ones kept,
 /// their hex digits upper-cased), runs of `/` merged, `.` and `..`
@@ -141,6 +161,22 @@ mod tests {
             assert_eq!(normalize_path(path), normal, "{path}");
         }
         assert!(matches!(normalize_path("/api/v1"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn http2_cookie_crumbs_become_one_field() {
+        let mut headers = http::HeaderMap::new();
+        for crumb in ["a=1", "b=2", "c=3"] {
+            headers.append(header::COOKIE, HeaderValue::from_static(crumb));
+        }
+        join_cookies(&mut headers);
+        let all: Vec<_> = headers.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
+        // One (or none): as it was.
+        let mut one = http::HeaderMap::new();
+        one.insert(header::COOKIE, HeaderValue::from_static("a=1"));
+        join_cookies(&mut one);
+        assert_eq!(one[header::COOKIE], "a=1");
     }
 
     #[test]
