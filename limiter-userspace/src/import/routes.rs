@@ -40,6 +40,12 @@ pub struct RouteMatch {
     pub path_separated_prefix: Option<String>,
     #[serde(default)]
     pub headers: Vec<HeaderMatcher>,
+    /// Envoy's default; `false` asks for what a rule cannot.
+    pub case_sensitive: Option<bool>,
+    /// Any other way a route matches (`query_parameters`, `grpc`,
+    /// `runtime_fraction`, ...): a rule without it would match more.
+    #[serde(flatten)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,11 +217,23 @@ fn route_conditions(m: &RouteMatch) -> Result<Vec<Condition>, String> {
     if m.safe_regex.is_some() {
         return Err("its route matches paths by regex, which a rule cannot".into());
     }
+    // What a rule cannot say is refused, never dropped: a rule without it
+    // would apply to more requests than the route.
+    if m.path_separated_prefix.is_some() {
+        return Err(
+            "its route matches path_separated_prefix (the path or below it), which one rule cannot (path_prefix would also match /apix for /api)".into(),
+        );
+    }
+    if m.case_sensitive == Some(false) {
+        return Err("its route matches paths without case, which a rule cannot".into());
+    }
+    if let Some(field) = m.other.keys().next() {
+        return Err(format!(
+            "its route also matches on {field}, which a rule cannot"
+        ));
+    }
     let mut conditions = Vec::new();
-    match (
-        &m.path,
-        m.prefix.as_ref().or(m.path_separated_prefix.as_ref()),
-    ) {
+    match (&m.path, m.prefix.as_ref()) {
         (Some(path), _) => conditions.push(Condition::Path(path.clone())),
         (None, Some(prefix)) if prefix != "/" => {
             conditions.push(Condition::PathPrefix(prefix.clone()))

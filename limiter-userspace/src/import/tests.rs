@@ -124,3 +124,49 @@ fn actions_that_do_not_convert_say_why() {
     assert!(skipped.contains("masked_remote_address (virtual host \"v\", rate_limits[2]): masked_remote_address: a rule's key prefix is per address family"), "{skipped}");
     assert!(conversion.rules.contains("rules: []"));
 }
+
+/// Route matches a rule cannot say are refused with the reason, not
+/// dropped (a rule without them would apply to more requests).
+#[test]
+fn route_matches_a_rule_cannot_say_are_refused_not_widened() {
+    let service = "descriptors:\n  - { key: generic_key, value: g, rate_limit: { unit: second, requests_per_unit: 1 } }\n";
+    for (route_match, reason) in [
+        ("{ path_separated_prefix: /api }", "path_separated_prefix"),
+        ("{ prefix: /api, case_sensitive: false }", "without case"),
+        (
+            "{ prefix: /api, query_parameters: [{ name: debug, present_match: true }] }",
+            "also matches on query_parameters",
+        ),
+    ] {
+        let routes = format!(
+            "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: {route_match}\n        route: {{ rate_limits: [ {{ actions: [{{ generic_key: {{ descriptor_value: g }} }}] }} ] }}\n"
+        );
+        let conversion = super::envoy_text(
+            service,
+            Path::new("service.yaml"),
+            Some((&routes, Path::new("routes.yaml"))),
+        )
+        .unwrap();
+        let skipped = conversion.skipped.join("\n");
+        assert!(skipped.contains(reason), "{route_match}: {skipped}");
+        assert!(
+            conversion.rules.contains("rules: []"),
+            "{route_match}: {}",
+            conversion.rules
+        );
+    }
+    // A plain prefix, case-sensitive as envoy's default: converted.
+    let routes = "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: { prefix: /api, case_sensitive: true }\n        route: { rate_limits: [ { actions: [{ generic_key: { descriptor_value: g } }] } ] }\n";
+    let conversion = super::envoy_text(
+        service,
+        Path::new("service.yaml"),
+        Some((routes, Path::new("routes.yaml"))),
+    )
+    .unwrap();
+    assert!(conversion.skipped.is_empty(), "{:?}", conversion.skipped);
+    assert!(
+        conversion.rules.contains("path_prefix: \"/api\""),
+        "{}",
+        conversion.rules
+    );
+}
