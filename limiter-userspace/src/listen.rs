@@ -13,7 +13,10 @@ use std::{
     net::SocketAddr,
     path::Path,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -163,7 +166,7 @@ pub async fn serve_http<M, S, B>(
     make: M,
 ) where
     M: Fn(SocketAddr) -> S,
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
@@ -218,7 +221,7 @@ pub async fn serve_http<M, S, B>(
 async fn serve_connection<I, S, B>(io: I, h2: bool, service: S, limits: Limits) -> hyper::Result<()>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
@@ -226,14 +229,44 @@ where
 {
     let io = WriteDeadline::new(TokioIo::new(io), limits.write_timeout);
     if h2 {
-        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        // HTTP/2 has no header timeout to end an idle connection (one that
+        // answers pings and asks nothing would hold its slot for ever):
+        // one that starts no request for the header timeout is shut down
+        // gracefully (GOAWAY; streams under way finish).
+        let start = tokio::time::Instant::now();
+        let last_request_ms = Arc::new(AtomicU64::new(0));
+        let counted = {
+            let last_request_ms = Arc::clone(&last_request_ms);
+            hyper::service::service_fn(move |request| {
+                let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                last_request_ms.store(now, Ordering::Relaxed);
+                let mut service = service.clone();
+                service.call(request)
+            })
+        };
+        let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_STREAMS)
             .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
             .keep_alive_interval(Some(limits.header_timeout))
             .keep_alive_timeout(limits.header_timeout)
-            .serve_connection(io, service)
-            .await
+            .serve_connection(io, counted);
+        tokio::pin!(connection);
+        let idle = limits.header_timeout;
+        let mut look = tokio::time::interval(idle / 4);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                served = connection.as_mut() => return served,
+                _ = look.tick(), if !closing => {
+                    let last = Duration::from_millis(last_request_ms.load(Ordering::Relaxed));
+                    if start.elapsed().saturating_sub(last) >= idle {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            }
+        }
     } else {
         hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())

@@ -1314,3 +1314,66 @@ async fn http2_uploads_without_a_length_are_charged_as_they_stream() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// Guards connection slots against idle HTTP/2 clients: a connection that
+/// answers every ping but starts no request is shut down (GOAWAY, then
+/// closed) after the header timeout, as an idle HTTP/1.1 one is; before,
+/// it held its slot for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed() {
+    use std::io::{Read, Write};
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("h2-idle");
+    let config = dir.write("rules.yaml", "rules: []\n");
+    let p = proxy(&config, &upstream, &["--header-timeout", "1s"]);
+    let (goaway, closed_after) = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(p.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(8)))
+            .unwrap();
+        // The client preface and an empty SETTINGS frame.
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        let start = Instant::now();
+        let mut goaway = false;
+        while start.elapsed() < Duration::from_secs(8) {
+            let mut head = [0u8; 9];
+            if stream.read_exact(&mut head).is_err() {
+                // Closed (or the read timed out: then `start` says so).
+                return (goaway, start.elapsed());
+            }
+            let length =
+                usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; length];
+            if stream.read_exact(&mut payload).is_err() {
+                return (goaway, start.elapsed());
+            }
+            let (kind, flags) = (head[3], head[4]);
+            match kind {
+                // SETTINGS: acknowledged.
+                0x4 if flags & 1 == 0 => {
+                    let _ = stream.write_all(b"\0\0\0\x04\x01\0\0\0\0");
+                }
+                // PING: answered, so the connection is alive, only idle.
+                0x6 if flags & 1 == 0 => {
+                    // (It may have closed meanwhile: the read says so.)
+                    let _ = stream.write_all(b"\0\0\x08\x06\x01\0\0\0\0");
+                    let _ = stream.write_all(&payload);
+                }
+                // GOAWAY with NO_ERROR: a graceful shutdown, not a
+                // protocol error of this test's making.
+                0x7 => goaway = payload.get(4..8) == Some(&[0, 0, 0, 0][..]),
+                _ => {}
+            }
+        }
+        (goaway, start.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(goaway, "no graceful GOAWAY before the close");
+    assert!(
+        closed_after < Duration::from_secs(6),
+        "still open after {closed_after:?}"
+    );
+}
