@@ -25,15 +25,17 @@ fn bench(c: &mut Criterion) {
     // for of the difference.
     let keyed_monotonic = RateLimiter::dashmap_with_clock(quota, governor::clock::MonotonicClock);
     let addr = |i: u32| -> IpAddr { std::net::Ipv4Addr::from(0x0a00_0000 + i).into() };
-
-    let mut group = c.benchmark_group("one key");
-    let one = RequestMeta {
-        client: addr(1),
+    // A request from client `i`, by address alone.
+    let from = |i: u32| RequestMeta {
+        client: addr(i),
         port: None,
         key: None,
         bytes: 0,
         http: None,
     };
+
+    let mut group = c.benchmark_group("one key");
+    let one = from(1);
     group.bench_function("limiter l7 (rule match, key, GCRA)", |b| {
         b.iter(|| ours.check(&one).allowed)
     });
@@ -66,14 +68,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("limiter l7", |b| {
         b.iter(|| {
             i = (i + 1) % KEYS;
-            ours.check(&RequestMeta {
-                client: addr(i),
-                port: None,
-                key: None,
-                bytes: 0,
-                http: None,
-            })
-            .allowed
+            ours.check(&from(i)).allowed
         })
     });
     // Two threads at once (as the proxy's two workers), each on keys of
@@ -89,13 +84,7 @@ fn bench(c: &mut Criterion) {
                     scope.spawn(move || {
                         for n in 0..iters / 2 {
                             let i = (n as u32 % (KEYS / 2)) + t * (KEYS / 2);
-                            ours.check(&RequestMeta {
-                                client: addr(i),
-                                port: None,
-                                key: None,
-                                bytes: 0,
-                                http: None,
-                            });
+                            ours.check(&from(i));
                         }
                     });
                 }
@@ -155,14 +144,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("limiter l7, 10k keys, under the last rule", |b| {
         b.iter(|| {
             i = (i + 1) % KEYS;
-            many.check(&RequestMeta {
-                client: addr(i),
-                port: None,
-                key: None,
-                bytes: 0,
-                http: None,
-            })
-            .allowed
+            many.check(&from(i)).allowed
         })
     });
     group.finish();
