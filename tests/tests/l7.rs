@@ -1288,7 +1288,25 @@ async fn a_refusal_while_requests_wait_holds_them_too() {
 /// it streams and cut with 429 once past the burst.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_uploads_without_a_length_are_charged_as_they_stream() {
-    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    // An upstream that reads each body whole before it answers, and
+    // counts those it got whole (one answering at once would race the
+    // cut: its 200 could come first).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let whole = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = {
+        let whole = Arc::clone(&whole);
+        Router::new().fallback(any(move |body: Body| {
+            let whole = Arc::clone(&whole);
+            async move {
+                if body.collect().await.is_ok() {
+                    whole.fetch_add(1, Ordering::SeqCst);
+                }
+                "from upstream"
+            }
+        }))
+    };
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let dir = TempDir::new("h2-upload");
     let config = dir.write(
         "rules.yaml",
@@ -1313,6 +1331,11 @@ async fn http2_uploads_without_a_length_are_charged_as_they_stream() {
     let response = client.request(request).await.expect("an HTTP/2 exchange");
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        whole.load(Ordering::SeqCst),
+        0,
+        "a whole upload reached the upstream"
+    );
 }
 
 /// Guards connection slots against idle HTTP/2 clients: a connection that
