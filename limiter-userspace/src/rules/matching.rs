@@ -165,9 +165,8 @@ pub struct RequestRules {
     any: Vec<u32>,
     /// The distinct source prefix lengths of IPv4 and IPv6 rules.
     lengths: [Vec<u8>; 2],
-    /// By (family, prefix length, network): positions in `order` of the
-    /// rules of that source, ascending.
-    by_source: HashMap<(u8, u8, u128), Vec<u32>, foldhash::fast::RandomState>,
+    /// By source prefix: positions in `order` of its rules, ascending.
+    by_source: HashMap<IpNet, Vec<u32>, foldhash::fast::RandomState>,
 }
 
 impl RequestRules {
@@ -181,11 +180,11 @@ impl RequestRules {
             match set.rules[i].matches.source {
                 None => any.push(position),
                 Some(net) => {
-                    let key = source_key(net.network(), net.prefix_len());
-                    if !lengths[usize::from(key.0)].contains(&key.1) {
-                        lengths[usize::from(key.0)].push(key.1);
+                    let lengths = &mut lengths[usize::from(net.network().is_ipv6())];
+                    if !lengths.contains(&net.prefix_len()) {
+                        lengths.push(net.prefix_len());
                     }
-                    by_source.entry(key).or_default().push(position);
+                    by_source.entry(net.trunc()).or_default().push(position);
                 }
             }
         }
@@ -218,28 +217,14 @@ impl RequestRules {
             }
         };
         try_list(&self.any);
-        let family = usize::from(source_key(source, 0).0);
-        for &length in &self.lengths[family] {
-            if let Some(positions) = self.by_source.get(&source_key(source, length)) {
+        for &length in &self.lengths[usize::from(source.is_ipv6())] {
+            // (A length of the source's family: always valid.)
+            let covering = IpNet::new(source, length).map(|net| net.trunc());
+            if let Some(positions) = covering.ok().and_then(|net| self.by_source.get(&net)) {
                 try_list(positions);
             }
         }
         (best != u32::MAX).then(|| self.order[best as usize])
-    }
-}
-
-/// `address`'s network of `length` bits, with its family (0: IPv4,
-/// 1: IPv6).
-fn source_key(address: IpAddr, length: u8) -> (u8, u8, u128) {
-    let masked = |bits: u128, width: u32| {
-        let mask = u128::MAX
-            .checked_shl(width - u32::from(length))
-            .unwrap_or(0);
-        bits & mask
-    };
-    match address {
-        IpAddr::V4(a) => (0, length, masked(u128::from(a.to_bits()), 32)),
-        IpAddr::V6(a) => (1, length, masked(a.to_bits(), 128)),
     }
 }
 
