@@ -145,6 +145,8 @@ struct Shared {
     config: DaemonConfig,
     attachments: Vec<Attachment>,
     generation: AtomicU64,
+    /// Rule files re-read (SIGHUP, `--watch`) and refused.
+    rule_file_rejections: AtomicU64,
     tracked_keys: AtomicU64,
     /// The pins went missing and are not back yet.
     pins_missing: std::sync::atomic::AtomicBool,
@@ -227,6 +229,7 @@ pub fn run(config_path: &Path) -> Result<()> {
         config,
         attachments,
         generation: AtomicU64::new(1),
+        rule_file_rejections: AtomicU64::new(0),
         tracked_keys: AtomicU64::new(0),
         pins_missing: Default::default(),
         shutdown: Notify::new(),
@@ -363,19 +366,13 @@ fn start_trace(shared: &Arc<Shared>, filter: TraceFilter) -> Result<mpsc::Receiv
 async fn reload_file(shared: &Arc<Shared>) {
     let path = shared.config.rules.clone();
     let origin = path.display().to_string();
-    match tokio::fs::read_to_string(&path).await {
-        Ok(text) => {
-            if let Err(e) = apply(shared, text, origin).await {
-                tracing::error!(event = "rules_rejected", origin = %path.display(), error = %format!("{e:#}"), "{e:#}; nothing changed");
-            }
-        }
-        Err(e) => tracing::error!(
-            event = "rules_rejected",
-            origin = %path.display(),
-            error = %e,
-            "{}: cannot read: {e}; nothing changed",
-            path.display()
-        ),
+    let rejected = match tokio::fs::read_to_string(&path).await {
+        Ok(text) => apply(shared, text, origin).await.err(),
+        Err(e) => Some(anyhow::Error::new(e).context(format!("{}: cannot read", path.display()))),
+    };
+    if let Some(e) = rejected {
+        shared.rule_file_rejections.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(event = "rules_rejected", origin = %path.display(), error = %format!("{e:#}"), "{e:#}; nothing changed");
     }
 }
 
@@ -536,6 +533,7 @@ async fn scrape(
                 pins_missing: shared.pins_missing.load(Ordering::Relaxed),
                 fleet: fleet_status(&shared),
                 escalations: engine.escalations(),
+                rule_file_rejections: shared.rule_file_rejections.load(Ordering::Relaxed),
             },
         )))
     })

@@ -505,6 +505,11 @@ impl Daemon {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends it SIGHUP (re-read the rule file).
+    pub fn hang_up(&self) {
+        hang_up(self.child.as_ref().expect("the daemon is running"));
+    }
+
     /// What the current process logged.
     pub fn log(&self) -> String {
         fs::read_to_string(self.log_path()).unwrap_or_default()
@@ -669,10 +674,15 @@ pub struct Proxy {
 impl Proxy {
     /// Sends it SIGHUP (re-read the rule file).
     pub fn hang_up(&self) {
-        // SAFETY: a signal to a child of ours, still running (not reaped).
-        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP) };
-        assert_eq!(sent, 0, "kill -HUP failed");
+        hang_up(&self.child);
     }
+}
+
+/// Sends SIGHUP (re-read the rule file) to a child of ours.
+fn hang_up(child: &Child) {
+    // SAFETY: a signal to a child of ours, still running (not reaped).
+    let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    assert_eq!(sent, 0, "kill -HUP failed");
 }
 
 impl Drop for Proxy {

@@ -149,6 +149,71 @@ fn reloads_under_flood_keep_buckets_and_a_rejected_file_changes_nothing() {
     );
 }
 
+/// Guards the daemon's re-reading of its rule file on SIGHUP: a valid file
+/// goes in force; a bad one is refused, counted where an alert can see it
+/// (`limiter_rule_file_rejections_total`), and changes nothing: the
+/// limit the good file set still holds the packets of a flood.
+#[test]
+fn sighup_rereads_the_rule_file_and_a_bad_one_is_counted_and_changes_nothing() {
+    let lab = Lab::create("lt-sighup").expect("lab");
+    let daemon = Daemon::start(&lab, "sighup", &[RX_IFACE], BIG_BURST).expect("daemon");
+    let rules_show = || -> serde_json::Value {
+        serde_json::from_str(&ok(daemon.cli(&["rules", "show", "--json"]))).expect("JSON")
+    };
+    // A sample of the daemon's metrics, by name.
+    let metric = |name: &str| {
+        let (_, body) = http_request(
+            &lab.rx,
+            daemon.metrics_port,
+            "/metrics",
+            "Accept: application/openmetrics-text;version=1.0.0\r\n",
+        )
+        .expect("scrape");
+        limiter_tests::parse_openmetrics(&body)
+            .into_iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, v)| v)
+    };
+    let rejections = || metric("limiter_rule_file_rejections_total");
+    let wait_for = |what: &dyn Fn() -> bool, why: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !what() {
+            assert!(Instant::now() < deadline, "{why}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(rejections(), Some(0.0));
+    daemon.dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 50, unit: second, burst: 20 } }\n",
+    );
+    daemon.hang_up();
+    wait_for(
+        &|| limits(&rules_show()) == ["50 pkts/s, burst 20"],
+        "the rewritten file never went in force",
+    );
+    daemon.dir.write("rules.yaml", "rules: [ {");
+    daemon.hang_up();
+    wait_for(
+        &|| rejections() == Some(1.0),
+        "the bad file was never counted as refused",
+    );
+    assert_eq!(limits(&rules_show()), ["50 pkts/s, burst 20"]);
+    assert_eq!(metric("limiter_ruleset_generation"), Some(2.0));
+    let addrs = v4(1, 9);
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &addrs, 500, 64),
+        Duration::from_secs(2),
+    );
+    assert_within(
+        received[&addrs[0]],
+        20.0 + 50.0 * report.elapsed.as_secs_f64(),
+        5.0,
+        "a flood after the refused file",
+    );
+}
+
 #[test]
 fn aggregate_limit_holds_across_fifty_sources() {
     let lab = Lab::create("lt-aggregate").expect("lab");

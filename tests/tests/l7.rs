@@ -695,7 +695,10 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
         assert_eq!(status(&get()), "429", "the reload handed out a fresh burst");
         std::fs::write(&config, "rules: [ {").unwrap();
         p.hang_up();
-        std::thread::sleep(Duration::from_millis(500));
+        wait_for(
+            &|| scrape().contains("limiter_rule_file_rejections_total{layer=\"http\"} 1"),
+            "the invalid file was never refused",
+        );
         assert_eq!(status(&get()), "429", "an invalid file changed something");
         assert!(scrape().contains("rule=\"other\""));
         // Changed on disk, read without a signal: `api`'s limit alone
@@ -885,7 +888,8 @@ async fn tls_clients_get_http2_or_http1_by_alpn_and_are_limited() {
 /// applies only to the requests whose method, path and headers it names,
 /// the most specific first; a key made of a header (or of the client and
 /// the path) gives each value its own bucket; a request without the header
-/// a rule is keyed by falls to the next rule. The kernel refuses the file.
+/// a rule is keyed by falls to the next rule, of the same match or not.
+/// The kernel refuses the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer7_rules_match_and_key_requests_by_their_fields() {
     let upstream_addr = limiter_tests::upstream().await;
@@ -900,6 +904,9 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
     match: { path_prefix: /api/ }
     key: header:x-api-key
     limit: { rate: 3, unit: minute, burst: 3 }
+  - name: api-anonymous
+    match: { path_prefix: /api/ }
+    limit: { rate: 1, unit: minute, burst: 1 }
   - name: login
     match: { method: POST, path: /login, headers: [{ name: x-debug, present: false }] }
     limit: { rate: 2, unit: minute, burst: 2 }
@@ -912,7 +919,7 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
     .output()
     .expect("limiter check");
     let checked: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check --json");
-    assert_eq!(checked["rules"][2]["layer7_only"], "match.method");
+    assert_eq!(checked["rules"][3]["layer7_only"], "match.method");
     assert_eq!(
         checked["rules"][0]["key_parts"],
         serde_json::json!(["source", "path"])
@@ -941,7 +948,8 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
         assert_eq!(send(&req("POST /login", "x-debug: 1\r\n")), at("200", "per-path"));
         assert_eq!(send(&req("GET /login", "")), at("429", "per-path"), "one bucket for /login");
         assert_eq!(send(&req("GET /other", "")), at("200", "per-path"), "its own bucket");
-        // Under /api/, a bucket per API key; without one, per path.
+        // Under /api/, a bucket per API key; without one, the rule of the
+        // same match after it: per client, whatever the path.
         let key_a = |path: &str| send(&req(&format!("GET {path}"), "x-api-key: a\r\n"));
         let a: Vec<_> = ["/api/1", "/api/2", "/api/3", "/api/4"].iter().map(|p| key_a(p)).collect();
         assert_eq!(
@@ -949,8 +957,8 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
             [at("200", "per-api-key"), at("200", "per-api-key"), at("200", "per-api-key"), at("429", "per-api-key")]
         );
         assert_eq!(send(&req("GET /api/1", "x-api-key: b\r\n")), at("200", "per-api-key"));
-        assert_eq!(send(&req("GET /api/1", "")), at("200", "per-path"));
-        assert_eq!(send(&req("GET /api/1", "")), at("429", "per-path"));
+        assert_eq!(send(&req("GET /api/1", "")), at("200", "api-anonymous"));
+        assert_eq!(send(&req("GET /api/2", "")), at("429", "api-anonymous"));
     })
     .await
     .unwrap();

@@ -239,6 +239,7 @@ fn fuzz(frames: u64, cases: u64) -> Result<()> {
 fn test(filter: Option<String>) -> Result<()> {
     require_root("the integration tests attach XDP programs to veth pairs in namespaces")?;
     setup::all()?;
+    warn_if_disk_short(TEST_BUILD_BYTES);
     let limiter = build(false)?;
     step("lint: cargo fmt --check, cargo clippy -D warnings");
     status(cargo().args(["fmt", "--all", "--check"]))?;
@@ -271,6 +272,32 @@ fn test(filter: Option<String>) -> Result<()> {
         // program reading its clock from a map) from this very tree.
         .env("LIMITER_TESTS_BUILD_KERNEL", "1");
     status(&mut command)
+}
+
+/// What `cargo xtask test` from a clean checkout leaves in `target/` and
+/// `limiter-ebpf/target/`, rounded up (measured 2026-12-01).
+const TEST_BUILD_BYTES: u64 = 5 << 30;
+
+/// Says so before a build that may not fit: a full disk shows up as a
+/// linker's bus error or an LLVM "IO failure" halfway through the build.
+fn warn_if_disk_short(need: u64) {
+    let root = root();
+    let free = Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(&root)
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.lines().nth(1)?.trim().parse::<u64>().ok());
+    if let Some(free) = free.filter(|&free| free < need) {
+        let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+        println!(
+            "xtask: warning: {:.1} GiB free under {}; a build from a clean checkout takes about {:.0} GiB",
+            gib(free),
+            root.display(),
+            gib(need)
+        );
+    }
 }
 
 /// Builds the kernel object, then `limiter` with it embedded; returns the binary.

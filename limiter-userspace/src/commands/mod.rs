@@ -224,6 +224,7 @@ pub fn proxy(
             fleet.sync(&limiter.current().rules().rules);
             let status = fleet.status();
             tokio::spawn(reload_rules(config, Arc::clone(&limiter), fleet, watch));
+            let reloads = Arc::clone(&limiter);
             let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter| {
                 let shares: Vec<_> = status
                     .lock()
@@ -231,7 +232,7 @@ pub fn proxy(
                     .values()
                     .cloned()
                     .collect();
-                openmetrics::render_http(limiter, &shares)
+                openmetrics::render_http(limiter, &shares, reloads.refusals())
             });
             limiter::http::proxy::serve(options, limiter, render, |addr| {
                 println!("limiter proxy: listening on {addr}, forwarding to {upstream}")
@@ -282,12 +283,15 @@ async fn reload_rules(
                     path.display()
                 );
             }
-            Err(e) => tracing::error!(
-                event = "rules_rejected",
-                origin = %path.display(),
-                error = %e,
-                "{e}; nothing changed"
-            ),
+            Err(e) => {
+                limiter.refused();
+                tracing::error!(
+                    event = "rules_rejected",
+                    origin = %path.display(),
+                    error = %e,
+                    "{e}; nothing changed"
+                )
+            }
         }
     }
 }

@@ -291,6 +291,19 @@ impl State {
 /// How long a key of `rule` must go unseen before its state is what a new
 /// key starts with: a window's counts expire within two windows, a log's
 /// entries within one. `None` for GCRA, whose state says it exactly.
+/// `request` from the IPv4 client it is from, if a dual-stack listener saw
+/// it as `::ffff:a.b.c.d` (`None` otherwise: the request as it is, not
+/// copied on every request).
+fn ipv4_mapped<'r>(request: &RequestMeta<'r>) -> Option<RequestMeta<'r>> {
+    match request.client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(|v4| RequestMeta {
+            client: IpAddr::V4(v4),
+            ..*request
+        }),
+        IpAddr::V4(_) => None,
+    }
+}
+
 fn rest_ns(rule: &Rule) -> Option<u64> {
     if matches!(rule.limit, Limit::Unlimited) {
         return Some(0);
@@ -502,28 +515,27 @@ impl Limiter {
         self.keys.refused.load(Ordering::Relaxed)
     }
 
-    /// The rule that applies to `request`, if any. A dual-stack listener
-    /// sees IPv4 clients as `::ffff:a.b.c.d`: they are IPv4 clients, under
-    /// IPv4 rules and IPv4 keys.
-    fn rule_of<'r>(&self, request: &RequestMeta<'r>) -> (RequestMeta<'r>, Option<usize>) {
-        let request = RequestMeta {
-            client: request.client.to_canonical(),
-            ..*request
-        };
-        let index = self.matcher.first(
+    /// The rule that applies to `request`, if any, its client canonical
+    /// ([`ipv4_mapped`]): a dual-stack listener sees IPv4 clients as
+    /// `::ffff:a.b.c.d`, and they are IPv4 clients, under IPv4 rules and
+    /// IPv4 keys.
+    fn rule_of(&self, request: &RequestMeta<'_>) -> Option<usize> {
+        debug_assert!(ipv4_mapped(request).is_none(), "not canonical");
+        self.matcher.first(
             &self.rules,
             request.client,
             request.port,
             request.http.as_ref(),
-        );
-        (request, index)
+        )
     }
 
     /// The byte meters that will charge `request`'s body as it streams, if
     /// its rule limits bytes (see [`BodyMeter`]).
     pub fn body_meter(&self, request: &RequestMeta<'_>) -> Option<BodyMeter> {
-        let (request, index) = self.rule_of(request);
-        let index = index?;
+        if let Some(request) = ipv4_mapped(request) {
+            return self.body_meter(&request);
+        }
+        let index = self.rule_of(request)?;
         let rule = &self.rules.rules[index];
         let Limit::Metered { bytes, .. } = rule.limit else {
             return None;
@@ -532,7 +544,7 @@ impl Limiter {
         if (bytes.is_none() && aggregate_bytes.is_none()) || rule.delay.is_some() {
             return None;
         }
-        let key = StateKey::new(index, self.key_bytes(index, rule, &request));
+        let key = StateKey::new(index, self.key_bytes(index, rule, request));
         let clock = &self.clock;
         let state = self.keys.with(
             key,
@@ -608,8 +620,10 @@ impl Limiter {
 
     /// Meters one request and decides.
     pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
-        let (request, index) = self.rule_of(request);
-        let Some(index) = index else {
+        if let Some(request) = ipv4_mapped(request) {
+            return self.check(&request);
+        }
+        let Some(index) = self.rule_of(request) else {
             let allowed = self.rules.default == Fallback::Pass;
             let refused_by = (!allowed).then_some(reason::RULE_BLOCKS);
             return Admission::plain(allowed, false, None, refused_by);
@@ -618,14 +632,14 @@ impl Limiter {
         if matches!(rule.limit, Limit::Unlimited) && rule.concurrent.is_none() {
             return Admission::plain(true, false, Some(index), None);
         }
-        let key = StateKey::new(index, self.key_bytes(index, rule, &request));
+        let key = StateKey::new(index, self.key_bytes(index, rule, request));
         let clock = &self.clock;
         self.keys
             .with(
                 key,
                 || clock.monotonic_ns(),
                 &self.rest_ns,
-                |state| self.decide(index, &request, state),
+                |state| self.decide(index, request, state),
             )
             // No room for a new key: refused, as the kernel refuses one.
             .unwrap_or_else(|| self.excess(index, reason::NO_SLOT))

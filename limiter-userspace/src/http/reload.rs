@@ -182,6 +182,8 @@ pub struct Reloadable {
     reloading: Mutex<()>,
     /// The last reload's taking back of carried states, while it runs.
     settling: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Rule files re-read and refused (see [`Reloadable::refused`]).
+    refusals: std::sync::atomic::AtomicU64,
 }
 
 impl Reloadable {
@@ -190,7 +192,19 @@ impl Reloadable {
             current: ArcSwap::new(limiter),
             reloading: Mutex::new(()),
             settling: Mutex::new(None),
+            refusals: Default::default(),
         }
+    }
+
+    /// Notes a rule file re-read and refused (the rules in force kept).
+    pub fn refused(&self) {
+        self.refusals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Rule files re-read and refused so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits until the last reload's carried states hold exactly what the

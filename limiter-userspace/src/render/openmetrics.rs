@@ -30,6 +30,8 @@ pub struct DaemonGauges {
     pub fleet: Vec<ShareStatus>,
     /// Escalations (`escalate`) per rule name since the daemon started.
     pub escalations: Vec<(String, u64)>,
+    /// Rule files re-read (SIGHUP, `--watch`) and refused since start.
+    pub rule_file_rejections: u64,
 }
 
 type Labels = Vec<(String, String)>;
@@ -227,6 +229,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         }
     }
     register_fleet(&mut registry, &facts.fleet, "xdp");
+    register_rule_file_rejections(&mut registry, "xdp", facts.rule_file_rejections);
     register_build_info(&mut registry);
 
     let mut out = String::new();
@@ -305,7 +308,12 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
 
 /// The exposition of a layer-7 limiter (`limiter proxy --metrics`): the
 /// kernel's names, with `layer="http"`.
-pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> String {
+/// `rule_file_rejections`: rule files re-read and refused since start.
+pub fn render_http(
+    limiter: &crate::http::Limiter,
+    fleet: &[ShareStatus],
+    rule_file_rejections: u64,
+) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let mut registry = Registry::default();
     let packets = Family::<Labels, Counter>::default();
@@ -405,10 +413,25 @@ pub fn render_http(limiter: &crate::http::Limiter, fleet: &[ShareStatus]) -> Str
         keys,
     );
     register_fleet(&mut registry, fleet, "http");
+    register_rule_file_rejections(&mut registry, "http", rule_file_rejections);
     register_build_info(&mut registry);
     let mut out = String::new();
     encode(&mut out, &registry).expect("writing to a String cannot fail");
     out
+}
+
+/// A re-read rule file that was refused is only logged otherwise, and
+/// the old rules go on in force: what an alert on a failed reload reads.
+fn register_rule_file_rejections(registry: &mut Registry, layer: &str, n: u64) {
+    let rejections = Family::<Labels, Counter>::default();
+    rejections
+        .get_or_create(&vec![("layer".to_owned(), layer.to_owned())])
+        .inc_by(n);
+    registry.register(
+        "limiter_rule_file_rejections",
+        "Rule files re-read (SIGHUP or a change on disk) and refused: the rules in force were kept",
+        rejections,
+    );
 }
 
 /// `limiter_build_info{version="..."} 1`.

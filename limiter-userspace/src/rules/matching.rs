@@ -7,7 +7,7 @@ use std::{collections::HashMap, net::IpAddr};
 use ipnet::IpNet;
 
 use super::{
-    Match, Rule, RuleSet,
+    KeyPart, Match, Rule, RuleSet,
     request::{HttpRequest, keyable},
 };
 
@@ -167,6 +167,23 @@ pub struct RequestRules {
     lengths: [Vec<u8>; 2],
     /// By source prefix: positions in `order` of its rules, ascending.
     by_source: HashMap<IpNet, Vec<u32>, foldhash::fast::RandomState>,
+    /// By position in `order`: the rule applies to every request from its
+    /// source (no port, no layer-7 field, keyed by the address alone), so
+    /// a list it is on takes it without asking (most rules: the question
+    /// was a quarter of a decision's time).
+    plain: Vec<bool>,
+}
+
+/// Whether `rule` applies to every HTTP request from an address its source
+/// covers (see [`request_applies`]).
+fn applies_by_source_alone(rule: &Rule) -> bool {
+    const TCP: u8 = 6;
+    let m = &rule.matches;
+    m.protocol.is_none_or(|p| p == TCP)
+        && m.dest_port.is_none()
+        && m.tcp_flags.is_none()
+        && rule.request.is_empty()
+        && rule.keyed_by.iter().all(|p| *p == KeyPart::Source)
 }
 
 impl RequestRules {
@@ -188,11 +205,16 @@ impl RequestRules {
                 }
             }
         }
+        let plain = order
+            .iter()
+            .map(|&i| applies_by_source_alone(&set.rules[i]))
+            .collect();
         Self {
             order,
             any,
             lengths,
             by_source,
+            plain,
         }
     }
 
@@ -210,7 +232,10 @@ impl RequestRules {
         let mut try_list = |positions: &[u32]| {
             for &position in positions.iter().take_while(|&&p| p < best) {
                 let i = self.order[position as usize];
-                if request_applies(&set.rules[i], source, dest_port, request) {
+                // (On a list, a rule's source covers the address.)
+                if self.plain[position as usize]
+                    || request_applies(&set.rules[i], source, dest_port, request)
+                {
                     best = position;
                     return;
                 }

@@ -555,6 +555,51 @@ fn bad_layer7_fields_name_their_line_and_field() {
     assert!(parse(&differ).is_ok());
 }
 
+/// Of rules with the same match, the first that can key a request applies
+/// (a request without a header a rule is keyed by skips it): a rule after
+/// one that keys every request it could is refused; one that keys requests
+/// the rules before it skip is not.
+#[test]
+fn a_rule_of_the_same_match_is_refused_only_when_it_could_never_apply() {
+    let file = |keys: &[&str]| {
+        let mut text = String::from("rules:\n");
+        for (i, key) in keys.iter().enumerate() {
+            text.push_str(&format!(
+                "  - {{ name: r{i}, match: {{ path_prefix: /api/ }}, key: {key}, limit: {{ rate: 1, unit: second }} }}\n"
+            ));
+        }
+        text
+    };
+    for keys in [
+        &["header:x-user", "source"][..],
+        &["[header:x-a, header:x-b]", "header:x-a", "source"],
+        &["[source, header:x-a]", "[source, path]", "source"],
+        &["path", "source"],
+    ] {
+        let set = parse(&file(keys)).unwrap_or_else(|e| panic!("{keys:?}: {e}"));
+        assert_eq!(set.rules.len(), keys.len());
+    }
+    for (keys, refused, first) in [
+        (&["source", "header:x-user"][..], 1, 0),
+        (&["header:x-user", "header:x-user"], 1, 0),
+        (&["header:x-a", "[header:x-a, header:x-b]"], 1, 0),
+        (
+            &["header:x-a", "header:x-b", "[header:x-b, header:x-c]"],
+            2,
+            1,
+        ),
+        (&["[source, header:x-a]", "[header:x-a, path]"], 1, 0),
+    ] {
+        let e = error(&file(keys));
+        assert!(
+            e.contains(&format!(
+                "rules[{refused}].match: same match as rules[{first}] (\"r{first}\"), which keys every request this one could"
+            )),
+            "{keys:?}: {e}"
+        );
+    }
+}
+
 #[test]
 fn concurrency_limits_are_layer7_and_at_least_one() {
     let set =

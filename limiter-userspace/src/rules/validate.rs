@@ -43,7 +43,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         ));
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut matches: HashMap<(Match, RequestMatch), usize> = HashMap::new();
+    let mut matches: HashMap<(Match, RequestMatch), Vec<usize>> = HashMap::new();
     let mut rules = Vec::with_capacity(file.rules.len());
     for (i, raw) in file.rules.iter().enumerate() {
         let at = |field: &str| format!("rules[{i}].{field}");
@@ -54,15 +54,22 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
                 format!("duplicate name {:?} (also rules[{first}])", raw.name),
             ));
         }
-        if let Some(first) = matches.insert((rule.matches, rule.request.clone()), i) {
+        let same_match = matches
+            .entry((rule.matches, rule.request.clone()))
+            .or_default();
+        if let Some(&first) = same_match
+            .iter()
+            .find(|&&j| keys_whenever(&rules[j], &rule))
+        {
             return Err(invalid(
                 at("match"),
                 format!(
-                    "same match as rules[{first}] ({:?}); one of them could never apply",
+                    "same match as rules[{first}] ({:?}), which keys every request this one could: this one could never apply",
                     file.rules[first].name
                 ),
             ));
         }
+        same_match.push(i);
         rules.push(rule);
     }
     let new_keys = match &file.new_keys {
@@ -81,6 +88,20 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         fits_the_tries(&rule_set)?;
     }
     Ok(rule_set)
+}
+
+/// Whether `earlier`, of the same match as `later` and before it in the
+/// file, applies to every request `later` could key. Of two rules with the
+/// same match, the first that can key a request applies; a rule skips a
+/// request without a part of its key (a header, say: envoy's descriptors
+/// do), so a later rule applies only to requests an earlier one cannot
+/// key, and never when the earlier one needs no more than it does (the
+/// source alone needs nothing).
+fn keys_whenever(earlier: &Rule, later: &Rule) -> bool {
+    earlier
+        .keyed_by
+        .iter()
+        .all(|part| *part == KeyPart::Source || later.keyed_by.contains(part))
 }
 
 fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
