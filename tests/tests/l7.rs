@@ -807,11 +807,26 @@ async fn http2_clients_are_served_and_limited() {
             .expect("an HTTP/2 exchange");
         assert_eq!(response.version(), http::Version::HTTP_2);
         let status = response.status();
+        let fields = rate_limit_fields(response.headers());
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        got.push((status.as_u16(), String::from_utf8_lossy(&body).into_owned()));
+        got.push((
+            status.as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+            fields,
+        ));
     }
     assert_eq!((got[0].0, got[1].0, got[2].0), (200, 200, 429), "{got:?}");
     assert_eq!(got[0].1, "from upstream");
+    // The fields HTTP/1.1 responses carry, over HTTP/2 too.
+    let policy = || Some("\"api\";q=2;w=60".to_owned());
+    assert_eq!(got[1].2, [policy(), None], "{got:?}");
+    assert_eq!(got[2].2, [policy(), Some("30".to_owned())], "{got:?}");
+}
+
+/// A response's `RateLimit-Policy` and `Retry-After`.
+fn rate_limit_fields(headers: &http::HeaderMap) -> [Option<String>; 2] {
+    ["ratelimit-policy", "retry-after"]
+        .map(|name| Some(headers.get(name)?.to_str().ok()?.to_owned()))
 }
 
 /// Guards TLS: with a certificate, `limiter proxy` speaks HTTP/2 or
@@ -882,6 +897,10 @@ async fn tls_clients_get_http2_or_http1_by_alpn_and_are_limited() {
     second.into_body().collect().await.unwrap();
     let third = h2.send_request(get()).await.unwrap();
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        rate_limit_fields(third.headers()),
+        [Some("\"api\";q=2;w=60".to_owned()), Some("30".to_owned())]
+    );
 }
 
 /// Rules with layer-7 conditions and keys, through the real proxy: a rule
