@@ -923,8 +923,9 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
     match: { path_prefix: /api/ }
     key: header:x-api-key
     limit: { rate: 3, unit: minute, burst: 3 }
-  - name: api-anonymous
+  - name: per-client-id
     match: { path_prefix: /api/ }
+    key: header:x-client-id
     limit: { rate: 1, unit: minute, burst: 1 }
   - name: login
     match: { method: POST, path: /login, headers: [{ name: x-debug, present: false }] }
@@ -967,8 +968,8 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
         assert_eq!(send(&req("POST /login", "x-debug: 1\r\n")), at("200", "per-path"));
         assert_eq!(send(&req("GET /login", "")), at("429", "per-path"), "one bucket for /login");
         assert_eq!(send(&req("GET /other", "")), at("200", "per-path"), "its own bucket");
-        // Under /api/, a bucket per API key; without one, the rule of the
-        // same match after it: per client, whatever the path.
+        // Under /api/, a bucket per API key; without one, per client id
+        // (the rule of the same match after it); without either, per path.
         let key_a = |path: &str| send(&req(&format!("GET {path}"), "x-api-key: a\r\n"));
         let a: Vec<_> = ["/api/1", "/api/2", "/api/3", "/api/4"].iter().map(|p| key_a(p)).collect();
         assert_eq!(
@@ -976,8 +977,11 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
             [at("200", "per-api-key"), at("200", "per-api-key"), at("200", "per-api-key"), at("429", "per-api-key")]
         );
         assert_eq!(send(&req("GET /api/1", "x-api-key: b\r\n")), at("200", "per-api-key"));
-        assert_eq!(send(&req("GET /api/1", "")), at("200", "api-anonymous"));
-        assert_eq!(send(&req("GET /api/2", "")), at("429", "api-anonymous"));
+        let id = "x-client-id: c\r\n";
+        assert_eq!(send(&req("GET /api/1", id)), at("200", "per-client-id"));
+        assert_eq!(send(&req("GET /api/2", id)), at("429", "per-client-id"));
+        assert_eq!(send(&req("GET /api/1", "")), at("200", "per-path"));
+        assert_eq!(send(&req("GET /api/1", "")), at("429", "per-path"));
     })
     .await
     .unwrap();

@@ -288,9 +288,6 @@ impl State {
     }
 }
 
-/// How long a key of `rule` must go unseen before its state is what a new
-/// key starts with: a window's counts expire within two windows, a log's
-/// entries within one. `None` for GCRA, whose state says it exactly.
 /// `request` from the IPv4 client it is from, if a dual-stack listener saw
 /// it as `::ffff:a.b.c.d` (`None` otherwise: the request as it is, not
 /// copied on every request).
@@ -304,6 +301,9 @@ fn ipv4_mapped<'r>(request: &RequestMeta<'r>) -> Option<RequestMeta<'r>> {
     }
 }
 
+/// How long a key of `rule` must go unseen before its state is what a new
+/// key starts with: a window's counts expire within two windows, a log's
+/// entries within one. `None` for GCRA, whose state says it exactly.
 fn rest_ns(rule: &Rule) -> Option<u64> {
     if matches!(rule.limit, Limit::Unlimited) {
         return Some(0);

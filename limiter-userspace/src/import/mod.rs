@@ -189,13 +189,23 @@ impl Converter {
                 // (or could never apply) is listed, not the whole
                 // conversion lost.
                 let file = format!("rules:\n{}{text}", self.rules.concat());
-                RuleSet::parse(&file, Path::new("rules"))
-                    .map(|_| text)
-                    .map_err(|e| {
-                        // Not taken: free for the next rule.
-                        self.names.remove(&name);
-                        format!("{}: {}", e.field, e.message)
-                    })
+                let taken = RuleSet::parse(&file, Path::new("rules"))
+                    .map_err(|e| format!("{}: {}", e.field, e.message))
+                    .and_then(|set| match same_match_before_last(&set) {
+                        // A rule file allows it (the later one takes what
+                        // the first cannot key), but envoy would charge
+                        // both descriptors.
+                        Some(first) => Err(format!(
+                            "the same match as {:?}: envoy charges a request to both descriptors, a rule file to one rule",
+                            set.rules[first].name
+                        )),
+                        None => Ok(text),
+                    });
+                if taken.is_err() {
+                    // Not taken: free for the next rule.
+                    self.names.remove(&name);
+                }
+                taken
             });
             match rule {
                 Ok(text) => self.rules.push(text),
@@ -203,6 +213,14 @@ impl Converter {
             }
         }
     }
+}
+
+/// The rule before the last of `set` that has the same match as the last.
+fn same_match_before_last(set: &RuleSet) -> Option<usize> {
+    let (last, before) = set.rules.split_last()?;
+    before
+        .iter()
+        .position(|r| r.matches == last.matches && r.request == last.request)
 }
 
 /// Without the routes: a lone `remote_address` descriptor, every client

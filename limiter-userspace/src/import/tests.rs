@@ -170,3 +170,33 @@ fn route_matches_a_rule_cannot_say_are_refused_not_widened() {
         conversion.rules
     );
 }
+
+/// Envoy charges a request to every descriptor its route's actions make;
+/// a rule file charges it to one rule. Two descriptors of one route (a
+/// per-user and a per-address limit) would convert to rules of the same
+/// match, of which a request with the header meets only the first: the
+/// second is listed, not converted to a rule that would let such a
+/// request escape the per-address limit.
+#[test]
+fn descriptors_a_request_meets_together_are_not_made_rules_it_meets_one_of() {
+    let service = "descriptors:\n  - { key: user, rate_limit: { unit: second, requests_per_unit: 5 } }\n  - { key: remote_address, rate_limit: { unit: second, requests_per_unit: 10 } }\n";
+    let routes = "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: { prefix: /api }\n        route: { rate_limits: [ { actions: [{ request_headers: { header_name: x-user, descriptor_key: user } }] }, { actions: [{ remote_address: {} }] } ] }\n";
+    let conversion = super::envoy_text(
+        service,
+        Path::new("service.yaml"),
+        Some((routes, Path::new("routes.yaml"))),
+    )
+    .unwrap();
+    let skipped = conversion.skipped.join("\n");
+    assert!(
+        skipped.contains("envoy charges a request to both descriptors, a rule file to one rule"),
+        "{skipped}\n{}",
+        conversion.rules
+    );
+    assert!(
+        conversion.rules.contains("header:x-user"),
+        "{}",
+        conversion.rules
+    );
+    assert_eq!(conversion.skipped.len(), 1, "{skipped}");
+}

@@ -561,41 +561,71 @@ fn bad_layer7_fields_name_their_line_and_field() {
 /// the rules before it skip is not.
 #[test]
 fn a_rule_of_the_same_match_is_refused_only_when_it_could_never_apply() {
-    let file = |keys: &[&str]| {
+    let with = |matches: &str, keys: &[&str]| {
         let mut text = String::from("rules:\n");
         for (i, key) in keys.iter().enumerate() {
             text.push_str(&format!(
-                "  - {{ name: r{i}, match: {{ path_prefix: /api/ }}, key: {key}, limit: {{ rate: 1, unit: second }} }}\n"
+                "  - {{ name: r{i}, match: {{ {matches} }}, key: {key}, limit: {{ rate: 1, unit: second }} }}\n"
             ));
         }
         text
     };
-    for keys in [
-        &["header:x-user", "source"][..],
-        &["[header:x-a, header:x-b]", "header:x-a", "source"],
-        &["[source, header:x-a]", "[source, path]", "source"],
-        &["path", "source"],
+    let file = |keys: &[&str]| with("path_prefix: /api/", keys);
+    for text in [
+        file(&["header:x-user", "source"]),
+        file(&["[header:x-a, header:x-b]", "header:x-a", "source"]),
+        file(&["[source, header:x-a]", "[source, host]", "source"]),
+        file(&["host", "source"]),
+        // Without layer-7 conditions, a caller that tells addresses alone
+        // gives no path: the rule keyed by the address takes it.
+        with("source: 10.0.0.0/8", &["path", "source"]),
+        with(
+            "headers: [{ name: x-a, present: false }]",
+            &["header:x-b", "source"],
+        ),
     ] {
-        let set = parse(&file(keys)).unwrap_or_else(|e| panic!("{keys:?}: {e}"));
-        assert_eq!(set.rules.len(), keys.len());
+        let set = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(set.rules.len() >= 2);
     }
-    for (keys, refused, first) in [
-        (&["source", "header:x-user"][..], 1, 0),
-        (&["header:x-user", "header:x-user"], 1, 0),
-        (&["header:x-a", "[header:x-a, header:x-b]"], 1, 0),
+    for (text, refused, first) in [
+        (file(&["source", "header:x-user"]), 1, 0),
+        (file(&["header:x-user", "header:x-user"]), 1, 0),
+        (file(&["header:x-a", "[header:x-a, header:x-b]"]), 1, 0),
         (
-            &["header:x-a", "header:x-b", "[header:x-b, header:x-c]"],
+            file(&["header:x-a", "header:x-b", "[header:x-b, header:x-c]"]),
             2,
             1,
         ),
-        (&["[source, header:x-a]", "[header:x-a, path]"], 1, 0),
+        (file(&["[source, header:x-a]", "[header:x-a, path]"]), 1, 0),
+        // Every request under a layer-7 condition has a path and a method.
+        (file(&["path", "source"]), 1, 0),
+        (file(&["[method, path]", "header:x-a"]), 1, 0),
+        (with("source: 10.0.0.0/8", &["path", "header:x-a"]), 1, 0),
+        // A header or host the match requires is always there.
+        (
+            with(
+                "headers: [{ name: x-a, present: true }]",
+                &["header:x-a", "source"],
+            ),
+            1,
+            0,
+        ),
+        (
+            with(
+                "headers: [{ name: x-a, equals: v }]",
+                &["header:x-a", "source"],
+            ),
+            1,
+            0,
+        ),
+        (with("host: example.com", &["host", "source"]), 1, 0),
     ] {
-        let e = error(&file(keys));
+        let e = error(&text);
         assert!(
             e.contains(&format!(
                 "rules[{refused}].match: same match as rules[{first}] (\"r{first}\"), which keys every request this one could"
             )),
-            "{keys:?}: {e}"
+            "{text}: {e}"
         );
     }
 }
@@ -1002,11 +1032,12 @@ fn several_limits_are_three_at_most() {
     assert!(e.contains("rules[0].limit: missing"), "{e}");
 }
 
-/// The source index finds the rule a search of every rule in order finds,
-/// on random rule files (sources of every length of both families, any
-/// source, ports, layer-7 conditions) and addresses in and out of them.
+/// The index finds the rule a search of every rule in order finds, on
+/// random rule files (sources of every length of both families, any
+/// source, ports, methods, exact paths and path prefixes, header keys)
+/// and requests in and out of them.
 #[test]
-fn the_source_index_finds_the_rule_the_search_in_order_finds() {
+fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
@@ -1014,18 +1045,18 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
         seed ^= seed << 17;
         seed % n
     };
-    let requests: Vec<(http::Method, http::Uri, http::HeaderMap)> = vec![
-        (
-            http::Method::GET,
-            "/".parse().unwrap(),
-            http::HeaderMap::new(),
-        ),
-        (
-            http::Method::POST,
-            "/x".parse().unwrap(),
-            http::HeaderMap::new(),
-        ),
-    ];
+    let mut requests: Vec<(http::Method, http::Uri, http::HeaderMap)> = Vec::new();
+    for method in [http::Method::GET, http::Method::POST] {
+        for path in ["/", "/x", "/xy", "/a", "/a/", "/a/b", "/a/bc", "/é/b"] {
+            for user in [None, Some("u1")] {
+                let mut headers = http::HeaderMap::new();
+                if let Some(user) = user {
+                    headers.insert("x-user", user.parse().unwrap());
+                }
+                requests.push((method.clone(), path.parse().unwrap(), headers));
+            }
+        }
+    }
     let (mut found, mut files) = ([0usize; 2], 0);
     for _ in 0..600 {
         let mut text = String::from("rules:\n");
@@ -1053,13 +1084,24 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
                     ["", "dest_port: 80, ", "dest_port: 443, "][next(3) as usize],
                 ),
             };
-            let method = ["", "", "method: POST, ", "path_prefix: /x, "][next(4) as usize];
-            let key = ["", "", "key: [source, path], "][next(3) as usize];
+            let method = ["", "", "method: POST, "][next(3) as usize];
+            let path = [
+                "",
+                "",
+                "path_prefix: /x, ",
+                "path_prefix: /, ",
+                "path_prefix: /a/, ",
+                "path_prefix: /a/b, ",
+                "path_prefix: /é, ",
+                "path: /x, ",
+                "path: /a/b, ",
+            ][next(9) as usize];
+            let key = ["", "", "key: [source, path], ", "key: header:x-user, "][next(4) as usize];
             text.push_str(&format!(
-                "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
+                "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method}{path} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
             ));
         }
-        // (Files where two rules have the same match are refused.)
+        // (Files where a rule could never apply are refused.)
         let Ok(set) = parse(&text) else { continue };
         files += 1;
         let index = matching::RequestRules::new(&set);
@@ -1076,10 +1118,10 @@ fn the_source_index_finds_the_rule_the_search_in_order_finds() {
                 }
             };
             let port = [None, Some(80), Some(443)][next(3) as usize];
-            let request = match next(3) {
+            let request = match next(4) {
                 0 => None,
-                i => {
-                    let (method, uri, headers) = &requests[i as usize - 1];
+                _ => {
+                    let (method, uri, headers) = &requests[next(requests.len() as u64) as usize];
                     Some(HttpRequest {
                         method,
                         uri,

@@ -15,7 +15,7 @@ use limiter_common::{
 
 use super::{
     Algorithm, CostClass, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch,
-    Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request,
+    Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request, request::HeaderCondition,
 };
 use crate::yaml::quoted;
 
@@ -91,17 +91,34 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
 }
 
 /// Whether `earlier`, of the same match as `later` and before it in the
-/// file, applies to every request `later` could key. Of two rules with the
-/// same match, the first that can key a request applies; a rule skips a
-/// request without a part of its key (a header, say: envoy's descriptors
-/// do), so a later rule applies only to requests an earlier one cannot
-/// key, and never when the earlier one needs no more than it does (the
-/// source alone needs nothing).
+/// file, keys every request `later` could: then `later` never applies. Of
+/// rules with the same match, the first that can key a request does; a
+/// rule skips a request that lacks a part of its key (a header, say, as
+/// envoy's descriptors do).
 fn keys_whenever(earlier: &Rule, later: &Rule) -> bool {
-    earlier
-        .keyed_by
-        .iter()
-        .all(|part| *part == KeyPart::Source || later.keyed_by.contains(part))
+    let conditions = &later.request;
+    // Whether a request `later` applies to may lack `part`.
+    let may_lack = |part: &KeyPart| {
+        !later.keyed_by.contains(part)
+            && match part {
+                KeyPart::Source => false,
+                // Only a request without HTTP fields (from a caller that
+                // tells addresses alone), which only a rule without
+                // layer-7 conditions, keyed by the address, applies to.
+                KeyPart::Path | KeyPart::Method => {
+                    conditions.is_empty() && later.keyed_by.iter().all(|p| *p == KeyPart::Source)
+                }
+                KeyPart::Host => conditions.host.is_none(),
+                KeyPart::Header(name) => !conditions.headers.iter().any(|h| {
+                    h.name == *name
+                        && matches!(
+                            h.condition,
+                            HeaderCondition::Equals(_) | HeaderCondition::Present
+                        )
+                }),
+            }
+    };
+    !earlier.keyed_by.iter().any(may_lack)
 }
 
 fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
