@@ -118,6 +118,42 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // Many layer-7 rules: 1,000 routes by path prefix (as an envoy
+    // configuration's convert) and a catch-all, requests for a path none
+    // of them names.
+    let mut text = String::from("max_keys: 1000000\nrules:\n");
+    for i in 0..1_000u32 {
+        text.push_str(&format!(
+            "  - {{ name: r{i}, match: {{ path_prefix: /service-{i}/ }}, limit: {{ rate: 1000000000, unit: second, burst: 1000000000 }} }}\n"
+        ));
+    }
+    text.push_str(
+        "  - { name: rest, limit: { rate: 1000000000, unit: second, burst: 1000000000 } }\n",
+    );
+    let routes = Limiter::new(rules(&text), Arc::new(SystemClock));
+    let (method, uri, headers) = (
+        http::Method::GET,
+        http::Uri::from_static("/other/page"),
+        http::HeaderMap::new(),
+    );
+    let request = |i: u32| RequestMeta {
+        http: Some(limiter::rules::HttpRequest {
+            method: &method,
+            uri: &uri,
+            headers: &headers,
+        }),
+        ..from(i)
+    };
+    let mut group = c.benchmark_group("1,000 path rules");
+    let mut i = 0;
+    group.bench_function("limiter l7, 10k keys, under the last rule", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            routes.check(&request(i)).allowed
+        })
+    });
+    group.finish();
 }
 
 /// Wall time of `iters` checks made by two threads at once, each on half
