@@ -8,7 +8,7 @@ use ipnet::IpNet;
 
 use super::{
     KeyPart, Match, Rule, RuleSet,
-    request::{HttpRequest, PathMatch, keyable},
+    request::{HttpRequest, PathMatch, RequestMatch, keyable},
 };
 
 /// The masks that turn a source address into the rule's key, for IPv4 and
@@ -157,18 +157,18 @@ fn request_applies(
 /// [`first_request_match`] by an index of the rules' sources and paths: a
 /// request tries only the rules whose source covers its address (one
 /// lookup per distinct prefix length among the rules, and the rules of
-/// any source) and whose path condition, if any, its path meets (see
-/// [`ByPath`]), not every rule in turn (at 1,000 rules that took 6.7 µs a
+/// any source) and whose path or host condition, if any, it meets (see
+/// [`ByTarget`]), not every rule in turn (at 1,000 rules that took 6.7 µs a
 /// request, and a flood from addresses or paths no rule names made every
 /// request take it).
 pub struct RequestRules {
     order: Vec<usize>,
     /// The rules of any source.
-    any: ByPath,
+    any: ByTarget,
     /// The distinct source prefix lengths of IPv4 and IPv6 rules.
     lengths: [Vec<u8>; 2],
     /// By source prefix: its rules.
-    by_source: HashMap<IpNet, ByPath, foldhash::fast::RandomState>,
+    by_source: HashMap<IpNet, ByTarget, foldhash::fast::RandomState>,
     /// By position in `order`: the rule applies to every request from its
     /// source (no port, no layer-7 field, keyed by the address alone), so
     /// a list it is on takes it without asking (most rules: the question
@@ -177,13 +177,17 @@ pub struct RequestRules {
 }
 
 /// Positions in `order` (each list ascending) of the rules of one source
-/// (or of any), by what they ask of a request's path: as an envoy
-/// configuration's routes convert, there can be hundreds, and a request
-/// tries only those of its own path, of its prefixes, and the rest.
+/// (or of any), by what they ask of a request's path and host: as an
+/// envoy configuration's routes and virtual hosts convert, there can be
+/// hundreds, and a request tries only those of its own path, of its
+/// path's prefixes, of its host, and the rest.
 #[derive(Default)]
-struct ByPath {
-    /// Those that ask nothing of the path.
+struct ByTarget {
+    /// Those that ask nothing of the path or the host.
     rest: Vec<u32>,
+    /// By the host they name (lowercase), of those that ask nothing of
+    /// the path.
+    host: HashMap<Box<str>, Vec<u32>, foldhash::fast::RandomState>,
     /// By the path they match exactly.
     exact: HashMap<Box<str>, Vec<u32>, foldhash::fast::RandomState>,
     /// By the path prefix they match, and the prefixes' distinct lengths.
@@ -191,30 +195,39 @@ struct ByPath {
     prefix_lengths: Vec<usize>,
 }
 
-impl ByPath {
-    fn push(&mut self, position: u32, path: Option<&PathMatch>) {
-        match path {
-            None => self.rest.push(position),
-            Some(PathMatch::Exact(path)) => self
-                .exact
-                .entry(path.as_str().into())
-                .or_default()
-                .push(position),
-            Some(PathMatch::Prefix(prefix)) => {
+impl ByTarget {
+    fn push(&mut self, position: u32, conditions: &RequestMatch) {
+        let list = match (&conditions.path, &conditions.host) {
+            (None, None) => &mut self.rest,
+            (None, Some(host)) => self.host.entry(host.as_str().into()).or_default(),
+            (Some(PathMatch::Exact(path)), _) => {
+                self.exact.entry(path.as_str().into()).or_default()
+            }
+            (Some(PathMatch::Prefix(prefix)), _) => {
                 if !self.prefix_lengths.contains(&prefix.len()) {
                     self.prefix_lengths.push(prefix.len());
                 }
-                self.prefix
-                    .entry(prefix.as_str().into())
-                    .or_default()
-                    .push(position);
+                self.prefix.entry(prefix.as_str().into()).or_default()
             }
-        }
+        };
+        list.push(position);
     }
 
-    /// The lists that may hold a rule applying to a request for `path`
-    /// (`None`: a caller that tells only addresses).
-    fn lists<'s>(&'s self, path: Option<&'s str>) -> impl Iterator<Item = &'s [u32]> {
+    /// The lists that may hold a rule applying to `request` (`None`: a
+    /// caller that tells only addresses).
+    fn lists<'s>(&'s self, request: Option<&HttpRequest<'s>>) -> impl Iterator<Item = &'s [u32]> {
+        let path = request.map(HttpRequest::path);
+        let by_host = request
+            .and_then(HttpRequest::host)
+            .filter(|_| !self.host.is_empty())
+            .and_then(|host| {
+                // Rule hosts are lowercase; few requests' are not.
+                if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                    self.host.get(host.to_ascii_lowercase().as_str())
+                } else {
+                    self.host.get(host)
+                }
+            });
         let exact = path.and_then(|path| self.exact.get(path));
         let prefixes = path.into_iter().flat_map(move |path| {
             self.prefix_lengths
@@ -222,6 +235,7 @@ impl ByPath {
                 .filter_map(move |&n| self.prefix.get(path.get(..n)?))
         });
         std::iter::once(&self.rest)
+            .chain(by_host)
             .chain(exact)
             .chain(prefixes)
             .map(Vec::as_slice)
@@ -243,14 +257,14 @@ fn applies_by_source_alone(rule: &Rule) -> bool {
 impl RequestRules {
     pub fn new(set: &RuleSet) -> Self {
         let order = match_order(set);
-        let mut any = ByPath::default();
+        let mut any = ByTarget::default();
         let mut lengths: [Vec<u8>; 2] = Default::default();
-        let mut by_source: HashMap<_, ByPath, _> = HashMap::default();
+        let mut by_source: HashMap<_, ByTarget, _> = HashMap::default();
         for (position, &i) in order.iter().enumerate() {
             let position = u32::try_from(position).expect("rules fewer than 2^32");
-            let path = set.rules[i].request.path.as_ref();
+            let conditions = &set.rules[i].request;
             match set.rules[i].matches.source {
-                None => any.push(position, path),
+                None => any.push(position, conditions),
                 Some(net) => {
                     let lengths = &mut lengths[usize::from(net.network().is_ipv6())];
                     if !lengths.contains(&net.prefix_len()) {
@@ -259,7 +273,7 @@ impl RequestRules {
                     by_source
                         .entry(net.trunc())
                         .or_default()
-                        .push(position, path);
+                        .push(position, conditions);
                 }
             }
         }
@@ -299,15 +313,14 @@ impl RequestRules {
                 }
             }
         };
-        let path = request.map(HttpRequest::path);
-        for list in self.any.lists(path) {
+        for list in self.any.lists(request) {
             try_list(list);
         }
         for &length in &self.lengths[usize::from(source.is_ipv6())] {
             // (A length of the source's family: always valid.)
             let covering = IpNet::new(source, length).map(|net| net.trunc());
             if let Some(rules) = covering.ok().and_then(|net| self.by_source.get(&net)) {
-                for list in rules.lists(path) {
+                for list in rules.lists(request) {
                     try_list(list);
                 }
             }

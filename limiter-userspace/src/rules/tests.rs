@@ -1034,7 +1034,8 @@ fn several_limits_are_three_at_most() {
 
 /// The index finds the rule a search of every rule in order finds, on
 /// random rule files (sources of every length of both families, any
-/// source, ports, methods, exact paths and path prefixes, header keys)
+/// source, ports, methods, hosts, exact paths and path prefixes, header
+/// keys)
 /// and requests in and out of them.
 #[test]
 fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
@@ -1048,10 +1049,19 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
     let mut requests: Vec<(http::Method, http::Uri, http::HeaderMap)> = Vec::new();
     for method in [http::Method::GET, http::Method::POST] {
         for path in ["/", "/x", "/xy", "/a", "/a/", "/a/b", "/a/bc", "/é/b"] {
-            for user in [None, Some("u1")] {
+            for (user, host) in [
+                (None, None),
+                (Some("u1"), None),
+                (None, Some("h.example")),
+                (Some("u1"), Some("H.Example:8080")),
+                (None, Some("other.example")),
+            ] {
                 let mut headers = http::HeaderMap::new();
                 if let Some(user) = user {
                     headers.insert("x-user", user.parse().unwrap());
+                }
+                if let Some(host) = host {
+                    headers.insert(http::header::HOST, host.parse().unwrap());
                 }
                 requests.push((method.clone(), path.parse().unwrap(), headers));
             }
@@ -1085,6 +1095,7 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
                 ),
             };
             let method = ["", "", "method: POST, "][next(3) as usize];
+            let host = ["", "", "host: h.example, ", "host: other.example, "][next(4) as usize];
             let path = [
                 "",
                 "",
@@ -1098,7 +1109,7 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
             ][next(9) as usize];
             let key = ["", "", "key: [source, path], ", "key: header:x-user, "][next(4) as usize];
             text.push_str(&format!(
-                "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method}{path} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
+                "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method}{host}{path} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
             ));
         }
         // (Files where a rule could never apply are refused.)
