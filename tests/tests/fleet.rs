@@ -176,9 +176,13 @@ fn lease_owners(store: &mut redis::Connection) -> Vec<Option<String>> {
 fn three_hosts_share_one_budget_and_capacity_follows_the_flood() {
     let fleet = Fleet::start("fs");
     let bound = GLOBAL + 3.0 * RESERVE;
-    let all = fleet.flood(&[0, 1, 2], Duration::from_secs(8), || {
+    let (all, held) = fleet.flood(&[0, 1, 2], Duration::from_secs(9), || {
         thread::sleep(Duration::from_millis(2500));
-        measure(&fleet, Duration::from_secs(5))
+        let rates = measure(&fleet, Duration::from_secs(5));
+        // Read while all three are still flooded: once the flood stops,
+        // an idle host gives its partitions back.
+        let held: u64 = (0..3).map(|n| fleet.held(n)).sum();
+        (rates, held)
     });
     let total: f64 = all.iter().sum();
     println!("three hosts flooded: {all:.0?} pkts/s, {total:.0} together (bound {bound})");
@@ -187,7 +191,6 @@ fn three_hosts_share_one_budget_and_capacity_follows_the_flood() {
         all.iter().all(|&r| r >= RESERVE * 0.9),
         "a host got less than its reserve: {all:.0?}"
     );
-    let held: u64 = (0..3).map(|n| fleet.held(n)).sum();
     assert_eq!(held, PARTITIONS, "every partition held, none twice");
 
     // The flood moves to host 1 alone.

@@ -259,6 +259,13 @@ struct State {
     in_flight: AtomicU64,
     /// When a request of the key was last refused (monotonic ns).
     last_refused: AtomicU64,
+    /// The window and log algorithms' counts, made at their first use:
+    /// most rules are GCRA's, and a key of theirs is 80 bytes, not 208.
+    counts: std::sync::OnceLock<Box<Counts>>,
+}
+
+#[derive(Default)]
+struct Counts {
     windows: Mutex<[WindowState; 2]>,
     logs: Mutex<[Log; 2]>,
 }
@@ -268,6 +275,14 @@ struct State {
 const SEEN_GRANULE_NS: u64 = 1_000_000;
 
 impl State {
+    fn windows(&self) -> &Mutex<[WindowState; 2]> {
+        &self.counts.get_or_init(Box::default).windows
+    }
+
+    fn logs(&self) -> &Mutex<[Log; 2]> {
+        &self.counts.get_or_init(Box::default).logs
+    }
+
     /// Seen at `now` (monotonic ns; 0: not judged, nothing to note).
     fn seen(&self, now: u64) {
         if self
@@ -853,7 +868,7 @@ impl Limiter {
             }),
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
-                let mut logs = state.logs.lock().expect("log lock").clone();
+                let mut logs = state.logs().lock().expect("log lock").clone();
                 meters
                     .iter()
                     .zip(logs.iter_mut())
@@ -861,7 +876,7 @@ impl Limiter {
             }
             algorithm => {
                 let now = self.clock.epoch_ns();
-                let windows = *state.windows.lock().expect("window lock");
+                let windows = *state.windows().lock().expect("window lock");
                 let sliding = algorithm == Algorithm::SlidingWindow;
                 meters.iter().zip(&windows).any(|(meter, w)| {
                     meter.is_some_and(|m| m.window.check(w, now, 1, sliding).is_none())
@@ -927,8 +942,8 @@ impl Limiter {
         let pair = |i: usize| usize::from(order::charges_bytes(i));
         match rule.algorithm {
             Algorithm::SlidingLog => {
-                let mut key_logs = state.logs.lock().expect("log lock");
-                let mut agg_logs = aggregate.logs.lock().expect("log lock");
+                let mut key_logs = state.logs().lock().expect("log lock");
+                let mut agg_logs = aggregate.logs().lock().expect("log lock");
                 // Read under the locks: a wait for them does not age it.
                 let now = self.clock.epoch_ns();
                 // Check every log on a copy first: a refusal charges none.
@@ -982,8 +997,8 @@ impl Limiter {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let sliding = rule.algorithm == Algorithm::SlidingWindow;
                 // Key first, then aggregate: the kernel's lock order.
-                let mut key_windows = state.windows.lock().expect("window lock");
-                let mut agg_windows = aggregate.windows.lock().expect("window lock");
+                let mut key_windows = state.windows().lock().expect("window lock");
+                let mut agg_windows = aggregate.windows().lock().expect("window lock");
                 // Read under the locks: a wait for them does not age it.
                 let now = self.clock.epoch_ns();
                 let [k0, k1] = &mut *key_windows;
@@ -1120,7 +1135,7 @@ impl Limiter {
             },
             Algorithm::SlidingLog => {
                 let now = self.clock.epoch_ns();
-                let logs = state.logs.lock().expect("log lock");
+                let logs = state.logs().lock().expect("log lock");
                 let quota = |meter: &Rate, log: &Log| {
                     let w = meter.window;
                     let reset = log
@@ -1146,7 +1161,7 @@ impl Limiter {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let now = self.clock.epoch_ns();
-                let windows = *state.windows.lock().expect("window lock");
+                let windows = *state.windows().lock().expect("window lock");
                 let sliding = rule.algorithm == Algorithm::SlidingWindow;
                 let quota = |meter: &Rate, s: &WindowState| {
                     let w = meter.window;
@@ -1203,4 +1218,15 @@ pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
         );
     }
     map
+}
+
+#[cfg(test)]
+mod tests {
+    /// A key of a GCRA rule (most keys) costs its state's words and a
+    /// cell for the counts of the window and log algorithms, made only
+    /// for their rules.
+    #[test]
+    fn a_key_state_is_its_words_and_a_cell() {
+        assert_eq!(std::mem::size_of::<super::State>(), 8 * 8 + 16);
+    }
 }
