@@ -292,6 +292,17 @@ fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
             ],
         },
         Case {
+            what: "a rule file refused",
+            changed: vec![{
+                let s = live("limiter_rule_file_rejections_total");
+                (s.name, scraped(s.labels), "0x60 1x30".into())
+            }],
+            firing: vec![
+                ("LimiterRuleFileRejected", with(&[("layer", "xdp")])),
+                fleet_firing.clone(),
+            ],
+        },
+        Case {
             what: "pins gone",
             changed: vec![{
                 let s = live("limiter_pins_missing");
