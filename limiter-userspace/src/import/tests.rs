@@ -2,6 +2,16 @@ use std::path::{Path, PathBuf};
 
 use crate::rules::{Algorithm, KeyPart, Limit, RuleSet, request::PathMatch};
 
+/// The conversion of `service`'s descriptors with `routes`' actions.
+fn with_routes(service: &str, routes: &str) -> super::Conversion {
+    super::envoy_text(
+        service,
+        Path::new("service.yaml"),
+        Some((routes, Path::new("routes.yaml"))),
+    )
+    .unwrap()
+}
+
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples")
@@ -108,12 +118,7 @@ fn actions_that_do_not_convert_say_why() {
       - actions: [{ destination_cluster: {} }]
       - actions: [{ masked_remote_address: { v4_prefix_mask_len: 24 } }]
 "#;
-    let conversion = super::envoy_text(
-        service,
-        Path::new("service.yaml"),
-        Some((routes, Path::new("routes.yaml"))),
-    )
-    .unwrap();
+    let conversion = with_routes(service, routes);
     let skipped = conversion.skipped.join("\n");
     assert!(
         skipped.contains("domains [\"a.example\", \"b.example\"] are not one host name"),
@@ -141,12 +146,7 @@ fn route_matches_a_rule_cannot_say_are_refused_not_widened() {
         let routes = format!(
             "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: {route_match}\n        route: {{ rate_limits: [ {{ actions: [{{ generic_key: {{ descriptor_value: g }} }}] }} ] }}\n"
         );
-        let conversion = super::envoy_text(
-            service,
-            Path::new("service.yaml"),
-            Some((&routes, Path::new("routes.yaml"))),
-        )
-        .unwrap();
+        let conversion = with_routes(service, &routes);
         let skipped = conversion.skipped.join("\n");
         assert!(skipped.contains(reason), "{route_match}: {skipped}");
         assert!(
@@ -157,12 +157,7 @@ fn route_matches_a_rule_cannot_say_are_refused_not_widened() {
     }
     // A plain prefix, case-sensitive as envoy's default: converted.
     let routes = "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: { prefix: /api, case_sensitive: true }\n        route: { rate_limits: [ { actions: [{ generic_key: { descriptor_value: g } }] } ] }\n";
-    let conversion = super::envoy_text(
-        service,
-        Path::new("service.yaml"),
-        Some((routes, Path::new("routes.yaml"))),
-    )
-    .unwrap();
+    let conversion = with_routes(service, routes);
     assert!(conversion.skipped.is_empty(), "{:?}", conversion.skipped);
     assert!(
         conversion.rules.contains("path_prefix: \"/api\""),
@@ -181,12 +176,7 @@ fn route_matches_a_rule_cannot_say_are_refused_not_widened() {
 fn descriptors_a_request_meets_together_are_not_made_rules_it_meets_one_of() {
     let service = "descriptors:\n  - { key: user, rate_limit: { unit: second, requests_per_unit: 5 } }\n  - { key: remote_address, rate_limit: { unit: second, requests_per_unit: 10 } }\n";
     let routes = "virtual_hosts:\n  - name: v\n    domains: [a.example]\n    routes:\n      - match: { prefix: /api }\n        route: { rate_limits: [ { actions: [{ request_headers: { header_name: x-user, descriptor_key: user } }] }, { actions: [{ remote_address: {} }] } ] }\n";
-    let conversion = super::envoy_text(
-        service,
-        Path::new("service.yaml"),
-        Some((routes, Path::new("routes.yaml"))),
-    )
-    .unwrap();
+    let conversion = with_routes(service, routes);
     let skipped = conversion.skipped.join("\n");
     assert!(
         skipped.contains("envoy charges a request to both descriptors, a rule file to one rule"),
