@@ -678,6 +678,18 @@ impl Proxy {
     }
 }
 
+/// The `Accept` field with which Prometheus asks for OpenMetrics.
+pub const OPENMETRICS_ACCEPT: &str = "Accept: application/openmetrics-text;version=1.0.0\r\n";
+
+/// Polls `what` every 50 ms until it holds; fails with `why` after 10 s.
+pub fn wait_until(what: impl Fn() -> bool, why: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !what() {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Sends SIGHUP (re-read the rule file) to a child of ours.
 fn hang_up(child: &Child) {
     // SAFETY: a signal to a child of ours, still running (not reaped).

@@ -13,7 +13,8 @@ use std::{
 
 use limiter::lab::{Lab, RX_IFACE};
 use limiter_tests::{
-    Daemon, assert_close, assert_within, flood, http_request, ok, sources, xdp_attached,
+    Daemon, OPENMETRICS_ACCEPT, assert_close, assert_within, flood, http_request, ok, sources,
+    wait_until, xdp_attached,
 };
 
 fn v4(n: u8, third: u8) -> Vec<IpAddr> {
@@ -163,40 +164,28 @@ fn sighup_rereads_the_rule_file_and_a_bad_one_is_counted_and_changes_nothing() {
     };
     // A sample of the daemon's metrics, by name.
     let metric = |name: &str| {
-        let (_, body) = http_request(
-            &lab.rx,
-            daemon.metrics_port,
-            "/metrics",
-            "Accept: application/openmetrics-text;version=1.0.0\r\n",
-        )
-        .expect("scrape");
+        let (_, body) = http_request(&lab.rx, daemon.metrics_port, "/metrics", OPENMETRICS_ACCEPT)
+            .expect("scrape");
         limiter_tests::parse_openmetrics(&body)
             .into_iter()
             .find(|(n, _, _)| n == name)
             .map(|(_, _, v)| v)
     };
     let rejections = || metric("limiter_rule_file_rejections_total");
-    let wait_for = |what: &dyn Fn() -> bool, why: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !what() {
-            assert!(Instant::now() < deadline, "{why}");
-            thread::sleep(Duration::from_millis(50));
-        }
-    };
     assert_eq!(rejections(), Some(0.0));
     daemon.dir.write(
         "rules.yaml",
         "rules:\n  - { name: flooded, match: { source: 198.18.0.0/16 }, limit: { rate: 50, unit: second, burst: 20 } }\n",
     );
     daemon.hang_up();
-    wait_for(
-        &|| limits(&rules_show()) == ["50 pkts/s, burst 20"],
+    wait_until(
+        || limits(&rules_show()) == ["50 pkts/s, burst 20"],
         "the rewritten file never went in force",
     );
     daemon.dir.write("rules.yaml", "rules: [ {");
     daemon.hang_up();
-    wait_for(
-        &|| rejections() == Some(1.0),
+    wait_until(
+        || rejections() == Some(1.0),
         "the bad file was never counted as refused",
     );
     assert_eq!(limits(&rules_show()), ["50 pkts/s, burst 20"]);
@@ -419,13 +408,8 @@ fn metrics_parse_and_agree_with_stats_and_the_receiver() {
         Duration::from_secs(2),
     );
     // As Prometheus asks: OpenMetrics (host.rs checks the classic format).
-    let (head, body) = http_request(
-        &lab.rx,
-        daemon.metrics_port,
-        "/metrics",
-        "Accept: application/openmetrics-text;version=1.0.0\r\n",
-    )
-    .expect("scrape");
+    let (head, body) =
+        http_request(&lab.rx, daemon.metrics_port, "/metrics", OPENMETRICS_ACCEPT).expect("scrape");
     assert!(head.contains(" 200 "), "{head}");
     let samples = limiter_tests::parse_openmetrics(&body);
     let sample = |name: &str, labels: &[(&str, &str)]| -> f64 {

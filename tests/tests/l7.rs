@@ -676,27 +676,20 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
             )
         };
         let scrape = || exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
-        let wait_for = |what: &dyn Fn() -> bool, why: &str| {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !what() {
-                assert!(Instant::now() < deadline, "{why}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        };
         assert_eq!(status(&get()), "200");
         assert_eq!(status(&get()), "200");
         std::fs::write(&config, format!("rules:\n{}{other}", api(3))).unwrap();
         p.hang_up();
-        wait_for(
-            &|| scrape().contains("rule=\"other\""),
+        limiter_tests::wait_until(
+            || scrape().contains("rule=\"other\""),
             "the new rule never showed",
         );
         assert_eq!(status(&get()), "200", "the third of the burst");
         assert_eq!(status(&get()), "429", "the reload handed out a fresh burst");
         std::fs::write(&config, "rules: [ {").unwrap();
         p.hang_up();
-        wait_for(
-            &|| scrape().contains("limiter_rule_file_rejections_total{layer=\"http\"} 1"),
+        limiter_tests::wait_until(
+            || scrape().contains("limiter_rule_file_rejections_total{layer=\"http\"} 1"),
             "the invalid file was never refused",
         );
         assert_eq!(status(&get()), "429", "an invalid file changed something");
@@ -704,8 +697,8 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
         // Changed on disk, read without a signal: `api`'s limit alone
         // changed keeps its keys, the spent burst spent.
         std::fs::write(&config, format!("rules:\n{}", api(5))).unwrap();
-        wait_for(
-            &|| {
+        limiter_tests::wait_until(
+            || {
                 get()
                     .to_ascii_lowercase()
                     .contains("ratelimit-policy: \"api\";q=5")
@@ -720,8 +713,8 @@ async fn reloading_the_proxys_rules_keeps_the_buckets() {
         // A new key is a new rule: it starts afresh.
         let by_24 = "  - { name: api, match: { source: 127.0.0.0/8 }, key: source/24, limit: { rate: 5, unit: minute, burst: 3 } }\n";
         std::fs::write(&config, format!("rules:\n{by_24}")).unwrap();
-        wait_for(
-            &|| status(&get()) == "200",
+        limiter_tests::wait_until(
+            || status(&get()) == "200",
             "a rule with a new key did not start afresh",
         );
     })

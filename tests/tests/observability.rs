@@ -38,8 +38,7 @@ fn samples_of(exposition: &str) -> Vec<Sample> {
         .collect()
 }
 
-/// The `Accept` header with which Prometheus asks for OpenMetrics.
-const OPENMETRICS: &str = "Accept: application/openmetrics-text;version=1.0.0\r\n";
+use limiter_tests::OPENMETRICS_ACCEPT as OPENMETRICS;
 
 /// Runs promtool with `args`, which must succeed.
 fn promtool(args: &[&str], what: &str) {

@@ -139,6 +139,9 @@ pub fn first_request_match(
         .find(|&i| request_applies(&set.rules[i], source, dest_port, request))
 }
 
+/// A request's transport, for the rules' `protocol`.
+const TCP: u8 = 6;
+
 /// Whether `rule` applies to an HTTP request (see [`first_request_match`]).
 fn request_applies(
     rule: &Rule,
@@ -146,7 +149,6 @@ fn request_applies(
     dest_port: Option<u16>,
     request: Option<&HttpRequest<'_>>,
 ) -> bool {
-    const TCP: u8 = 6;
     // A request is not a segment: a rule on TCP flags (connection
     // attempts) is the kernel's and never matches one.
     rule.matches.applies(source, TCP, dest_port, None)
@@ -245,7 +247,6 @@ impl ByTarget {
 /// Whether `rule` applies to every HTTP request from an address its source
 /// covers (see [`request_applies`]).
 fn applies_by_source_alone(rule: &Rule) -> bool {
-    const TCP: u8 = 6;
     let m = &rule.matches;
     m.protocol.is_none_or(|p| p == TCP)
         && m.dest_port.is_none()
