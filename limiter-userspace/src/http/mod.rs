@@ -283,15 +283,25 @@ impl State {
         &self.counts.get_or_init(Box::default).logs
     }
 
-    /// Seen at `now` (monotonic ns; 0: not judged, nothing to note).
-    fn seen(&self, now: u64) {
+    /// Seen at `now` (monotonic ns; 0: not judged, nothing to note) by a
+    /// rule of `algorithm`. A GCRA key's state says itself when it rests,
+    /// and when it was seen only ranks it for eviction among keys at rest:
+    /// a plain store does, though a request judged earlier may store last
+    /// (at 10,000 keys, a locked max here was a tenth of a check). A
+    /// window's or a log's key rests a span after it was last seen, so
+    /// that never goes back.
+    fn seen(&self, now: u64, algorithm: Algorithm) {
         if self
             .last_seen
             .load(Ordering::Relaxed)
             .saturating_add(SEEN_GRANULE_NS)
             <= now
         {
-            self.last_seen.fetch_max(now, Ordering::Relaxed);
+            if algorithm == Algorithm::Gcra {
+                self.last_seen.store(now, Ordering::Relaxed);
+            } else {
+                self.last_seen.fetch_max(now, Ordering::Relaxed);
+            }
         }
     }
 
@@ -566,9 +576,10 @@ impl Limiter {
             || clock.monotonic_ns(),
             &self.rest_ns,
             |state| {
-                state.seen(clock.monotonic_ns());
-                Arc::clone(state)
+                state.seen(clock.monotonic_ns(), rule.algorithm);
+                Some(Arc::clone(state))
             },
+            || None,
         )?;
         // A third limit in bytes is charged the body too.
         let third_bytes = rule.third.filter(|t| t.counts_bytes).map(|t| t.rate);
@@ -613,7 +624,7 @@ impl Limiter {
         let verdict = self.meter(rule, &meter.state, aggregate, &charges, &judged_at);
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
-        meter.state.seen(judged_at.get());
+        meter.state.seen(judged_at.get(), rule.algorithm);
         verdict.outcome == Outcome::Allowed
     }
 
@@ -649,15 +660,14 @@ impl Limiter {
         }
         let key = self.state_key(index, rule, request);
         let clock = &self.clock;
-        self.keys
-            .with(
-                key,
-                || clock.monotonic_ns(),
-                &self.rest_ns,
-                |state| self.decide(index, request, state),
-            )
+        self.keys.with(
+            key,
+            || clock.monotonic_ns(),
+            &self.rest_ns,
+            |state| self.decide(index, request, state),
             // No room for a new key: refused, as the kernel refuses one.
-            .unwrap_or_else(|| self.excess(index, reason::NO_SLOT))
+            || self.excess(index, reason::NO_SLOT),
+        )
     }
 
     /// Counts a request refused (or, under a dry run, let through) and
@@ -803,7 +813,7 @@ impl Limiter {
             }
         };
         let now = judged_at.get();
-        state.seen(now);
+        state.seen(now, rule.algorithm);
         // The soft meter, charged like the kernel's: only what the hard
         // limits admitted, never refusing.
         let over_soft = allowed

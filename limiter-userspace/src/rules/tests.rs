@@ -1112,6 +1112,14 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
                 "  - {{ name: r{r}, match: {{ {source}{protocol}{port}{method}{host}{path} }}, {key}limit: {{ rate: 1, unit: second }} }}\n"
             ));
         }
+        // A catch-all in a third of the files (the index asks only the
+        // rules before it), TCP's alone in some.
+        let catch_all = ["", "", "", "protocol: tcp"][next(4) as usize];
+        if next(3) == 0 {
+            text.push_str(&format!(
+                "  - {{ name: all, match: {{ {catch_all} }}, limit: {{ rate: 1, unit: second }} }}\n"
+            ));
+        }
         // (Files where a rule could never apply are refused.)
         let Ok(set) = parse(&text) else { continue };
         files += 1;
