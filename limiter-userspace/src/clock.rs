@@ -22,6 +22,7 @@ pub fn monotonic_ns() -> u64 {
 /// and the rate it keeps is `CLOCK_MONOTONIC`'s. Never goes back on one
 /// thread. Where the CPU has no invariant counter, quanta reads
 /// `CLOCK_MONOTONIC` itself.
+#[inline]
 pub fn counter_monotonic_ns() -> u64 {
     thread_local! {
         static ANCHOR: Cell<Anchor> = const { Cell::new(Anchor::NONE) };

@@ -60,6 +60,7 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[inline]
     fn monotonic_ns(&self) -> u64 {
         crate::clock::counter_monotonic_ns()
     }
@@ -548,8 +549,8 @@ impl Limiter {
         debug_assert!(ipv4_mapped(request).is_none(), "not canonical");
         self.matcher.first(
             &self.rules,
-            request.client,
-            request.port,
+            &request.client,
+            &request.port,
             request.http.as_ref(),
         )
     }

@@ -1,13 +1,14 @@
-//! A counter that many threads add to without sharing a cache line: a
-//! rule's counts are added to at every request, from every worker, and
-//! one `AtomicU64` between two CPUs moved its line back and forth at
-//! every request (the kernel's counters are per CPU for the same reason).
+//! A counter that many threads add to without sharing a cache line, and
+//! mostly without a locked instruction: a rule's counts are added to at
+//! every request, from every worker. One `AtomicU64` between two CPUs moved
+//! its line back and forth at every request. As the kernel's per-CPU
+//! counters, each of the first threads has a stripe it alone writes.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Stripes a counter has: threads beyond this many share stripes (still
-/// counted exactly, atomically).
-const STRIPES: usize = 8;
+/// Stripes each written by one thread alone (the first threads to count:
+/// a proxy's workers); later threads share one more, added to atomically.
+const OWNED: usize = 8;
 
 /// One stripe on a cache line of its own.
 #[derive(Default)]
@@ -15,13 +16,28 @@ const STRIPES: usize = 8;
 struct Stripe(AtomicU64);
 
 #[derive(Default)]
-pub struct StripedCounter([Stripe; STRIPES]);
+pub struct StripedCounter([Stripe; OWNED + 1]);
 
 impl StripedCounter {
     /// Adds `n` on the calling thread's stripe.
     #[inline]
     pub fn add(&self, n: u64) {
-        self.0[stripe()].0.fetch_add(n, Ordering::Relaxed);
+        self.add_on(stripe(), n);
+    }
+
+    /// Adds `n` on stripe `s`: below [`OWNED`], a stripe only one thread
+    /// ever writes, so a read and a store count exactly.
+    #[inline]
+    fn add_on(&self, s: usize, n: u64) {
+        let stripe = &self.0[s].0;
+        if s < OWNED {
+            stripe.store(
+                stripe.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        } else {
+            stripe.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The count: every stripe's, summed.
@@ -32,35 +48,56 @@ impl StripedCounter {
     }
 }
 
-/// The calling thread's stripe: threads take stripes in turn.
+/// The calling thread's stripe: its own for the first [`OWNED`] threads
+/// (never handed to another, even after the thread ends), the shared one
+/// after.
 #[inline]
 fn stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed).min(OWNED);
     }
     STRIPE.with(|s| *s)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
+    /// Every add of every thread is counted: on stripes each thread owns,
+    /// and on the shared one many threads add to at once.
     #[test]
     fn counts_every_add_of_every_thread() {
-        let counter = Arc::new(StripedCounter::default());
+        let counter = StripedCounter::default();
         std::thread::scope(|scope| {
             for t in 0..20u64 {
                 let counter = &counter;
                 scope.spawn(move || {
-                    for _ in 0..1_000 {
-                        counter.add(t + 1);
+                    // Threads 0-7 each on a stripe of their own, the rest
+                    // on the shared one.
+                    let s = (t as usize).min(OWNED);
+                    for _ in 0..10_000 {
+                        counter.add_on(s, t + 1);
                     }
                 });
             }
         });
-        assert_eq!(counter.get(), 1_000 * (1..=20).sum::<u64>());
+        assert_eq!(counter.get(), 10_000 * (1..=20).sum::<u64>());
+    }
+
+    /// Threads past the owned stripes count on the shared one.
+    #[test]
+    fn threads_past_the_owned_stripes_are_counted_too() {
+        let counter = StripedCounter::default();
+        std::thread::scope(|scope| {
+            for _ in 0..3 * OWNED {
+                scope.spawn(|| {
+                    for _ in 0..1_000 {
+                        counter.add(1);
+                    }
+                });
+            }
+        });
+        assert_eq!(counter.get(), 3_000 * OWNED as u64);
     }
 }

@@ -337,11 +337,14 @@ impl RequestRules {
     }
 
     /// The rule [`first_request_match`] finds, found by the index.
+    /// (`source` and `dest_port` by reference, read only if asked: a
+    /// caller that has just written them in pieces stalls on reading them
+    /// back whole, a twentieth of a decision each.)
     pub fn first(
         &self,
         set: &RuleSet,
-        source: IpAddr,
-        dest_port: Option<u16>,
+        source: &IpAddr,
+        dest_port: &Option<u16>,
         request: Option<&HttpRequest<'_>>,
     ) -> Option<usize> {
         // The earliest position in `order` of a rule that applies: each
@@ -352,7 +355,7 @@ impl RequestRules {
                 let i = self.order[position as usize];
                 // (On a list, a rule's source covers the address.)
                 if self.plain[position as usize]
-                    || request_applies(&set.rules[i], source, dest_port, request)
+                    || request_applies(&set.rules[i], *source, *dest_port, request)
                 {
                     *best = position;
                     return;
@@ -368,7 +371,7 @@ impl RequestRules {
         if self.first_by_source < best {
             for &length in &self.lengths[usize::from(source.is_ipv6())] {
                 // (A length of the source's family: always valid.)
-                let covering = IpNet::new(source, length).map(|net| net.trunc());
+                let covering = IpNet::new(*source, length).map(|net| net.trunc());
                 if let Some(rules) = covering.ok().and_then(|net| self.by_source.get(&net)) {
                     for list in rules.lists(request, best) {
                         try_list(&mut best, list);

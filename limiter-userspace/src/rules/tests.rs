@@ -1151,7 +1151,7 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
             let expected =
                 matching::first_request_match(&set, &order, source, port, request.as_ref());
             assert_eq!(
-                index.first(&set, source, port, request.as_ref()),
+                index.first(&set, &source, &port, request.as_ref()),
                 expected,
                 "{source} port {port:?} {request:?} under\n{text}"
             );
