@@ -272,7 +272,8 @@ struct Counts {
 }
 
 /// How far `State::last_seen` may lag: the requests of one key do not all
-/// write its cache line.
+/// write its cache line. (For a key whose state says when it rests, a
+/// request's store may land after a later one's: see [`State::seen`].)
 const SEEN_GRANULE_NS: u64 = 1_000_000;
 
 impl State {
@@ -284,21 +285,22 @@ impl State {
         &self.counts.get_or_init(Box::default).logs
     }
 
-    /// Seen at `now` (monotonic ns; 0: not judged, nothing to note) by a
-    /// rule of `algorithm`. A GCRA key's state says itself when it rests,
-    /// and when it was seen only ranks it for eviction among keys at rest:
-    /// a plain store does, though a request judged earlier may store last
-    /// (at 10,000 keys, a locked max here was a tenth of a check). A
-    /// window's or a log's key rests a span after it was last seen, so
-    /// that never goes back.
-    fn seen(&self, now: u64, algorithm: Algorithm) {
+    /// Seen at `now` (monotonic ns; 0: not judged, nothing to note).
+    /// `rests_by_state`: the key's state says itself when it rests (a
+    /// metered GCRA rule's, [`rest_ns`] `None`), and when it was seen only
+    /// ranks it for eviction among keys at rest: a plain store does,
+    /// though a request judged earlier may store last (at 10,000 keys, a
+    /// locked max here was a tenth of a check). Other keys (windows, logs,
+    /// unlimited rules) rest a span after they were last seen, so that
+    /// never goes back.
+    fn seen(&self, now: u64, rests_by_state: bool) {
         if self
             .last_seen
             .load(Ordering::Relaxed)
             .saturating_add(SEEN_GRANULE_NS)
             <= now
         {
-            if algorithm == Algorithm::Gcra {
+            if rests_by_state {
                 self.last_seen.store(now, Ordering::Relaxed);
             } else {
                 self.last_seen.fetch_max(now, Ordering::Relaxed);
@@ -306,7 +308,8 @@ impl State {
         }
     }
 
-    /// No earlier than when the key was last seen.
+    /// No earlier than when the key was last seen (for a key whose state
+    /// says when it rests, about then: see [`State::seen`]).
     fn last_seen(&self) -> u64 {
         self.last_seen
             .load(Ordering::Relaxed)
@@ -577,7 +580,7 @@ impl Limiter {
             || clock.monotonic_ns(),
             &self.rest_ns,
             |state| {
-                state.seen(clock.monotonic_ns(), rule.algorithm);
+                state.seen(clock.monotonic_ns(), self.rest_ns[index].is_none());
                 Some(Arc::clone(state))
             },
             || None,
@@ -625,7 +628,9 @@ impl Limiter {
         let verdict = self.meter(rule, &meter.state, aggregate, &charges, &judged_at);
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
-        meter.state.seen(judged_at.get(), rule.algorithm);
+        meter
+            .state
+            .seen(judged_at.get(), self.rest_ns[meter.index].is_none());
         verdict.outcome == Outcome::Allowed
     }
 
@@ -814,7 +819,7 @@ impl Limiter {
             }
         };
         let now = judged_at.get();
-        state.seen(now, rule.algorithm);
+        state.seen(now, self.rest_ns[index].is_none());
         // The soft meter, charged like the kernel's: only what the hard
         // limits admitted, never refusing.
         let over_soft = allowed

@@ -7,8 +7,11 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Stripes each written by one thread alone (the first threads to count:
-/// a proxy's workers); later threads share one more, added to atomically.
+/// a proxy's workers).
 const OWNED: usize = 8;
+/// Stripes later threads share, taking them in turn, added to atomically
+/// (a host with more CPUs than owned stripes runs more workers).
+const SHARED: usize = 8;
 
 /// One stripe on a cache line of its own.
 #[derive(Default)]
@@ -16,7 +19,7 @@ const OWNED: usize = 8;
 struct Stripe(AtomicU64);
 
 #[derive(Default)]
-pub struct StripedCounter([Stripe; OWNED + 1]);
+pub struct StripedCounter([Stripe; OWNED + SHARED]);
 
 impl StripedCounter {
     /// Adds `n` on the calling thread's stripe.
@@ -49,15 +52,29 @@ impl StripedCounter {
 }
 
 /// The calling thread's stripe: its own for the first [`OWNED`] threads
-/// (never handed to another, even after the thread ends), the shared one
-/// after.
+/// (never handed to another, even after the thread ends), shared ones in
+/// turn after.
 #[inline]
 fn stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed).min(OWNED);
+        // (Stops counting threads at the end of `usize`, not wrapping back
+        // to the owned stripes.)
+        static STRIPE: usize = stripe_of(
+            NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+                .unwrap_or(usize::MAX),
+        );
     }
     STRIPE.with(|s| *s)
+}
+
+/// The stripe of the `n`th thread to count.
+fn stripe_of(n: usize) -> usize {
+    if n < OWNED {
+        n
+    } else {
+        OWNED + (n - OWNED) % SHARED
+    }
 }
 
 #[cfg(test)]
@@ -74,8 +91,8 @@ mod tests {
                 let counter = &counter;
                 scope.spawn(move || {
                     // Threads 0-7 each on a stripe of their own, the rest
-                    // on the shared one.
-                    let s = (t as usize).min(OWNED);
+                    // on the shared ones.
+                    let s = stripe_of(t as usize);
                     for _ in 0..10_000 {
                         counter.add_on(s, t + 1);
                     }
@@ -85,7 +102,29 @@ mod tests {
         assert_eq!(counter.get(), 10_000 * (1..=20).sum::<u64>());
     }
 
-    /// Threads past the owned stripes count on the shared one.
+    /// No two threads are given one owned stripe, however many start at
+    /// once (other tests of this binary may have taken some already).
+    #[test]
+    fn each_owned_stripe_has_one_thread() {
+        let taken = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..3 * OWNED {
+                scope.spawn(|| taken.lock().unwrap().push(stripe()));
+            }
+        });
+        let mut owned: Vec<usize> = taken.into_inner().unwrap();
+        assert!(owned.iter().all(|&s| s < OWNED + SHARED), "{owned:?}");
+        owned.retain(|&s| s < OWNED);
+        let n = owned.len();
+        owned.sort_unstable();
+        owned.dedup();
+        assert_eq!(owned.len(), n, "an owned stripe given twice");
+        // Threads past the owned ones take the shared ones in turn.
+        let later: Vec<usize> = (OWNED..OWNED + 2 * SHARED).map(stripe_of).collect();
+        assert!((OWNED..OWNED + SHARED).all(|s| later.iter().filter(|&&t| t == s).count() == 2));
+    }
+
+    /// Threads past the owned stripes count on the shared ones.
     #[test]
     fn threads_past_the_owned_stripes_are_counted_too() {
         let counter = StripedCounter::default();
