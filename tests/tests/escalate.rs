@@ -14,7 +14,7 @@ use limiter_tests::{Daemon, TempDir, exchange, flood, sources, status};
 use serde_json::Value;
 
 const RULES: &str = "rules:
-  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 4s } }
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s } }
   - { name: dry, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, action: shadow, escalate: { after: 1s, block: 10m } }
 ";
 
@@ -82,12 +82,14 @@ fn a_source_over_its_limit_too_long_is_blocked_by_the_daemon() {
     assert_eq!(row["blocked"], true);
     let log = daemon.log();
     assert!(
-        log.contains("stayed over rule \"held\"'s limit: blocked for 4s"),
+        log.contains("stayed over rule \"held\"'s limit: blocked for 8s"),
         "{log}"
     );
     assert!(log.contains("would be blocked for 10m (dry run)"), "{log}");
-    // The block (4 s) ends by itself: the source's packets arrive again.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The block (8 s: long enough to outlast the flood and the looks at it
+    // above, which a block of 4 s made at 2 s did not on a slow day) ends
+    // by itself: the source's packets arrive again.
+    let deadline = Instant::now() + Duration::from_secs(12);
     while blocks(&daemon)
         .iter()
         .any(|b| b["prefix"] == "198.18.0.1/32")
