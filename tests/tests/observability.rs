@@ -8,7 +8,7 @@
 use std::{collections::BTreeMap, path::Path, process::Command};
 
 use limiter::lab::{Lab, RX_IFACE};
-use limiter_tests::{Daemon, TempDir, http_request};
+use limiter_tests::{Daemon, OPENMETRICS_ACCEPT, TempDir, http_request};
 
 const RULES_FILE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -37,8 +37,6 @@ fn samples_of(exposition: &str) -> Vec<Sample> {
         })
         .collect()
 }
-
-use limiter_tests::OPENMETRICS_ACCEPT as OPENMETRICS;
 
 /// Runs promtool with `args`, which must succeed.
 fn promtool(args: &[&str], what: &str) {
@@ -130,7 +128,8 @@ fn live_daemon(lab: &Lab, name: &str) -> (Daemon, Vec<Sample>) {
     .expect("daemon");
     let scrape = || {
         let (head, body) =
-            http_request(&lab.rx, daemon.metrics_port, "/metrics", OPENMETRICS).expect("scrape");
+            http_request(&lab.rx, daemon.metrics_port, "/metrics", OPENMETRICS_ACCEPT)
+                .expect("scrape");
         assert!(head.contains(" 200 "), "{head}");
         samples_of(&body)
     };
@@ -174,7 +173,7 @@ fn live_proxy() -> Vec<Sample> {
         p.addr,
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
-    let request = format!("GET /metrics HTTP/1.0\r\n{OPENMETRICS}\r\n");
+    let request = format!("GET /metrics HTTP/1.0\r\n{OPENMETRICS_ACCEPT}\r\n");
     let answer = limiter_tests::exchange(metrics.parse().expect("address"), request.as_bytes());
     let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
     samples_of(body)

@@ -580,7 +580,7 @@ impl Limiter {
             || clock.monotonic_ns(),
             &self.rest_ns,
             |state| {
-                state.seen(clock.monotonic_ns(), self.rest_ns[index].is_none());
+                self.seen(index, state, clock.monotonic_ns());
                 Some(Arc::clone(state))
             },
             || None,
@@ -628,9 +628,7 @@ impl Limiter {
         let verdict = self.meter(rule, &meter.state, aggregate, &charges, &judged_at);
         // A long upload keeps its key recent: evicting it would hand the
         // client a fresh budget.
-        meter
-            .state
-            .seen(judged_at.get(), self.rest_ns[meter.index].is_none());
+        self.seen(meter.index, &meter.state, judged_at.get());
         verdict.outcome == Outcome::Allowed
     }
 
@@ -674,6 +672,13 @@ impl Limiter {
             // No room for a new key: refused, as the kernel refuses one.
             || self.excess(index, reason::NO_SLOT),
         )
+    }
+
+    /// A key of rule `index` seen at `now` (see [`State::seen`]: whether
+    /// its state says when it rests is the rule's [`rest_ns`]).
+    #[inline]
+    fn seen(&self, index: usize, state: &State, now: u64) {
+        state.seen(now, self.rest_ns[index].is_none());
     }
 
     /// Counts a request refused (or, under a dry run, let through) and
@@ -819,7 +824,7 @@ impl Limiter {
             }
         };
         let now = judged_at.get();
-        state.seen(now, self.rest_ns[index].is_none());
+        self.seen(index, state, now);
         // The soft meter, charged like the kernel's: only what the hard
         // limits admitted, never refusing.
         let over_soft = allowed
