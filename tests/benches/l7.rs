@@ -7,7 +7,7 @@ use std::{net::IpAddr, num::NonZeroU32, sync::Arc, time::Duration};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use limiter::http::{Limiter, RequestMeta, SystemClock};
-use limiter_tests::rules;
+use limiter_tests::{request_from, rules};
 
 const KEYS: u32 = 10_000;
 
@@ -26,13 +26,7 @@ fn bench(c: &mut Criterion) {
     let keyed_monotonic = RateLimiter::dashmap_with_clock(quota, governor::clock::MonotonicClock);
     let addr = |i: u32| -> IpAddr { std::net::Ipv4Addr::from(0x0a00_0000 + i).into() };
     // A request from client `i`, by address alone.
-    let from = |i: u32| RequestMeta {
-        client: addr(i),
-        port: None,
-        key: None,
-        bytes: 0,
-        http: None,
-    };
+    let from = |i: u32| request_from(addr(i));
 
     let mut group = c.benchmark_group("one key");
     let one = from(1);
@@ -200,14 +194,7 @@ fn memory_per_key(_: &mut Criterion) {
         "max_keys: 2000000\nrules:\n  - { name: api, limit: { rate: 1000000, unit: second } }\n";
     let ours = Limiter::new(rules(text), Arc::new(SystemClock));
     for i in 0..N {
-        let request = RequestMeta {
-            client: addr(i),
-            port: None,
-            key: None,
-            bytes: 0,
-            http: None,
-        };
-        std::hint::black_box(ours.check(&request).allowed);
+        std::hint::black_box(ours.check(&request_from(addr(i))).allowed);
     }
     let limiter = resident().saturating_sub(before);
     assert_eq!(ours.tracked_keys(), N as usize);

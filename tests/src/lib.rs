@@ -37,6 +37,18 @@ pub fn rules(text: &str) -> RuleSet {
     RuleSet::parse(text, Path::new("test.yaml")).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A layer-7 request from `client`, known by its address alone (no port,
+/// key, body or HTTP fields).
+pub fn request_from(client: IpAddr) -> limiter::http::RequestMeta<'static> {
+    limiter::http::RequestMeta {
+        client,
+        port: None,
+        key: None,
+        bytes: 0,
+        http: None,
+    }
+}
+
 /// The program loaded with a rule set, unattached (for BPF_PROG_TEST_RUN),
 /// its maps pinned in a directory of its own that is removed on drop.
 pub struct Loaded {

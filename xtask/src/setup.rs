@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{status, step};
 
 /// Debian packages: (a command it provides, the package).
-const PACKAGES: [(&str, &str); 9] = [
+const PACKAGES: [(&str, &str); 10] = [
     ("ip", "iproute2"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
@@ -29,6 +29,8 @@ const PACKAGES: [(&str, &str); 9] = [
     // starting) and the load generator.
     ("nginx", "nginx-light"),
     ("wrk", "wrk"),
+    // The layer-7 decision path counted (`--bench l7_counts`).
+    ("valgrind", "valgrind"),
 ];
 
 /// Debian packages of files no command finds: (the file, the package).

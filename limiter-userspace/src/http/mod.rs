@@ -38,6 +38,7 @@ use limiter_common::{
     trace::reason,
     window::WindowState,
 };
+use once_cell::race::OnceBox;
 use serde::Serialize;
 
 pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
@@ -171,9 +172,9 @@ pub struct InFlight(Arc<State>);
 impl InFlight {
     /// Counts a request in flight, unless `max` already are.
     fn enter(state: &Arc<State>, max: u32) -> Option<Self> {
-        let before = state.in_flight.fetch_add(1, Ordering::AcqRel);
+        let before = state.cold().in_flight.fetch_add(1, Ordering::AcqRel);
         if before >= u64::from(max) {
-            state.in_flight.fetch_sub(1, Ordering::AcqRel);
+            state.cold().in_flight.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(Self(Arc::clone(state)))
@@ -182,7 +183,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.cold().in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -196,7 +197,7 @@ impl Eq for InFlight {}
 
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.in_flight.load(Ordering::Relaxed);
+        let n = self.0.cold().in_flight.load(Ordering::Relaxed);
         write!(f, "InFlight({n} of this key)")
     }
 }
@@ -237,13 +238,14 @@ pub struct HttpCounters {
     pub escalations: AtomicU64,
 }
 
-/// State of one key (or of a rule's aggregate): GCRA cells and windows for
-/// the request meter (0) and the byte meter (1), and the cell of the soft
-/// request meter (2, as the kernel keeps it in a key's third word). What
-/// every request reads comes first, together (the meters, last-seen and
-/// the escalation block: 48 bytes after the `Arc`'s counts, on one cache
-/// line when the allocation is 64-byte aligned; aligning it by force cost
-/// more than it saved, see BENCHMARKS.md).
+/// State of one key (or of a rule's aggregate): GCRA cells for the
+/// request meter (0) and the byte meter (1), and the cell of the soft
+/// request meter (2, as the kernel keeps it in a key's third word), then
+/// last-seen and the escalation block: what every request reads. With
+/// the `Arc`'s counts it is 64 bytes, one cache line (the allocator's
+/// 64-byte blocks are 64-byte aligned): at 10,000 keys, a state spread
+/// over a second line, or a larger one, is a miss more per request. What
+/// only some rules' keys use is apart ([`Cold`]), made at its first use.
 #[derive(Default)]
 #[repr(C)]
 struct State {
@@ -252,17 +254,27 @@ struct State {
     /// most once a [`SEEN_GRANULE_NS`].
     last_seen: AtomicU64,
     /// Escalation (`escalate`): until when the key is blocked (monotonic
-    /// ns; 0: not blocked), and since when it has been over its limit at
-    /// every request (0: it was not at the last).
+    /// ns; 0: not blocked).
     blocked_until: AtomicU64,
+    cold: OnceBox<Cold>,
+}
+
+/// What a key of some rules keeps besides its meters: escalation's watch,
+/// the requests in flight, the window and log algorithms' counts. A key
+/// of a plain GCRA rule never makes it.
+#[derive(Default)]
+struct Cold {
+    /// Escalation: since when the key has been over its limit at every
+    /// request (0: it was not at the last), and when one of its requests
+    /// was last refused (monotonic ns).
     over_since: AtomicU64,
+    last_refused: AtomicU64,
     /// Requests in flight (rules with `concurrent`).
     in_flight: AtomicU64,
-    /// When a request of the key was last refused (monotonic ns).
-    last_refused: AtomicU64,
-    /// The window and log algorithms' counts, made at their first use:
-    /// most rules are GCRA's, and a key of theirs is 80 bytes, not 208.
-    counts: std::sync::OnceLock<Box<Counts>>,
+    /// Made only for the window and log algorithms' keys (a hundred and
+    /// more bytes an escalated or counted-in-flight GCRA key does not
+    /// need).
+    counts: OnceBox<Counts>,
 }
 
 #[derive(Default)]
@@ -277,12 +289,20 @@ struct Counts {
 const SEEN_GRANULE_NS: u64 = 1_000_000;
 
 impl State {
+    fn cold(&self) -> &Cold {
+        self.cold.get_or_init(Box::default)
+    }
+
+    fn counts(&self) -> &Counts {
+        self.cold().counts.get_or_init(Box::default)
+    }
+
     fn windows(&self) -> &Mutex<[WindowState; 2]> {
-        &self.counts.get_or_init(Box::default).windows
+        &self.counts().windows
     }
 
     fn logs(&self) -> &Mutex<[Log; 2]> {
-        &self.counts.get_or_init(Box::default).logs
+        &self.counts().logs
     }
 
     /// Seen at `now` (monotonic ns; 0: not judged, nothing to note).
@@ -839,7 +859,10 @@ impl Limiter {
             // Refused by its own meters, not by the rule's aggregate (a
             // flood elsewhere spending the shared budget is not its doing).
             if !allowed && refused_by.is_some_and(|i| !order::is_aggregate(usize::from(i))) {
-                state.last_refused.store(now.max(1), Ordering::Relaxed);
+                state
+                    .cold()
+                    .last_refused
+                    .store(now.max(1), Ordering::Relaxed);
             }
             self.watch_escalation(rule, &escalation, state, counters, (request.client, now));
         }
@@ -906,11 +929,11 @@ impl Limiter {
         };
         // Over, as the daemon looks once a second: refused within the last
         // second, or refusing the next request now.
-        let last_refused = state.last_refused.load(Ordering::Relaxed);
+        let cold = state.cold();
+        let last_refused = cold.last_refused.load(Ordering::Relaxed);
         let over = over || (last_refused != 0 && now.saturating_sub(last_refused) < 1_000_000_000);
-        let (since, block) =
-            escalation.observe(state.over_since.load(Ordering::Relaxed), over, now);
-        state.over_since.store(since, Ordering::Relaxed);
+        let (since, block) = escalation.observe(cold.over_since.load(Ordering::Relaxed), over, now);
+        cold.over_since.store(since, Ordering::Relaxed);
         if block {
             // Under a dry run too: its requests are then counted as
             // shadow-dropped (`excess`) and passed, until the block ends.
@@ -1270,11 +1293,17 @@ pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     /// A key of a GCRA rule (most keys) costs its state's words and a
-    /// cell for the counts of the window and log algorithms, made only
-    /// for their rules.
+    /// pointer to what only some rules use: with the `Arc`'s two counts,
+    /// one cache line. What escalation and in-flight counting add is 32
+    /// bytes; the window and log counts, only their algorithms' keys make.
     #[test]
-    fn a_key_state_is_its_words_and_a_cell() {
-        assert_eq!(std::mem::size_of::<super::State>(), 8 * 8 + 16);
+    fn a_key_state_and_its_counts_fill_one_cache_line() {
+        assert_eq!(std::mem::size_of::<super::State>(), 6 * 8);
+        let layout = std::alloc::Layout::for_value(&*Arc::new(super::State::default()));
+        assert_eq!(layout.size() + 2 * std::mem::size_of::<usize>(), 64);
+        assert_eq!(std::mem::size_of::<super::Cold>(), 4 * 8);
     }
 }
