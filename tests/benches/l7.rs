@@ -11,6 +11,11 @@ use limiter_tests::{request_from, rules};
 
 const KEYS: u32 = 10_000;
 
+/// The daemon's allocator (limiter-userspace's main.rs), so a key's state
+/// is laid out here as it is there; governor's keys too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn bench(c: &mut Criterion) {
     // A limit nothing in the benchmark reaches: every call admits.
     let text = "max_keys: 1000000\nrules:\n  - { name: api, limit: { rate: 1000000000, unit: second, burst: 1000000000 } }\n";

@@ -19,6 +19,11 @@ use limiter::http::{Limiter, SystemClock};
 use limiter_tests::{machine, request_from, rules};
 use serde_json::json;
 
+/// The daemon's allocator (limiter-userspace's main.rs), so a key's state
+/// is laid out here as it is there; governor's keys too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CHECKS: u64 = 200_000;
 const KEY_COUNTS: [u32; 3] = [1_000, 10_000, 100_000];
 /// Set in the runs under cachegrind: `limiter` or `governor`.
@@ -63,18 +68,55 @@ struct Counts {
     l2_misses: f64,
 }
 
-/// This machine's L2 (per core), in bytes, as cachegrind's last level.
-fn l2_bytes() -> u64 {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
-        .unwrap_or_default();
-    let text = text.trim();
-    match text.strip_suffix('K') {
-        Some(k) => k.parse::<u64>().map_or(512 << 10, |k| k << 10),
-        None => text.parse().unwrap_or(512 << 10),
+/// The cache cachegrind's last level simulates: this CPU's L2, as sysfs
+/// describes it.
+#[derive(Clone, Copy)]
+struct L2 {
+    bytes: u64,
+    ways: u64,
+    /// Not read from sysfs (a common L2 assumed).
+    assumed: bool,
+}
+
+fn l2() -> L2 {
+    let read = |index: &str, file: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu0/cache/{index}/{file}"))
+            .map(|s| s.trim().to_owned())
+            .ok()
+    };
+    let described = (0..8).map(|i| format!("index{i}")).find_map(|index| {
+        if read(&index, "level")? != "2" {
+            return None;
+        }
+        let size = read(&index, "size")?;
+        let bytes = match size.strip_suffix('K') {
+            Some(k) => k.parse::<u64>().ok()? << 10,
+            None => size.parse().ok()?,
+        };
+        let ways = read(&index, "ways_of_associativity")?.parse().ok()?;
+        Some(L2 {
+            bytes,
+            ways,
+            assumed: false,
+        })
+    });
+    // Cachegrind takes only a power of two of sets: a size that does not
+    // make one is simulated at the largest that does, below it.
+    match described {
+        Some(mut l2) if l2.ways > 0 => {
+            let sets = (l2.bytes / (l2.ways * 64)).max(1);
+            l2.bytes = (1u64 << sets.ilog2()) * l2.ways * 64;
+            l2
+        }
+        _ => L2 {
+            bytes: 512 << 10,
+            ways: 8,
+            assumed: true,
+        },
     }
 }
 
-fn cachegrind(which: &str, keys: u32, checks: u64, l2: u64) -> Result<Counts> {
+fn cachegrind(which: &str, keys: u32, checks: u64, l2: L2) -> Result<Counts> {
     let exe = std::env::current_exe()?;
     let out = Command::new("valgrind")
         .args([
@@ -82,7 +124,7 @@ fn cachegrind(which: &str, keys: u32, checks: u64, l2: u64) -> Result<Counts> {
             "--cache-sim=yes",
             "--cachegrind-out-file=/dev/null",
             "--D1=32768,8,64",
-            &format!("--LL={l2},8,64"),
+            &format!("--LL={},{},64", l2.bytes, l2.ways),
         ])
         .arg(&exe)
         .env(CHILD, which)
@@ -114,12 +156,13 @@ fn cachegrind(which: &str, keys: u32, checks: u64, l2: u64) -> Result<Counts> {
 }
 
 /// Per check: the run of `CHECKS` less the run of none, over `CHECKS`.
-fn per_check(which: &str, keys: u32, l2: u64) -> Result<Counts> {
+fn per_check(which: &str, keys: u32, l2: L2) -> Result<Counts> {
     let (with, without) = (
         cachegrind(which, keys, CHECKS, l2)?,
         cachegrind(which, keys, 0, l2)?,
     );
-    let per = |a: f64, b: f64| ((a - b) / CHECKS as f64).max(0.0);
+    // Signed: a difference within the runs' noise may come out below 0.
+    let per = |a: f64, b: f64| (a - b) / CHECKS as f64;
     Ok(Counts {
         instructions: per(with.instructions, without.instructions),
         l1_misses: per(with.l1_misses, without.l1_misses),
@@ -138,10 +181,16 @@ fn main() -> Result<()> {
         );
         return Ok(());
     }
-    let l2 = l2_bytes();
+    let l2 = l2();
     println!(
-        "layer-7 decision path against governor keyed, per check under cachegrind ({CHECKS} checks, L1d 32 KiB, L2 {} KiB as this CPU's), {}",
-        l2 >> 10,
+        "layer-7 decision path against governor keyed, per check under cachegrind ({CHECKS} checks, L1d 32 KiB, L2 {} KiB {}-way {}), mimalloc, {}",
+        l2.bytes >> 10,
+        l2.ways,
+        if l2.assumed {
+            "(assumed: sysfs does not describe this CPU's)"
+        } else {
+            "(this CPU's)"
+        },
         machine()
     );
     println!(
@@ -177,7 +226,9 @@ fn main() -> Result<()> {
         serde_json::to_string_pretty(&json!({
             "machine": machine(),
             "checks": CHECKS,
-            "l2_bytes": l2,
+            "l2_bytes": l2.bytes,
+            "l2_ways": l2.ways,
+            "l2_assumed": l2.assumed,
             "results": results,
         }))?,
     )?;

@@ -242,10 +242,11 @@ pub struct HttpCounters {
 /// request meter (0) and the byte meter (1), and the cell of the soft
 /// request meter (2, as the kernel keeps it in a key's third word), then
 /// last-seen and the escalation block: what every request reads. With
-/// the `Arc`'s counts it is 64 bytes, one cache line (the allocator's
-/// 64-byte blocks are 64-byte aligned): at 10,000 keys, a state spread
-/// over a second line, or a larger one, is a miss more per request. What
-/// only some rules' keys use is apart ([`Cold`]), made at its first use.
+/// the `Arc`'s counts it is 64 bytes, one cache line under mimalloc (the
+/// daemon's allocator, whose 64-byte blocks are 64-byte aligned): at
+/// 10,000 keys, a larger state, or one over two lines, is more misses per
+/// request. What only some rules' keys use is apart ([`Cold`]), made at
+/// its first use.
 #[derive(Default)]
 #[repr(C)]
 struct State {
@@ -929,7 +930,13 @@ impl Limiter {
         };
         // Over, as the daemon looks once a second: refused within the last
         // second, or refusing the next request now.
-        let cold = state.cold();
+        // A key neither refused (which would have made its cold part) nor
+        // over now has no watch to keep or end: not made for it.
+        let cold = match state.cold.get() {
+            Some(cold) => cold,
+            None if !over => return,
+            None => state.cold(),
+        };
         let last_refused = cold.last_refused.load(Ordering::Relaxed);
         let over = over || (last_refused != 0 && now.saturating_sub(last_refused) < 1_000_000_000);
         let (since, block) = escalation.observe(cold.over_since.load(Ordering::Relaxed), over, now);
@@ -1305,5 +1312,51 @@ mod tests {
         let layout = std::alloc::Layout::for_value(&*Arc::new(super::State::default()));
         assert_eq!(layout.size() + 2 * std::mem::size_of::<usize>(), 64);
         assert_eq!(std::mem::size_of::<super::Cold>(), 4 * 8);
+    }
+
+    /// What only some rules use is made only for their keys, and for an
+    /// escalation rule's only once the key is over its limit: a plain
+    /// GCRA key, or one within its limit, stays one cache line.
+    #[test]
+    fn a_key_makes_its_cold_part_only_when_its_rule_needs_it() {
+        use std::net::{IpAddr, Ipv4Addr};
+
+        use super::{Limiter, RequestMeta, SystemClock};
+        let text = "rules:\n  - { name: plain, match: { source: 10.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 } }\n  - { name: watched, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n";
+        let rules =
+            crate::rules::RuleSet::parse(text, std::path::Path::new("t.yaml")).expect("rules");
+        let limiter = Limiter::new(rules, Arc::new(SystemClock));
+        let request = |client: IpAddr| RequestMeta {
+            client,
+            port: None,
+            key: None,
+            bytes: 0,
+            http: None,
+        };
+        let (plain, watched) = (
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+        );
+        let cold_made = |client: IpAddr| {
+            let request = request(client);
+            let index = limiter.rule_of(&request).expect("a rule");
+            let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
+            let cold = |state: &Arc<super::State>| state.cold.get().is_some();
+            limiter
+                .keys
+                .with(key, || 0, &limiter.rest_ns, cold, || panic!("no room"))
+        };
+        // One request of a burst of two: neither key is over its limit.
+        for client in [plain, watched] {
+            assert!(limiter.check(&request(client)).allowed);
+        }
+        assert!(!cold_made(plain) && !cold_made(watched));
+        // Over it (the third in a burst of two is refused): the watched
+        // key keeps a watch, the plain one still nothing.
+        for client in [plain, watched, plain, watched] {
+            limiter.check(&request(client));
+        }
+        assert!(!cold_made(plain), "a plain GCRA key made its cold part");
+        assert!(cold_made(watched), "escalation's watch was not kept");
     }
 }
