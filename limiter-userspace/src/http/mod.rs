@@ -338,6 +338,26 @@ impl State {
     }
 }
 
+/// Whether `rule` is plain: one GCRA request limit per key, charged a
+/// credit a request, and nothing besides (no pacing, byte or second or
+/// third limit, aggregate, fleet share, in-flight cap, escalation, soft
+/// limit, dry run or credit classes).
+fn is_plain(rule: &Rule) -> bool {
+    let [packets, second, _] = rule.key_meters();
+    rule.algorithm == Algorithm::Gcra
+        && packets.is_some()
+        && second.is_none()
+        && rule.delay.is_none()
+        && rule.third.is_none()
+        && rule.aggregate.is_none()
+        && rule.fleet.is_none()
+        && rule.concurrent.is_none()
+        && rule.escalate.is_none()
+        && rule.soft.is_none()
+        && !rule.shadow
+        && rule.costs.is_empty()
+}
+
 /// `request` from the IPv4 client it is from, if a dual-stack listener saw
 /// it as `::ffff:a.b.c.d` (`None` otherwise: the request as it is, not
 /// copied on every request).
@@ -527,6 +547,9 @@ pub struct Limiter {
     pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
+    /// By rule index: a rule of one GCRA request limit and nothing besides
+    /// (most rules), which [`Limiter::decide_plain`] judges.
+    plain: Vec<bool>,
 }
 
 impl Limiter {
@@ -539,6 +562,7 @@ impl Limiter {
         Self {
             aggregates: (0..n).map(|_| Arc::default()).collect(),
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
+            plain: rules.rules.iter().map(is_plain).collect(),
             counters: (0..n).map(|_| Arc::default()).collect(),
             matcher: RequestRules::new(&rules),
             header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
@@ -719,6 +743,10 @@ impl Limiter {
     /// [`Limiter::check`] once the request's key state is found.
     fn decide(&self, index: usize, request: &RequestMeta<'_>, state: &Arc<State>) -> Admission {
         let rule = &self.rules.rules[index];
+        // A block a reload's rule left on the key goes the long way.
+        if self.plain[index] && state.blocked_until.load(Ordering::Relaxed) == 0 {
+            return self.decide_plain(index, rule, state);
+        }
         // (Unlimited: none, but counted in flight.)
         let [packets, key_bytes, _] = rule.key_meters();
         let counters = &self.counters[index];
@@ -886,6 +914,42 @@ impl Limiter {
             too_many_in_flight: false,
             refused_by,
             over_soft,
+            blocked_for_ns: 0,
+        }
+    }
+
+    /// [`Limiter::decide`] for a plain rule ([`is_plain`]): its one meter
+    /// charged a request's one credit, what `decide` does for such a rule
+    /// without asking of each feature whether the rule has it.
+    fn decide_plain(&self, index: usize, rule: &Rule, state: &State) -> Admission {
+        let [Some(limit), ..] = rule.key_meters() else {
+            unreachable!("a plain rule has a request limit")
+        };
+        let judged_at = Cell::new(0);
+        let allowed = acquire(
+            &state.cells[0],
+            &limit.gcra,
+            self.judging_clock(&judged_at),
+            1,
+        ) == Outcome::Allowed;
+        let now = judged_at.get();
+        self.seen(index, state, now);
+        let counters = &self.counters[index];
+        if allowed {
+            counters.passed.add(1);
+        } else {
+            counters.dropped.add(1);
+        }
+        Admission {
+            allowed,
+            shadow: false,
+            rule: Some(index),
+            quota: Some(self.quota_at(rule, limit, state, (now, 0), 1)),
+            delay_ns: 0,
+            in_flight: None,
+            too_many_in_flight: false,
+            refused_by: (!allowed).then_some(order::KEY_PACKETS as u8),
+            over_soft: false,
             blocked_for_ns: 0,
         }
     }
@@ -1312,6 +1376,60 @@ mod tests {
         let layout = std::alloc::Layout::for_value(&*Arc::new(super::State::default()));
         assert_eq!(layout.size() + 2 * std::mem::size_of::<usize>(), 64);
         assert_eq!(std::mem::size_of::<super::Cold>(), 4 * 8);
+    }
+
+    /// A clock the test sets.
+    struct Ticks(std::sync::atomic::AtomicU64);
+
+    impl super::Clock for Ticks {
+        fn monotonic_ns(&self) -> u64 {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+
+        fn epoch_ns(&self) -> u64 {
+            self.monotonic_ns()
+        }
+    }
+
+    /// A plain rule's shortcut decides as the whole decision does: the
+    /// same verdicts, the same fields, at random times and clients.
+    #[test]
+    fn a_plain_rule_is_judged_as_the_whole_decision_would() {
+        use std::{
+            net::{IpAddr, Ipv4Addr},
+            sync::atomic::Ordering,
+        };
+
+        use super::{Limiter, RequestMeta};
+        let text = "rules:\n  - { name: fast, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second, burst: 3 } }\n  - { name: slow, limit: { rate: 100, unit: minute } }\n";
+        let clock = Arc::new(Ticks(1_000_000_000.into()));
+        let limiter = || {
+            let rules =
+                crate::rules::RuleSet::parse(text, std::path::Path::new("t.yaml")).expect("rules");
+            Limiter::new(rules, Arc::clone(&clock) as Arc<dyn super::Clock>)
+        };
+        let (shortcut, mut whole) = (limiter(), limiter());
+        assert_eq!(shortcut.plain, [true, true]);
+        whole.plain.fill(false);
+        let clients = [[10, 0, 0, 1], [10, 0, 0, 2], [192, 0, 2, 1]].map(Ipv4Addr::from);
+        let (mut seed, mut outcomes) = (7u64, [0u32; 2]);
+        for _ in 0..2_000 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            clock
+                .0
+                .fetch_add((seed >> 33) % 100_000_000, Ordering::Relaxed);
+            let request = RequestMeta {
+                client: IpAddr::V4(clients[(seed >> 20) as usize % clients.len()]),
+                port: None,
+                key: None,
+                bytes: 0,
+                http: None,
+            };
+            let admission = shortcut.check(&request);
+            assert_eq!(admission, whole.check(&request));
+            outcomes[usize::from(admission.allowed)] += 1;
+        }
+        assert!(outcomes.iter().all(|&n| n > 100), "{outcomes:?}");
     }
 
     /// What only some rules use is made only for their keys, and for an
