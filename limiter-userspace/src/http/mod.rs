@@ -1392,7 +1392,8 @@ mod tests {
     }
 
     /// A plain rule's shortcut decides as the whole decision does: the
-    /// same verdicts, the same fields, at random times and clients.
+    /// same verdicts and fields, at random times and clients, the same
+    /// counts, the same last-seen of every key.
     #[test]
     fn a_plain_rule_is_judged_as_the_whole_decision_would() {
         use std::{
@@ -1412,24 +1413,76 @@ mod tests {
         assert_eq!(shortcut.plain, [true, true]);
         whole.plain.fill(false);
         let clients = [[10, 0, 0, 1], [10, 0, 0, 2], [192, 0, 2, 1]].map(Ipv4Addr::from);
-        let (mut seed, mut outcomes) = (7u64, [0u32; 2]);
+        let request = |client: Ipv4Addr| RequestMeta {
+            client: IpAddr::V4(client),
+            port: None,
+            key: None,
+            bytes: 0,
+            http: None,
+        };
+        // By rule: requests refused, passed.
+        let (mut seed, mut outcomes) = (7u64, [[0u32; 2]; 2]);
         for _ in 0..2_000 {
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             clock
                 .0
                 .fetch_add((seed >> 33) % 100_000_000, Ordering::Relaxed);
-            let request = RequestMeta {
-                client: IpAddr::V4(clients[(seed >> 20) as usize % clients.len()]),
-                port: None,
-                key: None,
-                bytes: 0,
-                http: None,
-            };
+            let request = request(clients[(seed >> 20) as usize % clients.len()]);
             let admission = shortcut.check(&request);
             assert_eq!(admission, whole.check(&request));
-            outcomes[usize::from(admission.allowed)] += 1;
+            let rule = admission.rule.expect("a rule applies");
+            outcomes[rule][usize::from(admission.allowed)] += 1;
         }
-        assert!(outcomes.iter().all(|&n| n > 100), "{outcomes:?}");
+        assert!(outcomes.iter().flatten().all(|&n| n > 100), "{outcomes:?}");
+        for (a, b) in shortcut.counters.iter().zip(&whole.counters) {
+            assert_eq!(
+                [a.passed.get(), a.dropped.get(), a.shadow.get()],
+                [b.passed.get(), b.dropped.get(), b.shadow.get()]
+            );
+        }
+        let last_seen = |limiter: &Limiter, client: Ipv4Addr| {
+            let request = request(client);
+            let index = limiter.rule_of(&request).expect("a rule");
+            let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
+            let seen = |state: &Arc<super::State>| state.last_seen.load(Ordering::Relaxed);
+            limiter
+                .keys
+                .with(key, || 0, &limiter.rest_ns, seen, || panic!("no room"))
+        };
+        for client in clients {
+            assert_eq!(last_seen(&shortcut, client), last_seen(&whole, client));
+        }
+    }
+
+    /// A rule with anything besides one GCRA request limit is not plain:
+    /// the shortcut would skip it.
+    #[test]
+    fn a_rule_with_more_than_one_request_limit_is_not_plain() {
+        let limit = "limit: { rate: 10, unit: second, burst: 5 }";
+        let rule = |rest: &str| {
+            let text = format!("rules:\n  - {{ name: r, {rest} }}\n");
+            let rules = crate::rules::RuleSet::parse(&text, std::path::Path::new("t.yaml"))
+                .unwrap_or_else(|e| panic!("{rest}: {e}"));
+            super::is_plain(&rules.rules[0])
+        };
+        assert!(rule(limit), "{limit}");
+        for rest in [
+            "limit: unlimited".to_owned(),
+            "limit: { bytes: 1000, unit: second, burst_bytes: 1000 }".to_owned(),
+            "limits: [{ rate: 10, unit: second, burst: 5 }, { rate: 100, unit: minute }]".to_owned(),
+            "limits: [{ rate: 10, unit: second, burst: 5 }, { bytes: 1000, unit: second, burst_bytes: 1000 }]".to_owned(),
+            "limits: [{ rate: 10, unit: second, burst: 5 }, { rate: 100, unit: minute }, { rate: 1000, unit: hour }]".to_owned(),
+            "limit: { rate: 10, unit: second }, algorithm: fixed_window".to_owned(),
+            "limit: { rate: 10, unit: second, burst: 5, delay: 100ms }".to_owned(),
+            format!("{limit}, soft: {{ rate: 5, unit: second, burst: 2 }}"),
+            format!("{limit}, escalate: {{ after: 1s, block: 2s }}"),
+            format!("{limit}, action: shadow"),
+            format!("{limit}, concurrent: 4"),
+            format!("{limit}, aggregate: {{ rate: 100, unit: second, burst: 10 }}"),
+            format!("{limit}, cost: [{{ match: {{ method: POST }}, credits: 5 }}]"),
+        ] {
+            assert!(!rule(&rest), "{rest} was taken for plain");
+        }
     }
 
     /// What only some rules use is made only for their keys, and for an
