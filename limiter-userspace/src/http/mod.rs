@@ -172,9 +172,10 @@ pub struct InFlight(Arc<State>);
 impl InFlight {
     /// Counts a request in flight, unless `max` already are.
     fn enter(state: &Arc<State>, max: u32) -> Option<Self> {
-        let before = state.cold().in_flight.fetch_add(1, Ordering::AcqRel);
+        let in_flight = &state.cold().in_flight;
+        let before = in_flight.fetch_add(1, Ordering::AcqRel);
         if before >= u64::from(max) {
-            state.cold().in_flight.fetch_sub(1, Ordering::AcqRel);
+            in_flight.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(Self(Arc::clone(state)))
@@ -548,7 +549,7 @@ pub struct Limiter {
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
     /// By rule index: a rule of one GCRA request limit and nothing besides
-    /// (most rules), which [`Limiter::decide_plain`] judges.
+    /// (a plain per-client limit), which [`Limiter::decide_plain`] judges.
     plain: Vec<bool>,
 }
 
@@ -1364,7 +1365,43 @@ pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::{
+        net::{IpAddr, Ipv4Addr},
+        sync::{
+            Arc,
+            atomic::{AtomicU64, Ordering},
+        },
+    };
+
+    use super::{Clock, Limiter, RequestMeta, State, SystemClock};
+
+    fn limiter(text: &str, clock: Arc<dyn Clock>) -> Limiter {
+        let rules =
+            crate::rules::RuleSet::parse(text, std::path::Path::new("t.yaml")).expect("rules");
+        Limiter::new(rules, clock)
+    }
+
+    /// A request known by its client's address alone.
+    fn from(client: IpAddr) -> RequestMeta<'static> {
+        RequestMeta {
+            client,
+            port: None,
+            key: None,
+            bytes: 0,
+            http: None,
+        }
+    }
+
+    /// `f` of the state of `client`'s key under the rule it comes under
+    /// (made if new).
+    fn key_state<R>(limiter: &Limiter, client: IpAddr, f: impl FnOnce(&Arc<State>) -> R) -> R {
+        let request = from(client);
+        let index = limiter.rule_of(&request).expect("a rule");
+        let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
+        limiter
+            .keys
+            .with(key, || 0, &limiter.rest_ns, f, || panic!("no room"))
+    }
 
     /// A key of a GCRA rule (most keys) costs its state's words and a
     /// pointer to what only some rules use: with the `Arc`'s two counts,
@@ -1372,18 +1409,18 @@ mod tests {
     /// bytes; the window and log counts, only their algorithms' keys make.
     #[test]
     fn a_key_state_and_its_counts_fill_one_cache_line() {
-        assert_eq!(std::mem::size_of::<super::State>(), 6 * 8);
-        let layout = std::alloc::Layout::for_value(&*Arc::new(super::State::default()));
+        assert_eq!(std::mem::size_of::<State>(), 6 * 8);
+        let layout = std::alloc::Layout::for_value(&*Arc::new(State::default()));
         assert_eq!(layout.size() + 2 * std::mem::size_of::<usize>(), 64);
         assert_eq!(std::mem::size_of::<super::Cold>(), 4 * 8);
     }
 
     /// A clock the test sets.
-    struct Ticks(std::sync::atomic::AtomicU64);
+    struct Ticks(AtomicU64);
 
-    impl super::Clock for Ticks {
+    impl Clock for Ticks {
         fn monotonic_ns(&self) -> u64 {
-            self.0.load(std::sync::atomic::Ordering::Relaxed)
+            self.0.load(Ordering::Relaxed)
         }
 
         fn epoch_ns(&self) -> u64 {
@@ -1396,30 +1433,12 @@ mod tests {
     /// counts, the same last-seen of every key.
     #[test]
     fn a_plain_rule_is_judged_as_the_whole_decision_would() {
-        use std::{
-            net::{IpAddr, Ipv4Addr},
-            sync::atomic::Ordering,
-        };
-
-        use super::{Limiter, RequestMeta};
         let text = "rules:\n  - { name: fast, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second, burst: 3 } }\n  - { name: slow, limit: { rate: 100, unit: minute } }\n";
         let clock = Arc::new(Ticks(1_000_000_000.into()));
-        let limiter = || {
-            let rules =
-                crate::rules::RuleSet::parse(text, std::path::Path::new("t.yaml")).expect("rules");
-            Limiter::new(rules, Arc::clone(&clock) as Arc<dyn super::Clock>)
-        };
-        let (shortcut, mut whole) = (limiter(), limiter());
+        let (shortcut, mut whole) = (limiter(text, clock.clone()), limiter(text, clock.clone()));
         assert_eq!(shortcut.plain, [true, true]);
         whole.plain.fill(false);
         let clients = [[10, 0, 0, 1], [10, 0, 0, 2], [192, 0, 2, 1]].map(Ipv4Addr::from);
-        let request = |client: Ipv4Addr| RequestMeta {
-            client: IpAddr::V4(client),
-            port: None,
-            key: None,
-            bytes: 0,
-            http: None,
-        };
         // By rule: requests refused, passed.
         let (mut seed, mut outcomes) = (7u64, [[0u32; 2]; 2]);
         for _ in 0..2_000 {
@@ -1427,7 +1446,7 @@ mod tests {
             clock
                 .0
                 .fetch_add((seed >> 33) % 100_000_000, Ordering::Relaxed);
-            let request = request(clients[(seed >> 20) as usize % clients.len()]);
+            let request = from(IpAddr::V4(clients[(seed >> 20) as usize % clients.len()]));
             let admission = shortcut.check(&request);
             assert_eq!(admission, whole.check(&request));
             let rule = admission.rule.expect("a rule applies");
@@ -1441,13 +1460,9 @@ mod tests {
             );
         }
         let last_seen = |limiter: &Limiter, client: Ipv4Addr| {
-            let request = request(client);
-            let index = limiter.rule_of(&request).expect("a rule");
-            let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
-            let seen = |state: &Arc<super::State>| state.last_seen.load(Ordering::Relaxed);
-            limiter
-                .keys
-                .with(key, || 0, &limiter.rest_ns, seen, || panic!("no room"))
+            key_state(limiter, IpAddr::V4(client), |state| {
+                state.last_seen.load(Ordering::Relaxed)
+            })
         };
         for client in clients {
             assert_eq!(last_seen(&shortcut, client), last_seen(&whole, client));
@@ -1490,42 +1505,23 @@ mod tests {
     /// GCRA key, or one within its limit, stays one cache line.
     #[test]
     fn a_key_makes_its_cold_part_only_when_its_rule_needs_it() {
-        use std::net::{IpAddr, Ipv4Addr};
-
-        use super::{Limiter, RequestMeta, SystemClock};
         let text = "rules:\n  - { name: plain, match: { source: 10.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 } }\n  - { name: watched, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n";
-        let rules =
-            crate::rules::RuleSet::parse(text, std::path::Path::new("t.yaml")).expect("rules");
-        let limiter = Limiter::new(rules, Arc::new(SystemClock));
-        let request = |client: IpAddr| RequestMeta {
-            client,
-            port: None,
-            key: None,
-            bytes: 0,
-            http: None,
-        };
+        let limiter = limiter(text, Arc::new(SystemClock));
         let (plain, watched) = (
             IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
             IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
         );
-        let cold_made = |client: IpAddr| {
-            let request = request(client);
-            let index = limiter.rule_of(&request).expect("a rule");
-            let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
-            let cold = |state: &Arc<super::State>| state.cold.get().is_some();
-            limiter
-                .keys
-                .with(key, || 0, &limiter.rest_ns, cold, || panic!("no room"))
-        };
+        let cold_made =
+            |client: IpAddr| key_state(&limiter, client, |state| state.cold.get().is_some());
         // One request of a burst of two: neither key is over its limit.
         for client in [plain, watched] {
-            assert!(limiter.check(&request(client)).allowed);
+            assert!(limiter.check(&from(client)).allowed);
         }
         assert!(!cold_made(plain) && !cold_made(watched));
         // Over it (the third in a burst of two is refused): the watched
         // key keeps a watch, the plain one still nothing.
         for client in [plain, watched, plain, watched] {
-            limiter.check(&request(client));
+            limiter.check(&from(client));
         }
         assert!(!cold_made(plain), "a plain GCRA key made its cold part");
         assert!(cold_made(watched), "escalation's watch was not kept");
