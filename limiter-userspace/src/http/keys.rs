@@ -1,14 +1,17 @@
-//! Layer 7's key states: a sharded concurrent map (`dashmap`: a lookup
+//! Layer 7's key states: sharded concurrent maps (`dashmap`: a lookup
 //! takes one shard's read lock, so requests of different keys, and of one
-//! key, never wait on one another), bounded by the rule file's
+//! key, never wait on one another), bounded together by the rule file's
 //! `max_keys` with the kernel's rule: past it, keys *at rest* are
 //! forgotten, least recently seen first, and a key still in debt never is.
+//!
+//! The keys of plain rules by IPv4 client ([`PlainKeys`], the common
+//! case) are kept apart from the rest, in entries a third the size.
 
 use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -24,6 +27,8 @@ pub(super) struct KeyStore {
     map: DashMap<StateKey, Arc<State>, RandomState>,
     /// Keys in the map (kept here: counting the shards would lock them).
     count: AtomicUsize,
+    /// Shared with the stores of the limiters reloads make from this one.
+    pub(super) plain: Arc<PlainKeys>,
     capacity: usize,
     /// One eviction scan at a time.
     evicting: Mutex<()>,
@@ -39,6 +44,7 @@ impl KeyStore {
         Self {
             map: DashMap::with_hasher(RandomState::default()),
             count: AtomicUsize::new(0),
+            plain: Arc::default(),
             capacity,
             evicting: Mutex::new(()),
             no_rest_before: AtomicU64::new(0),
@@ -47,7 +53,7 @@ impl KeyStore {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
+        self.count.load(Ordering::Relaxed) + self.plain.count.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on the key's state, created on first sight if there is
@@ -72,32 +78,11 @@ impl KeyStore {
             return f(&state);
         }
         let now = now();
-        if self.len() >= self.capacity {
-            // A full scan only when it may free something: a flood of new
-            // keys against a store full of keys in debt costs a compare.
-            if now < self.no_rest_before.load(Ordering::Relaxed) {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return full();
-            }
-            {
-                let _one = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
-                if self.len() >= self.capacity {
-                    let next = self.evict_at_rest(self.capacity / 2, now, rest_ns);
-                    self.no_rest_before.store(next, Ordering::Relaxed);
-                }
-            }
-            if self.len() >= self.capacity {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return full();
-            }
+        // GCRA: at rest by its state, maybe at once (a lower bound).
+        let rests_by = rest_ns[key.rule()].map_or(now, |ns| now.saturating_add(ns));
+        if !self.room(now, rests_by, rest_ns) {
+            return full();
         }
-        // A key added since the last scan may come to rest before the keys
-        // that scan saw.
-        self.no_rest_before.fetch_min(
-            // GCRA: at rest by its state, maybe at once (a lower bound).
-            rest_ns[key.rule()].map_or(now, |ns| now.saturating_add(ns)),
-            Ordering::Relaxed,
-        );
         let state = match self.map.entry(key) {
             Entry::Occupied(entry) => entry.into_ref(),
             Entry::Vacant(entry) => {
@@ -108,6 +93,89 @@ impl KeyStore {
             }
         };
         f(&state.downgrade())
+    }
+
+    /// With `f` on the state of `key`, if it has one.
+    pub(super) fn get<R>(&self, key: &StateKey, f: impl FnOnce(&Arc<State>) -> R) -> Option<R> {
+        self.map.get(key).map(|state| f(&state))
+    }
+
+    /// [`KeyStore::with`] for a plain rule's key by IPv4 client
+    /// ([`PlainKeys::key`]). A key new to the plain keys is first looked
+    /// for among the others (`elsewhere`: one a reload left there).
+    #[inline]
+    pub(super) fn with_plain<R>(
+        &self,
+        key: u64,
+        now: impl Fn() -> u64,
+        rest_ns: &[Option<u64>],
+        f: impl FnOnce(&Plain) -> R,
+        elsewhere: impl FnOnce() -> Option<R>,
+        full: impl FnOnce() -> R,
+    ) -> R {
+        if let Some(state) = self.plain.map.get(&key) {
+            return f(&state);
+        }
+        self.new_plain(key, now, rest_ns, f, elsewhere, full)
+    }
+
+    /// [`KeyStore::with_plain`] of a key not among the plain keys (out of
+    /// line: a check of a known key is the one kept short).
+    #[cold]
+    #[inline(never)]
+    fn new_plain<R>(
+        &self,
+        key: u64,
+        now: impl Fn() -> u64,
+        rest_ns: &[Option<u64>],
+        f: impl FnOnce(&Plain) -> R,
+        elsewhere: impl FnOnce() -> Option<R>,
+        full: impl FnOnce() -> R,
+    ) -> R {
+        if let Some(judged) = elsewhere() {
+            return judged;
+        }
+        let now = now();
+        if !self.room(now, now, rest_ns) {
+            return full();
+        }
+        let state = self.plain.map.entry(key).or_insert_with(|| {
+            self.plain.count.fetch_add(1, Ordering::Relaxed);
+            Plain {
+                tat: AtomicU64::new(0),
+                last_seen: AtomicU64::new(now),
+            }
+        });
+        f(&state.downgrade())
+    }
+
+    /// Whether a new key, which may come to rest as soon as `rests_by`
+    /// (monotonic ns), can be kept, forgetting keys at rest if the store
+    /// is full (see [`KeyStore::evict_at_rest`]).
+    fn room(&self, now: u64, rests_by: u64, rest_ns: &[Option<u64>]) -> bool {
+        if self.len() >= self.capacity {
+            // A full scan only when it may free something: a flood of new
+            // keys against a store full of keys in debt costs a compare.
+            if now < self.no_rest_before.load(Ordering::Relaxed) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            {
+                let _one = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+                if self.len() >= self.capacity {
+                    let next = self.evict_at_rest(self.capacity / 2, now, rest_ns);
+                    self.no_rest_before.store(next, Ordering::Relaxed);
+                }
+            }
+            if self.len() >= self.capacity {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+        }
+        // A key added since the last scan may come to rest before the keys
+        // that scan saw.
+        self.no_rest_before.fetch_min(rests_by, Ordering::Relaxed);
+        true
     }
 
     /// Bounds memory without handing anyone a fresh burst: keys *at rest*
@@ -141,13 +209,21 @@ impl KeyStore {
             rests_at(key, state) <= now && Arc::strong_count(state) == 1
         };
         let mut next_rest = u64::MAX;
-        let mut resting: Vec<(u64, StateKey)> = Vec::new();
+        let mut resting: Vec<(u64, Resting)> = Vec::new();
         for entry in self.map.iter() {
             let (key, state) = (entry.key(), entry.value());
             if at_rest(key, state) {
-                resting.push((state.last_seen(), *key));
+                resting.push((state.last_seen(), Resting::Key(*key)));
             } else {
                 next_rest = next_rest.min(rests_at(key, state).max(now.saturating_add(1)));
+            }
+        }
+        for entry in self.plain.map.iter() {
+            let tat = entry.tat.load(Ordering::Acquire);
+            if tat <= now {
+                resting.push((entry.last_seen(), Resting::Plain(*entry.key())));
+            } else {
+                next_rest = next_rest.min(tat);
             }
         }
         let n = self.len().saturating_sub(keep).min(resting.len());
@@ -156,8 +232,18 @@ impl KeyStore {
         }
         for (_, key) in &resting[..n] {
             // Unless a request took it up since.
-            if self.map.remove_if(key, at_rest).is_some() {
-                self.count.fetch_sub(1, Ordering::Relaxed);
+            match key {
+                Resting::Key(key) => {
+                    if self.map.remove_if(key, at_rest).is_some() {
+                        self.count.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                Resting::Plain(key) => {
+                    let at_rest = |_: &u64, p: &Plain| p.tat.load(Ordering::Acquire) <= now;
+                    if self.plain.map.remove_if(key, at_rest).is_some() {
+                        self.plain.count.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
         next_rest
@@ -165,26 +251,169 @@ impl KeyStore {
 
     /// Shares the states of the rules `kept` maps (this store's rule index
     /// to `next`'s) with `next`, where it has none of its own yet; the
-    /// states it shared, by this store's rule index.
+    /// states it shared, by this store's rule index. A key `plain_key`
+    /// names (by its new rule index and its state) is one of a rule that
+    /// is plain now: its state is moved to the plain keys instead (where,
+    /// a copy, it is not charged by this store's limiter any more).
     pub(super) fn share_with(
         &self,
         next: &KeyStore,
         kept: &HashMap<usize, usize>,
-    ) -> Vec<(usize, Arc<State>)> {
+        plain_key: impl Fn(usize, &StateKey, &State) -> Option<u64>,
+    ) -> Vec<(usize, SharedState)> {
         let mut shared = Vec::new();
         for entry in self.map.iter() {
             let (key, state) = (*entry.key(), entry.value());
             let i = key.rule();
-            if let Some(&j) = kept.get(&i)
-                && let Entry::Vacant(vacant) = next.map.entry(key.new_rule(j))
-            {
+            let Some(&j) = kept.get(&i) else { continue };
+            if let Some(plain) = plain_key(j, &key, state) {
+                let made = || Plain {
+                    tat: AtomicU64::new(state.cells[0].load(Ordering::Acquire)),
+                    last_seen: AtomicU64::new(state.last_seen.load(Ordering::Relaxed)),
+                };
+                if next.plain.adopt(plain, made) {
+                    shared.push((i, SharedState::Plain(Arc::clone(&next.plain), plain)));
+                }
+            } else if let Entry::Vacant(vacant) = next.map.entry(key.new_rule(j)) {
                 vacant.insert(Arc::clone(state));
                 next.count.fetch_add(1, Ordering::Relaxed);
-                shared.push((i, Arc::clone(state)));
+                shared.push((i, SharedState::Key(Arc::clone(state))));
             }
         }
         next.refused
             .fetch_max(self.refused.load(Ordering::Relaxed), Ordering::Relaxed);
         shared
+    }
+
+    /// Copies the plain keys of the rule in `slot` to `next`'s store,
+    /// where it has none of its own yet, under the keys `key` makes of
+    /// their addresses: a rule that is not plain any more. The states
+    /// it made.
+    pub(super) fn unplain(
+        &self,
+        slot: u32,
+        next: &KeyStore,
+        key: impl Fn(u32) -> StateKey,
+    ) -> Vec<Arc<State>> {
+        let mut made = Vec::new();
+        self.plain.each_of(slot, |addr, plain| {
+            if let Entry::Vacant(vacant) = next.map.entry(key(addr)) {
+                let state = State::default();
+                state.cells[0].store(plain.tat.load(Ordering::Acquire), Ordering::Relaxed);
+                state
+                    .last_seen
+                    .store(plain.last_seen.load(Ordering::Relaxed), Ordering::Relaxed);
+                let state = Arc::new(state);
+                vacant.insert(Arc::clone(&state));
+                next.count.fetch_add(1, Ordering::Relaxed);
+                made.push(state);
+            }
+        });
+        made
+    }
+}
+
+/// A key's state a reload shared: the same `Arc`, or a plain key's (by
+/// its key: an entry is not held across a reload's work).
+pub(super) enum SharedState {
+    Key(Arc<State>),
+    Plain(Arc<PlainKeys>, u64),
+}
+
+/// A key at rest that an eviction may forget.
+#[derive(Clone, Copy)]
+enum Resting {
+    Key(StateKey),
+    Plain(u64),
+}
+
+/// The keys of plain rules ([`super::is_plain`]) by IPv4 client: the
+/// common case, kept in 24-byte entries (the rule's slot and the address
+/// in one word, then the key's [`Plain`] state), where any other key is a
+/// 32-byte entry and a 64-byte state. At 10,000 keys these fit this
+/// machine's 512 KiB L2 and the others do not: a check then takes no
+/// miss to memory where it took one or two (`l7_counts`).
+///
+/// A rule's keys are found by its slot, not its index: a limiter and
+/// those its reloads make share these keys, and a reload hands a rule's
+/// slot on to the rule that keeps its state, so the limiters in use
+/// during a swap charge the same cells, as they share the others'
+/// `Arc`s.
+#[derive(Default)]
+pub(super) struct PlainKeys {
+    map: DashMap<u64, Plain, RandomState>,
+    /// Keys in the map.
+    count: AtomicUsize,
+    /// The slot the next plain rule gets.
+    next_slot: AtomicU32,
+}
+
+/// A plain rule's key state: its GCRA request meter and when it was last
+/// seen (see [`super::State`]'s fields of the same names).
+pub(super) struct Plain {
+    pub(super) tat: AtomicU64,
+    pub(super) last_seen: AtomicU64,
+}
+
+impl Plain {
+    fn last_seen(&self) -> u64 {
+        super::last_seen(&self.last_seen)
+    }
+}
+
+impl PlainKeys {
+    /// The key of the client `addr` (masked) under the rule in `slot`.
+    pub(super) fn key(slot: u32, addr: u32) -> u64 {
+        u64::from(slot) << 32 | u64::from(addr)
+    }
+
+    /// A slot no rule has had.
+    pub(super) fn new_slot(&self) -> u32 {
+        self.next_slot.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `f` on each key of the rule in `slot` (its address and state).
+    pub(super) fn each_of(&self, slot: u32, mut f: impl FnMut(u32, &Plain)) {
+        for entry in self.map.iter() {
+            if (entry.key() >> 32) as u32 == slot {
+                f(*entry.key() as u32, entry.value());
+            }
+        }
+    }
+
+    /// Gives `key` the state `made` makes, if it has none (a reload's key
+    /// moved here from a rule that was not plain); whether it did.
+    pub(super) fn adopt(&self, key: u64, made: impl FnOnce() -> Plain) -> bool {
+        match self.map.entry(key) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(vacant) => {
+                vacant.insert(made());
+                self.count.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+
+    /// Keys kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// With `f` on the state of `key`, if it has one.
+    pub(super) fn get<R>(&self, key: u64, f: impl FnOnce(&Plain) -> R) -> Option<R> {
+        self.map.get(&key).map(|p| f(&p))
+    }
+
+    /// Forgets the keys of rules whose slot `live` does not name (rules a
+    /// reload dropped).
+    pub(super) fn keep_slots(&self, live: impl Fn(u32) -> bool) {
+        self.map.retain(|key, _| {
+            let keep = live((key >> 32) as u32);
+            if !keep {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
     }
 }

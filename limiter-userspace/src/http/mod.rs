@@ -316,27 +316,31 @@ impl State {
     /// unlimited rules) rest a span after they were last seen, so that
     /// never goes back.
     fn seen(&self, now: u64, rests_by_state: bool) {
-        if self
-            .last_seen
-            .load(Ordering::Relaxed)
-            .saturating_add(SEEN_GRANULE_NS)
-            <= now
-        {
-            if rests_by_state {
-                self.last_seen.store(now, Ordering::Relaxed);
-            } else {
-                self.last_seen.fetch_max(now, Ordering::Relaxed);
-            }
-        }
+        seen(&self.last_seen, now, rests_by_state);
     }
 
-    /// No earlier than when the key was last seen (for a key whose state
-    /// says when it rests, about then: see [`State::seen`]).
     fn last_seen(&self) -> u64 {
-        self.last_seen
-            .load(Ordering::Relaxed)
-            .saturating_add(SEEN_GRANULE_NS)
+        last_seen(&self.last_seen)
     }
+}
+
+/// Notes in a key's last-seen `cell` that it was seen at `now` (see
+/// [`State::seen`]).
+#[inline]
+fn seen(cell: &AtomicU64, now: u64, rests_by_state: bool) {
+    if cell.load(Ordering::Relaxed).saturating_add(SEEN_GRANULE_NS) <= now {
+        if rests_by_state {
+            cell.store(now, Ordering::Relaxed);
+        } else {
+            cell.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// No earlier than when a key was last seen, by its last-seen `cell` (for
+/// a key whose state says when it rests, about then: see [`State::seen`]).
+fn last_seen(cell: &AtomicU64) -> u64 {
+    cell.load(Ordering::Relaxed).saturating_add(SEEN_GRANULE_NS)
 }
 
 /// Whether `rule` is plain: one GCRA request limit per key, charged a
@@ -474,6 +478,26 @@ impl StateKey {
         self.rule as usize
     }
 
+    /// The key of an IPv4 client's (masked) address `addr` (as
+    /// [`keys::PlainKeys`] keeps it) under rule `rule`.
+    fn v4(rule: usize, addr: u32) -> Self {
+        Self::new(
+            rule,
+            KeyBytes::Addr(FlowKey::v4(0, addr.to_be_bytes(), [0xff; 4]).addr),
+        )
+    }
+
+    /// The IPv4 client address this key is (as [`StateKey::v4`] takes
+    /// it), if it is one.
+    fn ipv4(&self) -> Option<u32> {
+        let [a, b] = self.words.map(u64::to_ne_bytes);
+        let v4 = FlowKey::v4(0, [b[4], b[5], b[6], b[7]], [0xff; 4]).addr;
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&a);
+        bytes[8..].copy_from_slice(&b);
+        (!self.custom && bytes == v4).then(|| u32::from_be_bytes([b[4], b[5], b[6], b[7]]))
+    }
+
     /// The same key under another rule's index (a reload's).
     fn new_rule(self, rule: usize) -> Self {
         Self {
@@ -548,29 +572,32 @@ pub struct Limiter {
     pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
     fleet: Vec<Option<fleet::FleetMeter>>,
-    /// By rule index: a rule of one GCRA request limit and nothing besides
-    /// (a plain per-client limit), which [`Limiter::decide_plain`] judges.
-    plain: Vec<bool>,
+    /// By rule index: for a rule of one GCRA request limit and nothing
+    /// besides (a plain per-client limit), which [`Limiter::decide_plain`]
+    /// judges, its slot among the plain keys ([`keys::PlainKeys`]).
+    plain: Vec<Option<u32>>,
 }
 
 impl Limiter {
     pub fn new(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
         let n = rules.rules.len();
         let rest = rules.rules.iter().map(rest_ns).collect();
-        let capacity = rules.max_keys as usize;
+        let keys = keys::KeyStore::new(rules.max_keys as usize);
         // The first read calibrates the clock: at start, not at a request.
         clock.monotonic_ns();
         Self {
             aggregates: (0..n).map(|_| Arc::default()).collect(),
             fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
-            plain: rules.rules.iter().map(is_plain).collect(),
+            plain: (rules.rules.iter())
+                .map(|r| is_plain(r).then(|| keys.plain.new_slot()))
+                .collect(),
             counters: (0..n).map(|_| Arc::default()).collect(),
             matcher: RequestRules::new(&rules),
             header_fields: rules.rules.iter().map(headers::RuleFields::of).collect(),
             key_masks: rules.rules.iter().map(key_masks).collect(),
             rules,
             clock,
-            keys: keys::KeyStore::new(capacity),
+            keys,
             rest_ns: rest,
             digest: Arc::new(KeyDigest::new()),
         }
@@ -594,6 +621,7 @@ impl Limiter {
     /// ([`ipv4_mapped`]): a dual-stack listener sees IPv4 clients as
     /// `::ffff:a.b.c.d`, and they are IPv4 clients, under IPv4 rules and
     /// IPv4 keys.
+    #[inline(always)]
     fn rule_of(&self, request: &RequestMeta<'_>) -> Option<usize> {
         debug_assert!(ipv4_mapped(request).is_none(), "not canonical");
         self.matcher.first(
@@ -705,19 +733,58 @@ impl Limiter {
             return Admission::plain(allowed, false, None, refused_by);
         };
         let rule = &self.rules.rules[index];
+        let clock = &self.clock;
+        // No room for a new key: refused, as the kernel refuses one.
+        let full = || self.excess(index, reason::NO_SLOT);
+        let Some(key) = self.plain_key(index, rule, request) else {
+            return self.check_keyed(index, rule, request);
+        };
+        // A key a reload left among the others (see `share_keys`).
+        let elsewhere = || {
+            let key = StateKey::v4(index, key as u32);
+            self.keys
+                .get(&key, |state| self.decide(index, request, state))
+        };
+        self.keys.with_plain(
+            key,
+            || clock.monotonic_ns(),
+            &self.rest_ns,
+            |state| self.decide_plain(index, rule, (&state.tat, &state.last_seen)),
+            elsewhere,
+            full,
+        )
+    }
+
+    /// [`Limiter::check`] of a request whose key is not a plain key (out
+    /// of line: the plain key's path is the one kept short).
+    #[inline(never)]
+    fn check_keyed(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>) -> Admission {
         if matches!(rule.limit, Limit::Unlimited) && rule.concurrent.is_none() {
             return Admission::plain(true, false, Some(index), None);
         }
-        let key = self.state_key(index, rule, request);
         let clock = &self.clock;
+        let key = self.state_key(index, rule, request);
         self.keys.with(
             key,
             || clock.monotonic_ns(),
             &self.rest_ns,
             |state| self.decide(index, request, state),
-            // No room for a new key: refused, as the kernel refuses one.
             || self.excess(index, reason::NO_SLOT),
         )
+    }
+
+    /// The request's key among the plain keys ([`keys::PlainKeys`]): a
+    /// plain rule's, keyed by an IPv4 client's address.
+    #[inline]
+    fn plain_key(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>) -> Option<u64> {
+        let slot = self.plain[index]?;
+        match (request.client, request.key, rule.keyed_by.as_slice()) {
+            (IpAddr::V4(addr), None, [KeyPart::Source]) => {
+                let mask = u32::from_be_bytes(self.key_masks[index].0);
+                Some(keys::PlainKeys::key(slot, u32::from(addr) & mask))
+            }
+            _ => None,
+        }
     }
 
     /// A key of rule `index` seen at `now` (see [`State::seen`]: whether
@@ -745,8 +812,8 @@ impl Limiter {
     fn decide(&self, index: usize, request: &RequestMeta<'_>, state: &Arc<State>) -> Admission {
         let rule = &self.rules.rules[index];
         // A block a reload's rule left on the key goes the long way.
-        if self.plain[index] && state.blocked_until.load(Ordering::Relaxed) == 0 {
-            return self.decide_plain(index, rule, state);
+        if self.plain[index].is_some() && state.blocked_until.load(Ordering::Relaxed) == 0 {
+            return self.decide_plain(index, rule, (&state.cells[0], &state.last_seen));
         }
         // (Unlimited: none, but counted in flight.)
         let [packets, key_bytes, _] = rule.key_meters();
@@ -922,19 +989,24 @@ impl Limiter {
     /// [`Limiter::decide`] for a plain rule ([`is_plain`]): its one meter
     /// charged a request's one credit, what `decide` does for such a rule
     /// without asking of each feature whether the rule has it.
-    fn decide_plain(&self, index: usize, rule: &Rule, state: &State) -> Admission {
+    /// The key's state is its request meter's cell and its last-seen
+    /// cell (a [`State`]'s or a [`keys::Plain`]'s).
+    #[inline(always)]
+    fn decide_plain(
+        &self,
+        index: usize,
+        rule: &Rule,
+        (tat, last_seen): (&AtomicU64, &AtomicU64),
+    ) -> Admission {
         let [Some(limit), ..] = rule.key_meters() else {
             unreachable!("a plain rule has a request limit")
         };
         let judged_at = Cell::new(0);
-        let allowed = acquire(
-            &state.cells[0],
-            &limit.gcra,
-            self.judging_clock(&judged_at),
-            1,
-        ) == Outcome::Allowed;
+        let allowed =
+            acquire(tat, &limit.gcra, self.judging_clock(&judged_at), 1) == Outcome::Allowed;
         let now = judged_at.get();
-        self.seen(index, state, now);
+        // A plain rule's key says itself when it rests ([`rest_ns`]).
+        seen(last_seen, now, true);
         let counters = &self.counters[index];
         if allowed {
             counters.passed.add(1);
@@ -945,7 +1017,13 @@ impl Limiter {
             allowed,
             shadow: false,
             rule: Some(index),
-            quota: Some(self.quota_at(rule, limit, state, (now, 0), 1)),
+            // A plain rule's meters are the first alone.
+            quota: Some(QuotaAt::Gcra {
+                tats: [AtomicCell::load(tat), 0, 0],
+                now,
+                cost: 1,
+                refused_wait_ns: 0,
+            }),
             delay_ns: 0,
             in_flight: None,
             too_many_in_flight: false,
@@ -1373,7 +1451,7 @@ mod tests {
         },
     };
 
-    use super::{Clock, Limiter, RequestMeta, State, SystemClock};
+    use super::{Clock, Limiter, RequestMeta, State, SystemClock, reason};
 
     fn limiter(text: &str, clock: Arc<dyn Clock>) -> Limiter {
         let rules =
@@ -1393,14 +1471,36 @@ mod tests {
     }
 
     /// `f` of the state of `client`'s key under the rule it comes under
-    /// (made if new).
+    /// (made if new), a key not among the plain keys.
     fn key_state<R>(limiter: &Limiter, client: IpAddr, f: impl FnOnce(&Arc<State>) -> R) -> R {
         let request = from(client);
         let index = limiter.rule_of(&request).expect("a rule");
-        let key = limiter.state_key(index, &limiter.rules.rules[index], &request);
+        let rule = &limiter.rules.rules[index];
+        assert_eq!(
+            limiter.plain_key(index, rule, &request),
+            None,
+            "a plain key"
+        );
+        let key = limiter.state_key(index, rule, &request);
         limiter
             .keys
             .with(key, || 0, &limiter.rest_ns, f, || panic!("no room"))
+    }
+
+    /// When `client`'s key under the rule it comes under was last seen
+    /// (`None`: it has no state), wherever it is kept.
+    fn last_seen(limiter: &Limiter, client: IpAddr) -> Option<u64> {
+        let request = from(client);
+        let index = limiter.rule_of(&request).expect("a rule");
+        let rule = &limiter.rules.rules[index];
+        let seen = |cell: &AtomicU64| cell.load(Ordering::Relaxed);
+        match limiter.plain_key(index, rule, &request) {
+            Some(key) => limiter.keys.plain.get(key, |p| seen(&p.last_seen)),
+            None => {
+                let key = limiter.state_key(index, rule, &request);
+                limiter.keys.get(&key, |state| seen(&state.last_seen))
+            }
+        }
     }
 
     /// A key of a GCRA rule (most keys) costs its state's words and a
@@ -1429,44 +1529,52 @@ mod tests {
     }
 
     /// A plain rule's shortcut decides as the whole decision does: the
-    /// same verdicts and fields, at random times and clients, the same
-    /// counts, the same last-seen of every key.
+    /// same verdicts and fields, at random times and clients (IPv4 ones
+    /// among the plain keys, IPv6 ones not), the same counts, the same
+    /// last-seen of every key.
     #[test]
     fn a_plain_rule_is_judged_as_the_whole_decision_would() {
-        let text = "rules:\n  - { name: fast, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second, burst: 3 } }\n  - { name: slow, limit: { rate: 100, unit: minute } }\n";
+        let text = "rules:\n  - { name: fast, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second, burst: 3 } }\n  - { name: fast6, match: { source: 2001:db8::/32 }, limit: { rate: 5, unit: second, burst: 3 } }\n  - { name: slow, limit: { rate: 100, unit: minute } }\n";
         let clock = Arc::new(Ticks(1_000_000_000.into()));
         let (shortcut, mut whole) = (limiter(text, clock.clone()), limiter(text, clock.clone()));
-        assert_eq!(shortcut.plain, [true, true]);
-        whole.plain.fill(false);
-        let clients = [[10, 0, 0, 1], [10, 0, 0, 2], [192, 0, 2, 1]].map(Ipv4Addr::from);
+        assert!(shortcut.plain.iter().all(Option::is_some));
+        whole.plain.fill(None);
+        let clients: [IpAddr; 5] = [
+            Ipv4Addr::new(10, 0, 0, 1).into(),
+            Ipv4Addr::new(10, 0, 0, 2).into(),
+            Ipv4Addr::new(192, 0, 2, 1).into(),
+            "2001:db8::1".parse().expect("an address"),
+            "2001:db9::1".parse().expect("an address"),
+        ];
         // By rule: requests refused, passed.
-        let (mut seed, mut outcomes) = (7u64, [[0u32; 2]; 2]);
+        let (mut seed, mut outcomes) = (7u64, [[0u32; 2]; 3]);
         for _ in 0..2_000 {
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             clock
                 .0
                 .fetch_add((seed >> 33) % 100_000_000, Ordering::Relaxed);
-            let request = from(IpAddr::V4(clients[(seed >> 20) as usize % clients.len()]));
+            let request = from(clients[(seed >> 20) as usize % clients.len()]);
             let admission = shortcut.check(&request);
             assert_eq!(admission, whole.check(&request));
             let rule = admission.rule.expect("a rule applies");
             outcomes[rule][usize::from(admission.allowed)] += 1;
         }
-        assert!(outcomes.iter().flatten().all(|&n| n > 100), "{outcomes:?}");
+        assert!(outcomes.iter().flatten().all(|&n| n > 30), "{outcomes:?}");
         for (a, b) in shortcut.counters.iter().zip(&whole.counters) {
             assert_eq!(
                 [a.passed.get(), a.dropped.get(), a.shadow.get()],
                 [b.passed.get(), b.dropped.get(), b.shadow.get()]
             );
         }
-        let last_seen = |limiter: &Limiter, client: Ipv4Addr| {
-            key_state(limiter, IpAddr::V4(client), |state| {
-                state.last_seen.load(Ordering::Relaxed)
-            })
-        };
         for client in clients {
-            assert_eq!(last_seen(&shortcut, client), last_seen(&whole, client));
+            let seen = last_seen(&shortcut, client);
+            assert!(seen.is_some(), "{client} has no state");
+            assert_eq!(seen, last_seen(&whole, client), "{client}");
         }
+        // The IPv4 clients' keys are the plain ones.
+        assert_eq!(shortcut.keys.plain.len(), 3);
+        assert_eq!(whole.keys.plain.len(), 0);
+        assert_eq!(shortcut.tracked_keys(), 5);
     }
 
     /// A rule with anything besides one GCRA request limit is not plain:
@@ -1505,10 +1613,12 @@ mod tests {
     /// GCRA key, or one within its limit, stays one cache line.
     #[test]
     fn a_key_makes_its_cold_part_only_when_its_rule_needs_it() {
-        let text = "rules:\n  - { name: plain, match: { source: 10.0.0.0/8 }, limit: { rate: 2, unit: second, burst: 2 } }\n  - { name: watched, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n";
+        // An IPv6 client's key of a plain rule: one not among the plain
+        // keys (which have no cold part at all).
+        let text = "rules:\n  - { name: plain, match: { source: 2001:db8::/32 }, limit: { rate: 2, unit: second, burst: 2 } }\n  - { name: watched, limit: { rate: 2, unit: second, burst: 2 }, escalate: { after: 1s, block: 2s } }\n";
         let limiter = limiter(text, Arc::new(SystemClock));
         let (plain, watched) = (
-            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            "2001:db8::1".parse().expect("an address"),
             IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
         );
         let cold_made =
@@ -1525,5 +1635,152 @@ mod tests {
         }
         assert!(!cold_made(plain), "a plain GCRA key made its cold part");
         assert!(cold_made(watched), "escalation's watch was not kept");
+    }
+
+    /// Requests `client` gets through at once.
+    fn admitted_at_once(limiter: &Limiter, client: IpAddr) -> u32 {
+        let mut n = 0;
+        while limiter.check(&from(client)).allowed {
+            n += 1;
+            assert!(n < 1_000, "never refused");
+        }
+        n
+    }
+
+    /// A reload that makes a rule plain, or makes it something else, keeps
+    /// each key's debt, wherever its keys are kept on either side; one
+    /// that drops a rule forgets its plain keys.
+    #[test]
+    fn a_reload_keeps_a_keys_debt_as_its_rule_becomes_plain_or_stops_being() {
+        let plain = "{ name: api, limit: { rate: 1, unit: minute, burst: 3 } }";
+        let rule_file = |rule: &str| {
+            crate::rules::RuleSet::parse(
+                &format!("rules:\n  - {rule}\n"),
+                std::path::Path::new("t.yaml"),
+            )
+            .expect("rules")
+        };
+        let clock = Arc::new(Ticks(1_000_000_000.into()));
+        let v4: IpAddr = Ipv4Addr::new(198, 18, 0, 1).into();
+        let v6: IpAddr = "2001:db8::1".parse().expect("an address");
+        let mut limiter = limiter(&format!("rules:\n  - {plain}\n"), clock.clone());
+        for client in [v4, v6] {
+            assert_eq!(admitted_at_once(&limiter, client), 3, "{client}");
+        }
+        assert_eq!(limiter.keys.plain.len(), 1);
+        // Each way, with new limits (carried) and with the same (kept).
+        let plain2 = "{ name: api, limit: { rate: 2, unit: minute, burst: 6 } }";
+        for (rule, is_plain) in [
+            (
+                "{ name: api, limit: { rate: 1, unit: minute, burst: 3 }, soft: { rate: 1, unit: hour } }",
+                false,
+            ),
+            (plain, true),
+            (plain2, true),
+            (
+                "{ name: api, limit: { rate: 2, unit: minute, burst: 6 }, escalate: { after: 1m, block: 1m } }",
+                false,
+            ),
+            (plain2, true),
+            (plain2, true),
+        ] {
+            let (next, kept) = limiter.reloaded(rule_file(rule));
+            assert_eq!(kept, 1, "{rule}");
+            assert_eq!(next.plain[0].is_some(), is_plain, "{rule}");
+            assert_eq!(next.keys.plain.len(), usize::from(is_plain), "{rule}");
+            assert_eq!(next.tracked_keys(), 2, "{rule}");
+            for client in [v4, v6] {
+                assert_eq!(admitted_at_once(&next, client), 0, "{client} after {rule}");
+            }
+            limiter = next;
+        }
+        // The debt is the limit's own: a request's worth comes back.
+        clock.0.fetch_add(30_000_000_000, Ordering::Relaxed);
+        for client in [v4, v6] {
+            assert_eq!(admitted_at_once(&limiter, client), 1, "{client}");
+        }
+        let (next, kept) = limiter.reloaded(rule_file(
+            "{ name: other, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second } }",
+        ));
+        assert_eq!((kept, next.tracked_keys()), (0, 0));
+        assert_eq!(next.keys.plain.len(), 0);
+    }
+
+    /// `max_keys` bounds the plain keys and the others together: past it,
+    /// keys in debt in either are kept and a new key refused; once they
+    /// rest, the least recently seen of both go first.
+    #[test]
+    fn max_keys_bounds_the_plain_keys_and_the_others_together() {
+        let text =
+            "max_keys: 4\nrules:\n  - { name: api, limit: { rate: 1, unit: minute, burst: 1 } }\n";
+        let clock = Arc::new(Ticks(1_000_000_000.into()));
+        let limiter = limiter(text, clock.clone());
+        let clients: [IpAddr; 5] = [
+            Ipv4Addr::new(198, 18, 0, 1).into(),
+            // Keys by /64 (the default).
+            "2001:db8:0:1::1".parse().expect("an address"),
+            Ipv4Addr::new(198, 18, 0, 2).into(),
+            "2001:db8:0:2::1".parse().expect("an address"),
+            Ipv4Addr::new(198, 18, 0, 3).into(),
+        ];
+        // Seen in this order, each a few milliseconds after the last.
+        for &client in &clients[..4] {
+            clock.0.fetch_add(5_000_000, Ordering::Relaxed);
+            assert!(limiter.check(&from(client)).allowed, "{client}");
+        }
+        assert_eq!((limiter.keys.plain.len(), limiter.tracked_keys()), (2, 4));
+        let refused = limiter.check(&from(clients[4]));
+        assert!(!refused.allowed);
+        assert_eq!(refused.refused_by, Some(reason::NO_SLOT));
+        // All at rest a minute on: room is made down to half, the two
+        // seen first (one of each kind) forgotten.
+        clock.0.fetch_add(60_000_000_000, Ordering::Relaxed);
+        assert!(limiter.check(&from(clients[4])).allowed);
+        let kept = clients.map(|c| last_seen(&limiter, c).is_some());
+        assert_eq!(kept, [false, false, true, true, true]);
+        assert_eq!(limiter.tracked_keys(), 3);
+    }
+
+    /// A key its escalation blocked stays blocked when a reload makes its
+    /// rule plain: its block is kept where it is (not among the plain
+    /// keys), and found there.
+    #[test]
+    fn an_escalation_block_outlasts_a_reload_that_makes_its_rule_plain() {
+        let limit = "limit: { rate: 1, unit: minute, burst: 1 }";
+        let clock = Arc::new(Ticks(1_000_000_000.into()));
+        let text =
+            format!("rules:\n  - {{ name: api, {limit}, escalate: {{ after: 1s, block: 5m }} }}\n");
+        let limiter = limiter(&text, clock.clone());
+        let client: IpAddr = Ipv4Addr::new(198, 18, 0, 1).into();
+        let at = |ms: u64| {
+            clock
+                .0
+                .store(1_000_000_000 + ms * 1_000_000, Ordering::Relaxed);
+            limiter.check(&from(client))
+        };
+        assert!(at(0).allowed);
+        // Over its limit at every request for longer than a second.
+        for ms in [10, 600, 1_200, 1_800] {
+            assert!(!at(ms).allowed);
+        }
+        assert!(at(2_000).blocked_for_ns > 0, "never blocked");
+        let rules = crate::rules::RuleSet::parse(
+            &format!("rules:\n  - {{ name: api, {limit} }}\n"),
+            std::path::Path::new("t.yaml"),
+        )
+        .expect("rules");
+        let (next, kept) = limiter.reloaded(rules);
+        assert_eq!((kept, next.plain[0].is_some()), (1, true));
+        assert_eq!(next.keys.plain.len(), 0);
+        let at = |s: u64| {
+            clock
+                .0
+                .store(1_000_000_000 + s * 1_000_000_000, Ordering::Relaxed);
+            next.check(&from(client))
+        };
+        // Its debt alone would be paid in a minute: the block holds.
+        let blocked = at(120);
+        assert!(!blocked.allowed && blocked.blocked_for_ns > 0);
+        assert!(at(310).allowed, "blocked past its block");
     }
 }

@@ -20,7 +20,10 @@ use limiter_common::{
     meter::{self, CarriedTat},
 };
 
-use super::{Limiter, State};
+use super::{
+    Limiter, StateKey,
+    keys::{PlainKeys, SharedState},
+};
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
     rules::{Algorithm, Rule, RuleSet, same_name_first},
@@ -34,6 +37,7 @@ impl Limiter {
     /// ([`Reloadable::reload`] swaps a limiter in use).
     pub fn reloaded(&self, rules: RuleSet) -> (Limiter, usize) {
         let Sharing { next, shared } = self.sharing_with(rules);
+        next.forget_dropped_plain_keys();
         take_back(&shared.carrying, self.clock.monotonic_ns());
         (next, shared.kept.len())
     }
@@ -81,6 +85,7 @@ impl Limiter {
             next.aggregates[j] = Arc::clone(&self.aggregates[i]);
             next.counters[j] = Arc::clone(&self.counters[i]);
         }
+        self.share_plain_slots(&mut next, &kept);
         let mut shared = Shared {
             kept,
             changed,
@@ -89,19 +94,69 @@ impl Limiter {
         for (&i, &j) in &shared.changed {
             let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
             let now = self.clock.monotonic_ns();
-            shared
-                .carrying
-                .push(carry(Arc::clone(&self.aggregates[i]), &meters[1], now));
+            let aggregate = SharedState::Key(Arc::clone(&self.aggregates[i]));
+            shared.carrying.push(carry(aggregate, &meters[1], now));
+            // A plain rule's keys, shared already: carried once, here.
+            if let (Some(slot), Some(_)) = (self.plain[i], next.plain[j]) {
+                let plain = &self.keys.plain;
+                plain.each_of(slot, |addr, _| {
+                    let key = SharedState::Plain(Arc::clone(plain), PlainKeys::key(slot, addr));
+                    shared.carrying.push(carry(key, &meters[0], now));
+                });
+            }
         }
         self.share_keys(&next, &mut shared);
         Sharing { next, shared }
+    }
+
+    /// Gives `next` this limiter's plain keys ([`super::keys::PlainKeys`]):
+    /// a plain rule that keeps the state of one that was plain has its
+    /// slot, so they share its keys; any other plain rule gets a new one.
+    fn share_plain_slots(&self, next: &mut Limiter, kept: &HashMap<usize, usize>) {
+        let plain = Arc::clone(&self.keys.plain);
+        let was: HashMap<usize, u32> = kept
+            .iter()
+            .filter_map(|(&i, &j)| self.plain[i].map(|slot| (j, slot)))
+            .collect();
+        for (j, slot) in next.plain.iter_mut().enumerate() {
+            if slot.is_some() {
+                *slot = Some(was.get(&j).copied().unwrap_or_else(|| plain.new_slot()));
+            }
+        }
+        next.keys.plain = plain;
+    }
+
+    /// Forgets the plain keys of rules this limiter does not have (a
+    /// reload's dropped rules).
+    fn forget_dropped_plain_keys(&self) {
+        self.keys
+            .plain
+            .keep_slots(|slot| self.plain.contains(&Some(slot)));
     }
 
     /// Shares this limiter's keys of the rules `shared` keeps with `next`
     /// (those it does not have yet), carrying those of rules with new
     /// limits. Again after the swap: keys made while `next` was built.
     fn share_keys(&self, next: &Limiter, shared: &mut Shared) {
-        for (i, state) in self.keys.share_with(&next.keys, &shared.kept) {
+        // An IPv4 client's key of a rule that is plain now is a plain key,
+        // unless an escalation blocked it: it stays among the others, where
+        // its block holds (`KeyStore::with_plain` finds it there).
+        let plain_key = |j: usize, key: &StateKey, state: &super::State| {
+            let blocked = state
+                .blocked_until
+                .load(std::sync::atomic::Ordering::Relaxed)
+                != 0;
+            Some(PlainKeys::key(next.plain[j]?, key.ipv4()?)).filter(|_| !blocked)
+        };
+        let mut moved = self.keys.share_with(&next.keys, &shared.kept, plain_key);
+        // And one of a rule that is not plain any more, not.
+        for (&i, &j) in &shared.kept {
+            if let (Some(slot), None) = (self.plain[i], next.plain[j]) {
+                let states = self.keys.unplain(slot, &next.keys, |a| StateKey::v4(j, a));
+                moved.extend(states.into_iter().map(|s| (i, SharedState::Key(s))));
+            }
+        }
+        for (i, state) in moved {
             if let Some(&j) = shared.changed.get(&i) {
                 let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
                 let now = self.clock.monotonic_ns();
@@ -148,18 +203,33 @@ fn carried_meters(from: &Rule, to: &Rule) -> [[Option<(Gcra, Gcra)>; 3]; 2] {
 
 /// A state [`carry`] carried.
 pub(super) struct Carried {
-    state: Arc<State>,
+    state: SharedState,
     /// Per cell (packets, bytes, third word).
     tats: [CarriedTat; 3],
 }
 
+impl SharedState {
+    /// Runs `f` on each of the state's GCRA cells (packets, bytes, third
+    /// word; a plain key has the first alone), if it is still kept.
+    fn cells(&self, f: impl FnMut(usize, &std::sync::atomic::AtomicU64)) {
+        let mut f = f;
+        match self {
+            SharedState::Key(state) => state.cells.iter().enumerate().for_each(|(m, c)| f(m, c)),
+            SharedState::Plain(keys, key) => {
+                keys.get(*key, |plain| f(0, &plain.tat));
+            }
+        }
+    }
+}
+
 /// Carries a state's GCRA cells (packets, bytes) over to new limits before
 /// they are in force, as the kernel's are (`meter::carry`).
-fn carry(state: Arc<State>, meters: &[Option<(Gcra, Gcra)>; 3], now: u64) -> Carried {
-    let tats = std::array::from_fn(|m| {
-        meters[m].map_or(CarriedTat::default(), |(from, to)| {
-            meter::carry(&state.cells[m], &from, &to, now)
-        })
+fn carry(state: SharedState, meters: &[Option<(Gcra, Gcra)>; 3], now: u64) -> Carried {
+    let mut tats = [CarriedTat::default(); 3];
+    state.cells(|m, cell| {
+        if let Some((from, to)) = meters[m] {
+            tats[m] = meter::carry(cell, &from, &to, now);
+        }
     });
     Carried { state, tats }
 }
@@ -168,9 +238,8 @@ fn carry(state: Arc<State>, meters: &[Option<(Gcra, Gcra)>; 3], now: u64) -> Car
 /// limits alone are in force (`meter::take_back`).
 fn take_back(carried: &[Carried], now: u64) {
     for c in carried {
-        for (cell, tat) in c.state.cells.iter().zip(&c.tats) {
-            meter::take_back(cell, *tat, now);
-        }
+        c.state
+            .cells(|m, cell| meter::take_back(cell, c.tats[m], now));
     }
 }
 
@@ -243,6 +312,7 @@ impl Reloadable {
         self.current.store(Arc::clone(&next));
         // Keys the old limiter made while the new one was being built.
         old.share_keys(&next, &mut shared);
+        next.forget_dropped_plain_keys();
         let kept = shared.kept.len();
         let carrying = shared.carrying;
         // Requests still judged by the old limiter are done within moments;

@@ -346,6 +346,7 @@ impl RequestRules {
     /// (`source` and `dest_port` by reference, read only if asked: a
     /// caller that has just written them in pieces stalls on reading them
     /// back whole, a twentieth of a decision each.)
+    #[inline(always)]
     pub fn first(
         &self,
         set: &RuleSet,
