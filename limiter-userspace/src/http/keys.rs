@@ -5,7 +5,7 @@
 //! forgotten, least recently seen first, and a key still in debt never is.
 //!
 //! The keys of plain rules by IPv4 client ([`PlainKeys`], the common
-//! case) are kept apart from the rest, in entries a third the size.
+//! case) are kept apart from the rest, in entries a quarter the size.
 
 use std::{
     collections::HashMap,
@@ -253,13 +253,16 @@ impl KeyStore {
     /// to `next`'s) with `next`, where it has none of its own yet; the
     /// states it shared, by this store's rule index. A key `plain_key`
     /// names (by its new rule index and its state) is one of a rule that
-    /// is plain now: its state is moved to the plain keys instead (where,
-    /// a copy, it is not charged by this store's limiter any more).
+    /// is plain now: its state is copied to the plain keys instead. This
+    /// store's limiter goes on charging the original while it judges
+    /// requests: where `folds` says so (by this store's rule index), a
+    /// copy made already takes in the original's TAT if later.
     pub(super) fn share_with(
         &self,
         next: &KeyStore,
         kept: &HashMap<usize, usize>,
         plain_key: impl Fn(usize, &StateKey, &State) -> Option<u64>,
+        folds: impl Fn(usize) -> bool,
     ) -> Vec<(usize, SharedState)> {
         let mut shared = Vec::new();
         for entry in self.map.iter() {
@@ -273,6 +276,10 @@ impl KeyStore {
                 };
                 if next.plain.adopt(plain, made) {
                     shared.push((i, SharedState::Plain(Arc::clone(&next.plain), plain)));
+                } else if folds(i) {
+                    let tat = state.cells[0].load(Ordering::Acquire);
+                    next.plain
+                        .get(plain, |p| p.tat.fetch_max(tat, Ordering::AcqRel));
                 }
             } else if let Entry::Vacant(vacant) = next.map.entry(key.new_rule(j)) {
                 vacant.insert(Arc::clone(state));
@@ -288,16 +295,25 @@ impl KeyStore {
     /// Copies the plain keys of the rule in `slot` to `next`'s store,
     /// where it has none of its own yet, under the keys `key` makes of
     /// their addresses: a rule that is not plain any more. The states
-    /// it made.
+    /// it made. With `folds`, a copy made already takes in the plain
+    /// key's TAT if later (see [`KeyStore::share_with`]).
     pub(super) fn unplain(
         &self,
         slot: u32,
         next: &KeyStore,
         key: impl Fn(u32) -> StateKey,
+        folds: bool,
     ) -> Vec<Arc<State>> {
         let mut made = Vec::new();
         self.plain.each_of(slot, |addr, plain| {
-            if let Entry::Vacant(vacant) = next.map.entry(key(addr)) {
+            let entry = next.map.entry(key(addr));
+            if let Entry::Occupied(copy) = &entry
+                && folds
+            {
+                let tat = plain.tat.load(Ordering::Acquire);
+                copy.get().cells[0].fetch_max(tat, Ordering::AcqRel);
+            }
+            if let Entry::Vacant(vacant) = entry {
                 let state = State::default();
                 state.cells[0].store(plain.tat.load(Ordering::Acquire), Ordering::Relaxed);
                 state
@@ -313,8 +329,8 @@ impl KeyStore {
     }
 }
 
-/// A key's state a reload shared: the same `Arc`, or a plain key's (by
-/// its key: an entry is not held across a reload's work).
+/// A key's state a reload shared or copied: an `Arc` of a state, or a
+/// plain key's (by its key: an entry is not held across a reload's work).
 pub(super) enum SharedState {
     Key(Arc<State>),
     Plain(Arc<PlainKeys>, u64),
@@ -356,7 +372,7 @@ pub(super) struct Plain {
 }
 
 impl Plain {
-    fn last_seen(&self) -> u64 {
+    pub(super) fn last_seen(&self) -> u64 {
         super::last_seen(&self.last_seen)
     }
 }

@@ -559,7 +559,8 @@ pub struct Limiter {
     /// By rule index: what its responses always say.
     header_fields: Vec<headers::RuleFields>,
     clock: Arc<dyn Clock>,
-    /// By (rule index, key).
+    /// By (rule index, key); a plain rule's keys of IPv4 clients by (its
+    /// slot, address), shared with the limiters reloads make.
     keys: keys::KeyStore,
     /// By rule index: see [`rest_ns`].
     rest_ns: Vec<Option<u64>>,
@@ -1648,11 +1649,21 @@ mod tests {
     }
 
     /// A reload that makes a rule plain, or makes it something else, keeps
-    /// each key's debt, wherever its keys are kept on either side; one
-    /// that drops a rule forgets its plain keys.
+    /// each key's debt, wherever its keys are kept on either side, carried
+    /// to new limits (half a burst spent is half of the new one); one that
+    /// drops a rule forgets its plain keys. By `Limiter::reloaded` and by
+    /// `Reloadable::reload` (the swap, its second pass, its settling).
     #[test]
     fn a_reload_keeps_a_keys_debt_as_its_rule_becomes_plain_or_stops_being() {
-        let plain = "{ name: api, limit: { rate: 1, unit: minute, burst: 3 } }";
+        for swapped in [false, true] {
+            reload_steps(swapped);
+        }
+    }
+
+    fn reload_steps(swapped: bool) {
+        let rule = |burst: u32, rest: &str| {
+            format!("{{ name: api, limit: {{ rate: 1, unit: minute, burst: {burst} }}{rest} }}")
+        };
         let rule_file = |rule: &str| {
             crate::rules::RuleSet::parse(
                 &format!("rules:\n  - {rule}\n"),
@@ -1661,48 +1672,88 @@ mod tests {
             .expect("rules")
         };
         let clock = Arc::new(Ticks(1_000_000_000.into()));
-        let v4: IpAddr = Ipv4Addr::new(198, 18, 0, 1).into();
-        let v6: IpAddr = "2001:db8::1".parse().expect("an address");
-        let mut limiter = limiter(&format!("rules:\n  - {plain}\n"), clock.clone());
-        for client in [v4, v6] {
-            assert_eq!(admitted_at_once(&limiter, client), 3, "{client}");
-        }
-        assert_eq!(limiter.keys.plain.len(), 1);
-        // Each way, with new limits (carried) and with the same (kept).
-        let plain2 = "{ name: api, limit: { rate: 2, unit: minute, burst: 6 } }";
-        for (rule, is_plain) in [
-            (
-                "{ name: api, limit: { rate: 1, unit: minute, burst: 3 }, soft: { rate: 1, unit: hour } }",
-                false,
-            ),
-            (plain, true),
-            (plain2, true),
-            (
-                "{ name: api, limit: { rate: 2, unit: minute, burst: 6 }, escalate: { after: 1m, block: 1m } }",
-                false,
-            ),
-            (plain2, true),
-            (plain2, true),
-        ] {
-            let (next, kept) = limiter.reloaded(rule_file(rule));
-            assert_eq!(kept, 1, "{rule}");
-            assert_eq!(next.plain[0].is_some(), is_plain, "{rule}");
-            assert_eq!(next.keys.plain.len(), usize::from(is_plain), "{rule}");
-            assert_eq!(next.tracked_keys(), 2, "{rule}");
-            for client in [v4, v6] {
-                assert_eq!(admitted_at_once(&next, client), 0, "{client} after {rule}");
+        let first = limiter(&format!("rules:\n  - {}\n", rule(4, "")), clock.clone());
+        let reloadable = super::Reloadable::new(Arc::new(first));
+        let mut limiter = reloadable.current();
+        let spend = |limiter: &Limiter, client: IpAddr, n: u32| {
+            for _ in 0..n {
+                assert!(limiter.check(&from(client)).allowed, "{client}");
             }
+        };
+        // Clients spent whole before the first reload stay so throughout.
+        let spent: [IpAddr; 2] = [
+            Ipv4Addr::new(198, 18, 1, 1).into(),
+            "2001:db8:1::1".parse().expect("an address"),
+        ];
+        for client in spent {
+            spend(&limiter, client, 4);
+        }
+        // (rule, plain after, burst before -> after)
+        let soft = ", soft: { rate: 1, unit: hour }";
+        let escalate = ", escalate: { after: 1m, block: 1m }";
+        let steps = [
+            (rule(8, soft), false, 4, 8),
+            (rule(4, ""), true, 8, 4),
+            (rule(8, ""), true, 4, 8),
+            (rule(4, escalate), false, 8, 4),
+            (rule(4, ""), true, 4, 4),
+            (rule(4, ""), true, 4, 4),
+        ];
+        for (n, (rule, plain, before, after)) in steps.into_iter().enumerate() {
+            let what = format!("step {n} ({rule}), swapped: {swapped}");
+            // Two clients spend half their burst under the rule before.
+            let half: [IpAddr; 2] = [
+                Ipv4Addr::new(198, 18, 2, n as u8).into(),
+                format!("2001:db8:2:{n}::1").parse().expect("an address"),
+            ];
+            for client in half {
+                spend(&limiter, client, before / 2);
+            }
+            let next = if swapped {
+                assert_eq!(reloadable.reload(rule_file(&rule)), 1, "{what}");
+                reloadable.settle();
+                reloadable.current()
+            } else {
+                let (next, kept) = limiter.reloaded(rule_file(&rule));
+                assert_eq!(kept, 1, "{what}");
+                Arc::new(next)
+            };
+            assert_eq!(next.plain[0].is_some(), plain, "{what}");
+            for client in half {
+                assert_eq!(
+                    admitted_at_once(&next, client),
+                    after / 2,
+                    "{client}: {what}"
+                );
+            }
+            for client in spent {
+                assert_eq!(admitted_at_once(&next, client), 0, "{client}: {what}");
+            }
+            // Every client kept, each in the store its rule keeps it in.
+            let ipv4_keys = n + 2;
+            assert_eq!(next.tracked_keys(), 2 * ipv4_keys, "{what}");
+            assert_eq!(
+                next.keys.plain.len(),
+                usize::from(plain) * ipv4_keys,
+                "{what}"
+            );
             limiter = next;
         }
-        // The debt is the limit's own: a request's worth comes back.
-        clock.0.fetch_add(30_000_000_000, Ordering::Relaxed);
-        for client in [v4, v6] {
+        // The debt is the limit's own: a request's worth a minute.
+        clock.0.fetch_add(60_000_000_000, Ordering::Relaxed);
+        for client in spent {
             assert_eq!(admitted_at_once(&limiter, client), 1, "{client}");
         }
-        let (next, kept) = limiter.reloaded(rule_file(
-            "{ name: other, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second } }",
-        ));
-        assert_eq!((kept, next.tracked_keys()), (0, 0));
+        let other =
+            "{ name: other, match: { source: 10.0.0.0/8 }, limit: { rate: 5, unit: second } }";
+        let next = if swapped {
+            assert_eq!(reloadable.reload(rule_file(other)), 0);
+            reloadable.settle();
+            reloadable.current()
+        } else {
+            Arc::new(limiter.reloaded(rule_file(other)).0)
+        };
+        assert_eq!(next.tracked_keys(), 0);
         assert_eq!(next.keys.plain.len(), 0);
     }
 

@@ -34,7 +34,9 @@ impl Limiter {
     /// shares with it (by fingerprint, or by identity with new limits, the
     /// state carried over to them); (kept, new) rules. For a limiter that
     /// judges no requests meanwhile: the carried states are final at once
-    /// ([`Reloadable::reload`] swaps a limiter in use).
+    /// ([`Reloadable::reload`] swaps a limiter in use), and this limiter is
+    /// not to be used after (it shares its plain keys with the new one,
+    /// which forgets those of rules it dropped).
     pub fn reloaded(&self, rules: RuleSet) -> (Limiter, usize) {
         let Sharing { next, shared } = self.sharing_with(rules);
         next.forget_dropped_plain_keys();
@@ -90,20 +92,14 @@ impl Limiter {
             kept,
             changed,
             carrying: Vec::new(),
+            carried_plain: Default::default(),
+            swapped_at: None,
         };
         for (&i, &j) in &shared.changed {
             let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
             let now = self.clock.monotonic_ns();
             let aggregate = SharedState::Key(Arc::clone(&self.aggregates[i]));
             shared.carrying.push(carry(aggregate, &meters[1], now));
-            // A plain rule's keys, shared already: carried once, here.
-            if let (Some(slot), Some(_)) = (self.plain[i], next.plain[j]) {
-                let plain = &self.keys.plain;
-                plain.each_of(slot, |addr, _| {
-                    let key = SharedState::Plain(Arc::clone(plain), PlainKeys::key(slot, addr));
-                    shared.carrying.push(carry(key, &meters[0], now));
-                });
-            }
         }
         self.share_keys(&next, &mut shared);
         Sharing { next, shared }
@@ -126,42 +122,95 @@ impl Limiter {
         next.keys.plain = plain;
     }
 
+    /// Whether `next` lacks some of this limiter's plain rules' slots.
+    fn drops_plain_slots(&self, next: &Limiter) -> bool {
+        self.plain
+            .iter()
+            .flatten()
+            .any(|slot| !next.plain.contains(&Some(*slot)))
+    }
+
     /// Forgets the plain keys of rules this limiter does not have (a
-    /// reload's dropped rules).
+    /// reload's dropped rules, and those no longer plain, whose keys were
+    /// copied to the others).
     fn forget_dropped_plain_keys(&self) {
-        self.keys
-            .plain
-            .keep_slots(|slot| self.plain.contains(&Some(slot)));
+        let live: std::collections::HashSet<u32> = self.plain.iter().flatten().copied().collect();
+        self.keys.plain.keep_slots(|slot| live.contains(&slot));
     }
 
     /// Shares this limiter's keys of the rules `shared` keeps with `next`
     /// (those it does not have yet), carrying those of rules with new
     /// limits. Again after the swap: keys made while `next` was built.
     fn share_keys(&self, next: &Limiter, shared: &mut Shared) {
+        let now = self.clock.monotonic_ns();
         // An IPv4 client's key of a rule that is plain now is a plain key,
-        // unless an escalation blocked it: it stays among the others, where
-        // its block holds (`KeyStore::with_plain` finds it there).
+        // unless an escalation's block on it still holds: it stays among
+        // the others, where the block does (`KeyStore::with_plain` finds
+        // it there).
         let plain_key = |j: usize, key: &StateKey, state: &super::State| {
             let blocked = state
                 .blocked_until
                 .load(std::sync::atomic::Ordering::Relaxed)
-                != 0;
+                > now;
             Some(PlainKeys::key(next.plain[j]?, key.ipv4()?)).filter(|_| !blocked)
         };
-        let mut moved = self.keys.share_with(&next.keys, &shared.kept, plain_key);
+        // A copy made before the swap takes in what the old limiter charged
+        // since, where the limits are the same (a carried copy keeps what
+        // it was carried to).
+        let folds = |i: usize| shared.swapped_at.is_some() && !shared.changed.contains_key(&i);
+        let mut moved = self
+            .keys
+            .share_with(&next.keys, &shared.kept, plain_key, folds);
         // And one of a rule that is not plain any more, not.
         for (&i, &j) in &shared.kept {
             if let (Some(slot), None) = (self.plain[i], next.plain[j]) {
-                let states = self.keys.unplain(slot, &next.keys, |a| StateKey::v4(j, a));
+                let key = |a| StateKey::v4(j, a);
+                let states = self.keys.unplain(slot, &next.keys, key, folds(i));
                 moved.extend(states.into_iter().map(|s| (i, SharedState::Key(s))));
             }
         }
         for (i, state) in moved {
             if let Some(&j) = shared.changed.get(&i) {
                 let meters = carried_meters(&self.rules.rules[i], &next.rules.rules[j]);
-                let now = self.clock.monotonic_ns();
                 shared.carrying.push(carry(state, &meters[0], now));
             }
+        }
+        self.carry_plain_keys(next, shared, now);
+    }
+
+    /// Carries the plain keys of rules plain on both sides whose limits
+    /// changed (shared, not copied: the first pass carries them all; the
+    /// one after the swap, those the old limiter made meanwhile, seen
+    /// before the swap, as the new limiter's keys are under its limits).
+    fn carry_plain_keys(&self, next: &Limiter, shared: &mut Shared, now: u64) {
+        let Shared {
+            changed,
+            carrying,
+            carried_plain,
+            swapped_at,
+            ..
+        } = shared;
+        for (&i, &j) in changed.iter() {
+            let (Some(slot), Some(_)) = (self.plain[i], next.plain[j]) else {
+                continue;
+            };
+            let [meter, ..] = carried_meters(&self.rules.rules[i], &next.rules.rules[j])[0];
+            let keys = &self.keys.plain;
+            keys.each_of(slot, |addr, plain| {
+                let key = PlainKeys::key(slot, addr);
+                let made_before = swapped_at.is_none_or(|t| plain.last_seen() < t);
+                if made_before && carried_plain.insert(key) {
+                    // On the entry at hand: a lookup of it here would take
+                    // its shard's lock a second time.
+                    let tat = meter.map_or(CarriedTat::default(), |(from, to)| {
+                        meter::carry(&plain.tat, &from, &to, now)
+                    });
+                    carrying.push(Carried {
+                        state: SharedState::Plain(Arc::clone(keys), key),
+                        tats: [tat, CarriedTat::default(), CarriedTat::default()],
+                    });
+                }
+            });
         }
     }
 }
@@ -179,6 +228,10 @@ struct Shared {
     /// Those whose limits changed (their state carried).
     changed: HashMap<usize, usize>,
     carrying: Vec<Carried>,
+    /// The plain keys carried so far.
+    carried_plain: std::collections::HashSet<u64>,
+    /// When the new limiter was put in force (`None`: not yet).
+    swapped_at: Option<u64>,
 }
 
 /// The GCRA meters whose state is carried from rule `from` to `to`, in
@@ -309,20 +362,26 @@ impl Reloadable {
         let old = self.current.load_full();
         let Sharing { next, mut shared } = old.sharing_with(rules);
         let next = Arc::new(next);
+        shared.swapped_at = Some(old.clock.monotonic_ns());
         self.current.store(Arc::clone(&next));
         // Keys the old limiter made while the new one was being built.
         old.share_keys(&next, &mut shared);
-        next.forget_dropped_plain_keys();
         let kept = shared.kept.len();
         let carrying = shared.carrying;
+        let forgets = old.drops_plain_slots(&next);
         // Requests still judged by the old limiter are done within moments;
-        // the carried states then hold only what the new limits allow. (A
-        // thread of its own: the caller may be an async task.)
-        if !carrying.is_empty() {
+        // the carried states then hold only what the new limits allow, and
+        // the plain keys of rules gone are no one's. (A thread of its own:
+        // the caller may be an async task.)
+        if !carrying.is_empty() || forgets {
             let clock = Arc::clone(&old.clock);
+            let next = Arc::clone(&next);
             let pending = std::thread::spawn(move || {
                 std::thread::sleep(crate::engine::GRACE);
                 take_back(&carrying, clock.monotonic_ns());
+                if forgets {
+                    next.forget_dropped_plain_keys();
+                }
             });
             *self.settling.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
         }
