@@ -490,12 +490,10 @@ impl StateKey {
     /// The IPv4 client address this key is (as [`StateKey::v4`] takes
     /// it), if it is one.
     fn ipv4(&self) -> Option<u32> {
-        let [a, b] = self.words.map(u64::to_ne_bytes);
-        let v4 = FlowKey::v4(0, [b[4], b[5], b[6], b[7]], [0xff; 4]).addr;
-        let mut bytes = [0; 16];
-        bytes[..8].copy_from_slice(&a);
-        bytes[8..].copy_from_slice(&b);
-        (!self.custom && bytes == v4).then(|| u32::from_be_bytes([b[4], b[5], b[6], b[7]]))
+        // The address's bytes end the second word.
+        let [.., b] = self.words.map(u64::to_ne_bytes);
+        let addr = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        (*self == Self::v4(self.rule(), addr)).then_some(addr)
     }
 
     /// The same key under another rule's index (a reload's).

@@ -264,8 +264,7 @@ pub(super) struct Carried {
 impl SharedState {
     /// Runs `f` on each of the state's GCRA cells (packets, bytes, third
     /// word; a plain key has the first alone), if it is still kept.
-    fn cells(&self, f: impl FnMut(usize, &std::sync::atomic::AtomicU64)) {
-        let mut f = f;
+    fn cells(&self, mut f: impl FnMut(usize, &std::sync::atomic::AtomicU64)) {
         match self {
             SharedState::Key(state) => state.cells.iter().enumerate().for_each(|(m, c)| f(m, c)),
             SharedState::Plain(keys, key) => {
