@@ -425,6 +425,124 @@ fn hop_by_hop_fields_connect_and_502_bodies() {
     assert_eq!(body, "502 Bad Gateway\n");
 }
 
+/// An upstream written by hand, to count its connections: it answers each
+/// request (a GET) with `ok`, and with `close_each` closes the connection
+/// after each answer without having said so, as an upstream ending an idle
+/// keep-alive connection does.
+fn counting_upstream(
+    runtime: &tokio::runtime::Runtime,
+    close_each: bool,
+) -> (SocketAddr, Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connections = Arc::new(AtomicU64::new(0));
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counted = Arc::clone(&connections);
+    runtime.spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let end = loop {
+                        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    buf.drain(..end);
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n";
+                    if stream.write_all(answer).await.is_err() || close_each {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, connections)
+}
+
+/// Sends `n` GETs one after another on one connection to `addr` and
+/// returns their statuses.
+fn statuses_on_one_connection(addr: SocketAddr, n: usize) -> Vec<String> {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut statuses = Vec::new();
+    let mut buf = Vec::new();
+    for _ in 0..n {
+        stream
+            .write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        // One answer: its head, then the body its length says.
+        let (head_end, length) = loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..at]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                break (at + 4, length);
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => {
+                    statuses.push("none".to_owned());
+                    return statuses;
+                }
+                Ok(got) => buf.extend_from_slice(&chunk[..got]),
+            }
+        };
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(got) => buf.extend_from_slice(&chunk[..got]),
+            }
+        }
+        statuses.push(status(&String::from_utf8_lossy(&buf[..head_end])).to_owned());
+        buf.drain(..(head_end + length).min(buf.len()));
+    }
+    statuses
+}
+
+/// Guards the upstream connections: a client's requests one after another
+/// go over one upstream connection, kept alive; and an upstream that closes
+/// each connection after its answer, without saying so, costs the clients
+/// nothing (a closed connection is not used again, and a request it could
+/// not send goes on a new one), rather than a 502.
+#[test]
+fn upstream_connections_are_kept_alive_and_closed_ones_replaced() {
+    let rt = runtime();
+    let dir = TempDir::new("proxy-reuse");
+    let (up, connections) = counting_upstream(&rt, false);
+    let p = Proxy::start(&dir, OPEN, up, &[], &[]);
+    let statuses = statuses_on_one_connection(p.addr, 20);
+    assert!(statuses.iter().all(|s| s == "200"), "{statuses:?}");
+    assert_eq!(statuses.len(), 20);
+    let opened = connections.load(Ordering::SeqCst);
+    assert!(
+        opened <= 2,
+        "20 requests one after another opened {opened} upstream connections"
+    );
+    drop(p);
+
+    let dir = TempDir::new("proxy-reuse-closed");
+    let (up, connections) = counting_upstream(&rt, true);
+    let p = Proxy::start(&dir, OPEN, up, &[], &[]);
+    let statuses = statuses_on_one_connection(p.addr, 20);
+    assert_eq!(statuses, vec!["200"; 20], "log:\n{}", p.log());
+    assert_eq!(connections.load(Ordering::SeqCst), 20);
+}
+
 /// Guards the upstream's clock: it starts once the upstream has the whole
 /// request, also for a body with a length (which ends with its last data
 /// frame: nothing polls it again to see its end), so an upstream that

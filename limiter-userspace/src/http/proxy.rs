@@ -19,6 +19,7 @@ mod held;
 mod stall;
 mod target;
 mod upload;
+mod upstream;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -28,16 +29,13 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, header,
 };
 use hyper::body::Incoming;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use self::{
     stall::Stalling,
     upload::{Cut, Upload},
+    upstream::{Pooled, Upstream},
 };
 use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer, Reloadable};
 use crate::{
@@ -114,6 +112,8 @@ pub async fn serve(
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    // Said before anything listens.
+    Upstream::new(&options.upstream)?;
     let listeners = reuseport_listeners(options.listen, workers)
         .with_context(|| format!("listening on {}", options.listen))?;
     let local = listeners[0].local_addr()?;
@@ -199,14 +199,9 @@ async fn worker(
     slots: Slots,
 ) -> Result<()> {
     let listener = TcpListener::from_std(listener)?;
-    // Each request is one write: Nagle's algorithm could only delay it.
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Client<HttpConnector, Body> =
-        Client::builder(TokioExecutor::new()).build(connector);
     let forward = Forward {
-        client,
-        upstream: Arc::new(options.upstream.clone()),
+        upstream: Upstream::new(&options.upstream)?,
+        base: Arc::from(options.upstream.path().trim_end_matches('/')),
         timeout: options.upstream_timeout,
         max_body_bytes: options.max_body_bytes,
         body_timeout: options.body_timeout,
@@ -309,31 +304,50 @@ fn too_large(max: u64) -> Response<Body> {
     response
 }
 
-/// Removes the hop-by-hop fields, those the `Connection` field names first.
-/// Many messages carry none (and without `Connection`, none is named): one
-/// pass over their names says so, without hashing each hop-by-hop name
-/// into the map.
+/// Removes the hop-by-hop fields, and those the `Connection` field names.
+/// A message carries few or none (an upstream's answer often has
+/// `Connection: keep-alive`, which names one): one pass over the names
+/// says which are there, and only those are removed.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    let present = headers.keys().fold(0u16, |present, name| {
+        HOP_BY_HOP
+            .iter()
+            .position(|h| h == name)
+            .map_or(present, |i| present | 1 << i)
+    });
+    if present == 0 {
         return;
     }
+    let is_hop_by_hop = |name: &str| {
+        HOP_BY_HOP
+            .iter()
+            .any(|h| h.as_str().eq_ignore_ascii_case(name))
+    };
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| !is_hop_by_hop(name))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(&HOP_BY_HOP) {
+    for name in &named {
         headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & 1 << i != 0 {
+            headers.remove(name);
+        }
     }
 }
 
 /// Forwards a request to the upstream.
 #[derive(Clone)]
 struct Forward {
-    client: Client<HttpConnector, Body>,
-    upstream: Arc<Uri>,
+    upstream: Arc<Upstream>,
+    /// The upstream's path, which requests' paths go under.
+    base: Arc<str>,
     timeout: Duration,
     max_body_bytes: u64,
     body_timeout: Duration,
@@ -377,7 +391,7 @@ impl Forward {
         if http_body::Body::is_end_stream(&body) {
             // No body (a GET): nothing to watch but the upstream's time.
             let request = Request::from_parts(parts, Body::empty());
-            let response = tokio::time::timeout(self.timeout, self.client.request(request))
+            let response = tokio::time::timeout(self.timeout, self.upstream.send(request))
                 .await
                 .map_err(|_| anyhow::anyhow!("the upstream did not answer in time"))??;
             return Ok(self.answer(response));
@@ -386,7 +400,7 @@ impl Forward {
         let upload = Upload::new(body, self.max_body_bytes, charge);
         let progress = upload.progress();
         let request = Request::from_parts(parts, Body::new(upload));
-        let answer = self.client.request(request);
+        let answer = self.upstream.send(request);
         // Watches the exchange from outside the body (an upstream that stops
         // reading stops polling it): a body may pause up to the body
         // timeout; the upstream's time starts when it has the whole request,
@@ -440,21 +454,18 @@ impl Forward {
 
     /// The upstream's answer, for the client: without hop-by-hop fields,
     /// its body watched for stalls.
-    fn answer(&self, response: Response<Incoming>) -> Response<Body> {
+    fn answer(&self, response: Response<Pooled>) -> Response<Body> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let body = Stalling::new(body, self.timeout);
         Response::from_parts(parts, Body::new(body))
     }
 
-    /// The request's target on the upstream: its path (and query) under
-    /// the upstream's, at the upstream's scheme and authority.
+    /// The request's target on the upstream, in origin form: its path
+    /// (and query) under the upstream's.
     fn upstream_uri(&self, uri: &Uri) -> Result<Uri> {
         let mut parts = http::uri::Parts::default();
-        parts.scheme = self.upstream.scheme().cloned();
-        parts.authority = self.upstream.authority().cloned();
-        let base = self.upstream.path().trim_end_matches('/');
-        parts.path_and_query = match (base, uri.path_and_query()) {
+        parts.path_and_query = match (&*self.base, uri.path_and_query()) {
             // Shared, not copied.
             ("", Some(path)) => Some(path.clone()),
             (base, path) => Some(

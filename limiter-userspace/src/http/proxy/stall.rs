@@ -11,19 +11,18 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-pub struct Stalling {
-    inner: Incoming,
+pub struct Stalling<B> {
+    inner: B,
     idle: Duration,
     /// Started when the body first keeps the client waiting: a body that
     /// is there at once (most are) costs no timer.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
-impl Stalling {
-    pub fn new(inner: Incoming, idle: Duration) -> Self {
+impl<B> Stalling<B> {
+    pub fn new(inner: B, idle: Duration) -> Self {
         Self {
             inner,
             idle,
@@ -36,7 +35,11 @@ impl Stalling {
 #[error("the upstream's answer stopped arriving")]
 struct Stalled;
 
-impl Body for Stalling {
+impl<B> Body for Stalling<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 

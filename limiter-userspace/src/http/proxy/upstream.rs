@@ -1,0 +1,231 @@
+//! The upstream leg: HTTP/1.1 connections to the upstream, kept alive and
+//! reused. Each worker has its own set (its tasks all run on its thread),
+//! so taking a connection and giving it back is a pop and a push under a
+//! lock no other thread wants, with no task spawned per request: a
+//! connection goes back when the client's copy of its answer has ended,
+//! by which time it is ready for the next request.
+//!
+//! An idle connection the upstream has closed may be taken just as it
+//! closes: a request it could not send at all goes on another (or a new)
+//! one, as a browser retries; a request it did send is not sent twice.
+
+use std::{
+    collections::VecDeque,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::{body::Incoming, client::conn::http1::SendRequest};
+use hyper_util::rt::TokioIo;
+
+/// Idle connections a worker keeps at most (more are closed).
+const MAX_IDLE: usize = 256;
+/// How long a connection may stay idle before it is closed (as hyper's
+/// own pool: upstreams usually end theirs sooner, which is noticed).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Why an upstream cannot be used at all (said at start-up).
+#[derive(Debug, thiserror::Error)]
+pub enum BadUpstream {
+    #[error("the upstream {0} has no scheme: write http://{0}")]
+    NoScheme(Uri),
+    #[error("the upstream {0}: only http:// is supported (TLS to the upstream is not)")]
+    Scheme(Uri),
+    #[error("the upstream {0} names no host")]
+    NoHost(Uri),
+}
+
+/// Why a request got no answer from the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum Unanswered {
+    #[error("connecting to the upstream {0}: {1}")]
+    Connect(String, std::io::Error),
+    #[error("the upstream: {0}")]
+    Http(#[from] hyper::Error),
+}
+
+/// One worker's connections to the upstream.
+pub struct Upstream {
+    /// Where to connect (a name is resolved at each new connection).
+    host: String,
+    port: u16,
+    /// `Host` for requests that came without one.
+    authority: HeaderValue,
+    /// Most recently used last: taken from the back, aged out at the front.
+    idle: Mutex<VecDeque<(SendRequest<Body>, Instant)>>,
+}
+
+impl Upstream {
+    pub fn new(uri: &Uri) -> Result<Arc<Self>, BadUpstream> {
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(_) => return Err(BadUpstream::Scheme(uri.clone())),
+            None => return Err(BadUpstream::NoScheme(uri.clone())),
+        }
+        let authority = uri
+            .authority()
+            .filter(|a| !a.host().is_empty())
+            .ok_or_else(|| BadUpstream::NoHost(uri.clone()))?;
+        let host = authority.host();
+        Ok(Arc::new(Self {
+            // An IPv6 literal is written in brackets, and connected to without.
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port: authority.port_u16().unwrap_or(80),
+            authority: HeaderValue::from_str(authority.as_str())
+                .map_err(|_| BadUpstream::NoHost(uri.clone()))?,
+            idle: Mutex::new(VecDeque::new()),
+        }))
+    }
+
+    /// Sends `request` (its target in origin form) and returns the
+    /// answer's head; reading its body to the end gives the connection
+    /// back.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut request: Request<Body>,
+    ) -> Result<Response<Pooled>, Unanswered> {
+        if !request.headers().contains_key(header::HOST) {
+            request
+                .headers_mut()
+                .insert(header::HOST, self.authority.clone());
+        }
+        loop {
+            let (mut sender, reused) = match self.take_idle() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let upstream = Arc::clone(self);
+                    return Ok(response.map(|body| Pooled {
+                        inner: body,
+                        ended: false,
+                        connection: Some((sender, upstream)),
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Never written: the connection had closed.
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(Unanswered::Http(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection that can take a request now.
+    fn take_idle(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // Closed ones (or, rarely, one still busy) are let go.
+        std::iter::from_fn(|| idle.pop_back()).find_map(|(s, _)| s.is_ready().then_some(s))
+    }
+
+    fn give_back(&self, sender: SendRequest<Body>) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while idle
+            .front()
+            .is_some_and(|(_, since)| now.duration_since(*since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back((sender, now));
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, Unanswered> {
+        let failed = |e| Unanswered::Connect(format!("{}:{}", self.host, self.port), e);
+        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(failed)?;
+        // Each request is one write: Nagle's algorithm could only delay it.
+        stream.set_nodelay(true).map_err(failed)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("upstream connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// An answer's body from the upstream. Once it has ended, dropping it
+/// gives its connection back for the next request; one dropped before
+/// its end takes the connection with it (hyper closes it: what is left
+/// of the answer would come before the next one).
+pub struct Pooled {
+    inner: Incoming,
+    ended: bool,
+    connection: Option<(SendRequest<Body>, Arc<Upstream>)>,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if (self.ended || self.inner.is_end_stream())
+            && let Some((sender, upstream)) = self.connection.take()
+        {
+            upstream.give_back(sender);
+        }
+    }
+}
+
+impl http_body::Body for Pooled {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            this.ended = true;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(uri: &str) -> Result<Arc<Upstream>, BadUpstream> {
+        Upstream::new(&uri.parse().unwrap())
+    }
+
+    #[test]
+    fn an_upstream_must_be_http_with_a_host() {
+        let error = |uri| upstream(uri).err().map(|e| e.to_string());
+        assert_eq!(
+            error("127.0.0.1:8080").as_deref(),
+            Some("the upstream 127.0.0.1:8080 has no scheme: write http://127.0.0.1:8080")
+        );
+        assert!(error("https://example.com/").unwrap().contains("only http://"));
+        assert!(error("/path").unwrap().contains("no scheme"));
+        let v6 = upstream("http://[::1]:3000/base").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 3000));
+        assert_eq!(v6.authority, "[::1]:3000");
+        let named = upstream("http://backend").unwrap();
+        assert_eq!((named.host.as_str(), named.port), ("backend", 80));
+    }
+}
