@@ -199,8 +199,10 @@ async fn worker(
     slots: Slots,
 ) -> Result<()> {
     let listener = TcpListener::from_std(listener)?;
+    let upstream = Upstream::new(&options.upstream)?;
+    tokio::spawn(close_stale_upstream_connections(Arc::downgrade(&upstream)));
     let forward = Forward {
-        upstream: Upstream::new(&options.upstream)?,
+        upstream,
         base: Arc::from(options.upstream.path().trim_end_matches('/')),
         timeout: options.upstream_timeout,
         max_body_bytes: options.max_body_bytes,
@@ -245,6 +247,20 @@ async fn worker(
     )
     .await;
     Ok(())
+}
+
+/// Closes the worker's upstream connections idle too long, now and then,
+/// for as long as the worker has them.
+async fn close_stale_upstream_connections(upstream: std::sync::Weak<Upstream>) {
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match upstream.upgrade() {
+            Some(upstream) => upstream.close_stale(),
+            None => return,
+        }
+    }
 }
 
 /// A response whose request its rule counts in flight keeps it counted

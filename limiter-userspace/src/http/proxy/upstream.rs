@@ -46,7 +46,7 @@ pub enum BadUpstream {
 pub enum Unanswered {
     #[error("connecting to the upstream {0}: {1}")]
     Connect(String, std::io::Error),
-    #[error("the upstream: {0}")]
+    #[error(transparent)]
     Http(#[from] hyper::Error),
 }
 
@@ -55,7 +55,10 @@ pub struct Upstream {
     /// Where to connect (a name is resolved at each new connection).
     host: String,
     port: u16,
-    /// `Host` for requests that came without one.
+    /// `host:port` as written in a URI (an IPv6 address in brackets).
+    shown: String,
+    /// `Host` for requests that came without one: the upstream's host,
+    /// and its port unless 80 (never the URI's user name or password).
     authority: HeaderValue,
     /// Most recently used last: taken from the back, aged out at the front.
     idle: Mutex<VecDeque<(SendRequest<Body>, Instant)>>,
@@ -73,14 +76,20 @@ impl Upstream {
             .filter(|a| !a.host().is_empty())
             .ok_or_else(|| BadUpstream::NoHost(uri.clone()))?;
         let host = authority.host();
+        let port = authority.port_u16().unwrap_or(80);
+        let host_field = match port {
+            80 => host.to_owned(),
+            port => format!("{host}:{port}"),
+        };
         Ok(Arc::new(Self {
             // An IPv6 literal is written in brackets, and connected to without.
             host: host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned(),
-            port: authority.port_u16().unwrap_or(80),
-            authority: HeaderValue::from_str(authority.as_str())
+            port,
+            shown: format!("{host}:{port}"),
+            authority: HeaderValue::from_str(&host_field)
                 .map_err(|_| BadUpstream::NoHost(uri.clone()))?,
             idle: Mutex::new(VecDeque::new()),
         }))
@@ -122,28 +131,59 @@ impl Upstream {
     }
 
     /// The most recently used idle connection that can take a request now.
+    /// Closed ones are let go, and so are those idle too long (a firewall
+    /// between may have forgotten them without a word); one still sending
+    /// the body of a request answered early stays, for later.
     fn take_idle(&self) -> Option<SendRequest<Body>> {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        // Closed ones (or, rarely, one still busy) are let go.
-        std::iter::from_fn(|| idle.pop_back()).find_map(|(s, _)| s.is_ready().then_some(s))
+        let mut at = idle.len();
+        while at > 0 {
+            at -= 1;
+            let (sender, since) = &idle[at];
+            if now.duration_since(*since) > IDLE_TIMEOUT {
+                // This one and all before it, given back earlier.
+                idle.drain(..=at);
+                return None;
+            }
+            if sender.is_ready() {
+                return idle.remove(at).map(|(sender, _)| sender);
+            }
+            if sender.is_closed() {
+                idle.remove(at);
+            }
+        }
+        None
     }
 
     fn give_back(&self, sender: SendRequest<Body>) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::age_out(&mut idle, now);
+        if idle.len() < MAX_IDLE {
+            idle.push_back((sender, now));
+        }
+    }
+
+    /// Closes the connections idle too long, also when no request comes
+    /// to notice (an upstream that never ends idle connections would keep
+    /// them open for ever).
+    pub fn close_stale(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::age_out(&mut idle, Instant::now());
+    }
+
+    fn age_out(idle: &mut VecDeque<(SendRequest<Body>, Instant)>, now: Instant) {
         while idle
             .front()
             .is_some_and(|(_, since)| now.duration_since(*since) > IDLE_TIMEOUT)
         {
             idle.pop_front();
         }
-        if idle.len() < MAX_IDLE {
-            idle.push_back((sender, now));
-        }
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, Unanswered> {
-        let failed = |e| Unanswered::Connect(format!("{}:{}", self.host, self.port), e);
+        let failed = |e| Unanswered::Connect(self.shown.clone(), e);
         let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
             .await
             .map_err(failed)?;
@@ -190,7 +230,12 @@ impl http_body::Body for Pooled {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        // Trailers end a body too (hyper's server polls no further).
         if let Poll::Ready(None) = frame {
+            this.ended = true;
+        } else if let Poll::Ready(Some(Ok(frame))) = &frame
+            && frame.is_trailers()
+        {
             this.ended = true;
         }
         frame
@@ -220,12 +265,18 @@ mod tests {
             error("127.0.0.1:8080").as_deref(),
             Some("the upstream 127.0.0.1:8080 has no scheme: write http://127.0.0.1:8080")
         );
-        assert!(error("https://example.com/").unwrap().contains("only http://"));
+        assert!(
+            error("https://example.com/")
+                .unwrap()
+                .contains("only http://")
+        );
         assert!(error("/path").unwrap().contains("no scheme"));
         let v6 = upstream("http://[::1]:3000/base").unwrap();
         assert_eq!((v6.host.as_str(), v6.port), ("::1", 3000));
         assert_eq!(v6.authority, "[::1]:3000");
-        let named = upstream("http://backend").unwrap();
+        assert_eq!(v6.shown, "[::1]:3000");
+        let named = upstream("http://user:secret@backend:80").unwrap();
         assert_eq!((named.host.as_str(), named.port), ("backend", 80));
+        assert_eq!(named.authority, "backend");
     }
 }
