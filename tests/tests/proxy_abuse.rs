@@ -118,11 +118,21 @@ fn upstream(runtime: &tokio::runtime::Runtime) -> (SocketAddr, Arc<Seen>) {
             }
             seen.requests.fetch_add(1, Ordering::SeqCst);
             let names: Vec<String> = request.headers().keys().map(|k| k.to_string()).collect();
+            let forwarded_for: Vec<String> = request
+                .headers()
+                .get_all("x-forwarded-for")
+                .iter()
+                .filter_map(|v| Some(v.to_str().ok()?.to_owned()))
+                .collect();
             if let Ok(body) = axum::body::to_bytes(request.into_body(), usize::MAX).await {
                 seen.complete_body_bytes
                     .fetch_add(body.len() as u64, Ordering::SeqCst);
             }
-            format!("fields: {}\n", names.join(","))
+            format!(
+                "fields: {}\nx-forwarded-for: {}\n",
+                names.join(","),
+                forwarded_for.join(", ")
+            )
         }
     }));
     runtime.spawn(async move { axum::serve(listener, app).await });
@@ -368,7 +378,8 @@ fn long_keys_cost_a_fixed_size() {
 }
 
 /// Guards what crosses the proxy: fields the client's `Connection` names
-/// (and the other hop-by-hop fields) do not reach the upstream; CONNECT is
+/// (and the other hop-by-hop fields) do not reach the upstream, which gets
+/// the client's address added to `X-Forwarded-For`; CONNECT is
 /// refused; a dead upstream's 502 says nothing of why.
 #[test]
 fn hop_by_hop_fields_connect_and_502_bodies() {
@@ -378,9 +389,15 @@ fn hop_by_hop_fields_connect_and_502_bodies() {
     let p = Proxy::start(&dir, OPEN, up, &[], &[]);
     let answer = exchange(
         p.addr,
-        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Normal: 1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Normal: 1\r\nX-Forwarded-For: 198.51.100.9\r\n\r\n",
     );
     assert_eq!(status(&answer), "200", "{answer}");
+    // The proxy's peer is added to what the client said (it trusts no one
+    // here, so the client's word is passed on, not believed).
+    assert!(
+        answer.contains("\nx-forwarded-for: 198.51.100.9, 127.0.0.1\n"),
+        "{answer}"
+    );
     let fields = answer
         .lines()
         .find_map(|l| l.strip_prefix("fields: "))

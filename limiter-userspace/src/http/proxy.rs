@@ -79,6 +79,8 @@ pub struct Options {
 /// the format the scraper asks for).
 pub type RenderMetrics = Arc<dyn Fn(&Limiter) -> String + Send + Sync>;
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Hop-by-hop fields, which a proxy must not forward (RFC 9110 7.6.1),
 /// besides those the `Connection` field names.
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -207,6 +209,7 @@ async fn worker(
         timeout: options.upstream_timeout,
         max_body_bytes: options.max_body_bytes,
         body_timeout: options.body_timeout,
+        forwarded_for: None,
     };
     let layer = RateLimitLayer::reloadable(limiter)
         .key_by(options.key_by.clone())
@@ -214,7 +217,6 @@ async fn worker(
         .forwarded_field(options.forwarded_field)
         .trace(options.trace.clone())
         .port(local.port());
-    let service = ServiceBuilder::new().layer(layer).service(forward);
     let limits = Limits {
         max_connections: options.max_connections,
         header_timeout: options.header_timeout,
@@ -229,7 +231,9 @@ async fn worker(
         options.tls.clone(),
         "proxy",
         move |peer| {
-            let service = service.clone();
+            let service = ServiceBuilder::new()
+                .layer(layer.clone())
+                .service(forward.for_client(peer));
             hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 let service = service.clone();
                 async move {
@@ -361,6 +365,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Forwards a request to the upstream.
 #[derive(Clone)]
 struct Forward {
+    /// The client's address, as `X-Forwarded-For` gets it (written once
+    /// per connection, not per request).
+    forwarded_for: Option<HeaderValue>,
     upstream: Arc<Upstream>,
     /// The upstream's path, which requests' paths go under.
     base: Arc<str>,
@@ -390,6 +397,14 @@ impl Service<Request<Incoming>> for Forward {
 }
 
 impl Forward {
+    /// This forwarder for the requests of the client at `peer`.
+    fn for_client(&self, peer: SocketAddr) -> Self {
+        Self {
+            forwarded_for: Some(super::headers::written(format_args!("{}", peer.ip()))),
+            ..self.clone()
+        }
+    }
+
     async fn forward(&self, request: Request<Incoming>) -> Result<Response<Body>> {
         let (mut parts, body) = request.into_parts();
         parts.uri = self.upstream_uri(&parts.uri)?;
@@ -398,11 +413,9 @@ impl Forward {
             target::join_cookies(&mut parts.headers);
         }
         parts.version = http::Version::HTTP_11;
-        let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(ip) = peer {
-            let value = super::headers::written(format_args!("{ip}"));
-            parts.headers.append("x-forwarded-for", value);
+        if let Some(client) = &self.forwarded_for {
+            parts.headers.append(X_FORWARDED_FOR, client.clone());
         }
         if http_body::Body::is_end_stream(&body) {
             // No body (a GET): nothing to watch but the upstream's time.
