@@ -6,7 +6,8 @@
 //! upstream alive, both with one worker per CPU. wrk (2 threads, 64
 //! connections) loads each in turn, in interleaved rounds; throughput and
 //! latency are wrk's, CPU per response is the limiter's processes' CPU
-//! time (from /proc) over the responses wrk counted.
+//! time (from /proc) over the responses wrk counted, also split into its
+//! userspace and kernel parts (where the two differ is where the gap is).
 //!
 //! `--quick`: one round of 3 s. Results go to target/bench/proxy.json.
 
@@ -65,9 +66,9 @@ impl Server {
         Ok(server)
     }
 
-    /// CPU time (user + system) of the process and its children's
-    /// processes (nginx's workers), so far.
-    fn cpu(&self) -> Duration {
+    /// CPU time of the process and its children's processes (nginx's
+    /// workers), so far.
+    fn cpu(&self) -> Cpu {
         let pid = self.child.id();
         let mut pids = vec![pid];
         if let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
@@ -77,16 +78,44 @@ impl Server {
                     .filter_map(|p| p.parse::<u32>().ok()),
             );
         }
-        let ticks: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+        let (user, system) = pids
+            .iter()
+            .map(|p| cpu_ticks(*p))
+            .fold((0, 0), |(u, s), (pu, ps)| (u + pu, s + ps));
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_nanos(ticks * 1_000_000_000 / hz)
+        let time = |ticks: u64| Duration::from_nanos(ticks * 1_000_000_000 / hz);
+        Cpu {
+            user: time(user),
+            system: time(system),
+        }
     }
 }
 
-/// utime + stime of `pid`, in clock ticks (all its threads).
-fn cpu_ticks(pid: u32) -> u64 {
+/// CPU time, split: the process's own code, and the kernel's on its
+/// behalf (here mostly TCP on loopback).
+#[derive(Clone, Copy, Debug)]
+struct Cpu {
+    user: Duration,
+    system: Duration,
+}
+
+impl Cpu {
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            user: self.user.saturating_sub(before.user),
+            system: self.system.saturating_sub(before.system),
+        }
+    }
+
+    fn total(self) -> Duration {
+        self.user + self.system
+    }
+}
+
+/// utime and stime of `pid`, in clock ticks (all its threads).
+fn cpu_ticks(pid: u32) -> (u64, u64) {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
+        return (0, 0);
     };
     // Fields after the command name (which may hold spaces), from `state`.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -98,7 +127,7 @@ fn cpu_ticks(pid: u32) -> u64 {
             .unwrap_or(0)
     };
     // utime is field 14 of stat, stime 15: 12 and 13 after the name.
-    field(11) + field(12)
+    (field(11), field(12))
 }
 
 fn nginx(dir: &Path, name: &str, workers: &str, http: &str) -> Result<(Command, String)> {
@@ -250,7 +279,7 @@ fn main() -> Result<()> {
         duration.as_secs(),
         machine()
     );
-    let mut runs: Vec<Vec<(Run, Duration)>> = vec![Vec::new(); peers.len()];
+    let mut runs: Vec<Vec<(Run, Cpu)>> = vec![Vec::new(); peers.len()];
     // A short warm-up of each (connections to the upstream, caches).
     for (_, server) in &peers {
         wrk(&server.addr, Duration::from_secs(1))?;
@@ -259,14 +288,16 @@ fn main() -> Result<()> {
         for (i, (name, server)) in peers.iter().enumerate() {
             let before = server.cpu();
             let run = wrk(&server.addr, duration)?;
-            let cpu = server.cpu().saturating_sub(before);
+            let cpu = server.cpu().since(before);
+            let per_response = |d: Duration| d.as_secs_f64() * 1e6 / run.responses.max(1) as f64;
             println!(
-                "  round {}: {name:<16} {:>9.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  {:>5.1} us CPU/response{}",
+                "  round {}: {name:<16} {:>9.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  {:>5.1} us CPU/response ({:>4.1} user){}",
                 round + 1,
                 run.requests_per_sec,
                 run.p50_ms,
                 run.p99_ms,
-                cpu.as_secs_f64() * 1e6 / run.responses.max(1) as f64,
+                per_response(cpu.total()),
+                per_response(cpu.user),
                 if run.errors > 0 {
                     format!("  ({} non-2xx!)", run.errors)
                 } else {
@@ -276,19 +307,18 @@ fn main() -> Result<()> {
             runs[i].push((run, cpu));
         }
     }
-    let summary: Vec<(f64, f64, f64, f64, u64)> = runs
+    let per_response = |r: &Run, d: Duration| d.as_secs_f64() * 1e6 / r.responses.max(1) as f64;
+    let summary: Vec<(f64, f64, f64, f64, u64, f64, f64)> = runs
         .iter()
         .map(|rs| {
             (
                 median(rs.iter().map(|(r, _)| r.requests_per_sec).collect()),
                 median(rs.iter().map(|(r, _)| r.p50_ms).collect()),
                 median(rs.iter().map(|(r, _)| r.p99_ms).collect()),
-                median(
-                    rs.iter()
-                        .map(|(r, c)| c.as_secs_f64() * 1e6 / r.responses.max(1) as f64)
-                        .collect(),
-                ),
+                median(rs.iter().map(|(r, c)| per_response(r, c.total())).collect()),
                 rs.iter().map(|(r, _)| r.errors).sum(),
+                median(rs.iter().map(|(r, c)| per_response(r, c.user)).collect()),
+                median(rs.iter().map(|(r, c)| per_response(r, c.system)).collect()),
             )
         })
         .collect();
@@ -320,6 +350,18 @@ fn main() -> Result<()> {
         l.3,
         l.3 / n.3
     );
+    println!(
+        "| of which userspace | {:.1} us | {:.1} us | {:.2} |",
+        n.5,
+        l.5,
+        l.5 / n.5
+    );
+    println!(
+        "| of which kernel | {:.1} us | {:.1} us | {:.2} |",
+        n.6,
+        l.6,
+        l.6 / n.6
+    );
     println!("| non-2xx responses | {} | {} | |", n.4, l.4);
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&out)?;
@@ -336,7 +378,9 @@ fn main() -> Result<()> {
                 "p99_ms": r.p99_ms,
                 "responses": r.responses,
                 "non_2xx": r.errors,
-                "cpu_seconds": c.as_secs_f64(),
+                "cpu_seconds": c.total().as_secs_f64(),
+                "user_seconds": c.user.as_secs_f64(),
+                "system_seconds": c.system.as_secs_f64(),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
