@@ -311,14 +311,22 @@ fn main() -> Result<()> {
     let summary: Vec<(f64, f64, f64, f64, u64, f64, f64)> = runs
         .iter()
         .map(|rs| {
+            let mut by_total: Vec<&(Run, Cpu)> = rs.iter().collect();
+            by_total.sort_by(|a, b| {
+                per_response(&a.0, a.1.total()).total_cmp(&per_response(&b.0, b.1.total()))
+            });
+            let median_round = by_total[by_total.len() / 2];
+            let median_round = (&median_round.0, median_round.1);
             (
                 median(rs.iter().map(|(r, _)| r.requests_per_sec).collect()),
                 median(rs.iter().map(|(r, _)| r.p50_ms).collect()),
                 median(rs.iter().map(|(r, _)| r.p99_ms).collect()),
                 median(rs.iter().map(|(r, c)| per_response(r, c.total())).collect()),
                 rs.iter().map(|(r, _)| r.errors).sum(),
-                median(rs.iter().map(|(r, c)| per_response(r, c.user)).collect()),
-                median(rs.iter().map(|(r, c)| per_response(r, c.system)).collect()),
+                // The split of the round whose total is the median, so
+                // that the parts add up to it.
+                per_response(median_round.0, median_round.1.user),
+                per_response(median_round.0, median_round.1.system),
             )
         })
         .collect();

@@ -416,6 +416,24 @@ fn hop_by_hop_fields_connect_and_502_bodies() {
             "{hop} reached the upstream: {fields:?}"
         );
     }
+    // Behind a trusted proxy the client it names is the one judged, but
+    // the upstream still gets the address the proxy saw added.
+    let trusting_dir = TempDir::new("proxy-fields-trusting");
+    let trusting = Proxy::start(
+        &trusting_dir,
+        OPEN,
+        up,
+        &["--trusted-proxy", "127.0.0.1/32"],
+        &[],
+    );
+    let answer = exchange(
+        trusting.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.9\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        answer.contains("\nx-forwarded-for: 198.51.100.9, 127.0.0.1\n"),
+        "{answer}"
+    );
     let connect = exchange(
         p.addr,
         b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
@@ -423,7 +441,7 @@ fn hop_by_hop_fields_connect_and_502_bodies() {
     assert_eq!(status(&connect), "405", "{connect}");
     assert_eq!(
         seen.requests.load(Ordering::SeqCst),
-        1,
+        2,
         "CONNECT was forwarded"
     );
 

@@ -160,17 +160,20 @@ impl Upstream {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         Self::age_out(&mut idle, now);
-        if idle.len() < MAX_IDLE {
-            idle.push_back((sender, now));
+        if idle.len() == MAX_IDLE {
+            // The longest idle makes room.
+            idle.pop_front();
         }
+        idle.push_back((sender, now));
     }
 
     /// Closes the connections idle too long, also when no request comes
     /// to notice (an upstream that never ends idle connections would keep
-    /// them open for ever).
+    /// them open for ever), and lets go of those the upstream closed.
     pub fn close_stale(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         Self::age_out(&mut idle, Instant::now());
+        idle.retain(|(sender, _)| !sender.is_closed());
     }
 
     fn age_out(idle: &mut VecDeque<(SendRequest<Body>, Instant)>, now: Instant) {
