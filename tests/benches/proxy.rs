@@ -279,6 +279,7 @@ fn main() -> Result<()> {
         duration.as_secs(),
         machine()
     );
+    let per_response = |r: &Run, d: Duration| d.as_secs_f64() * 1e6 / r.responses.max(1) as f64;
     let mut runs: Vec<Vec<(Run, Cpu)>> = vec![Vec::new(); peers.len()];
     // A short warm-up of each (connections to the upstream, caches).
     for (_, server) in &peers {
@@ -289,15 +290,14 @@ fn main() -> Result<()> {
             let before = server.cpu();
             let run = wrk(&server.addr, duration)?;
             let cpu = server.cpu().since(before);
-            let per_response = |d: Duration| d.as_secs_f64() * 1e6 / run.responses.max(1) as f64;
             println!(
                 "  round {}: {name:<16} {:>9.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  {:>5.1} us CPU/response ({:>4.1} user){}",
                 round + 1,
                 run.requests_per_sec,
                 run.p50_ms,
                 run.p99_ms,
-                per_response(cpu.total()),
-                per_response(cpu.user),
+                per_response(&run, cpu.total()),
+                per_response(&run, cpu.user),
                 if run.errors > 0 {
                     format!("  ({} non-2xx!)", run.errors)
                 } else {
@@ -307,7 +307,6 @@ fn main() -> Result<()> {
             runs[i].push((run, cpu));
         }
     }
-    let per_response = |r: &Run, d: Duration| d.as_secs_f64() * 1e6 / r.responses.max(1) as f64;
     let summary: Vec<(f64, f64, f64, f64, u64, f64, f64)> = runs
         .iter()
         .map(|rs| {
@@ -315,18 +314,17 @@ fn main() -> Result<()> {
             by_total.sort_by(|a, b| {
                 per_response(&a.0, a.1.total()).total_cmp(&per_response(&b.0, b.1.total()))
             });
-            let median_round = by_total[by_total.len() / 2];
-            let median_round = (&median_round.0, median_round.1);
+            // The round whose CPU per response is the median, and its
+            // split, so that the parts add up to it.
+            let (run, cpu) = by_total[by_total.len() / 2];
             (
                 median(rs.iter().map(|(r, _)| r.requests_per_sec).collect()),
                 median(rs.iter().map(|(r, _)| r.p50_ms).collect()),
                 median(rs.iter().map(|(r, _)| r.p99_ms).collect()),
-                median(rs.iter().map(|(r, c)| per_response(r, c.total())).collect()),
+                per_response(run, cpu.total()),
                 rs.iter().map(|(r, _)| r.errors).sum(),
-                // The split of the round whose total is the median, so
-                // that the parts add up to it.
-                per_response(median_round.0, median_round.1.user),
-                per_response(median_round.0, median_round.1.system),
+                per_response(run, cpu.user),
+                per_response(run, cpu.system),
             )
         })
         .collect();

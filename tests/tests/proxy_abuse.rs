@@ -483,8 +483,8 @@ fn counting_upstream(
                 let mut chunk = [0u8; 4096];
                 loop {
                     let end = loop {
-                        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
+                        if let Some(end) = head_end(&buf) {
+                            break end;
                         }
                         match stream.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
@@ -518,36 +518,40 @@ fn statuses_on_one_connection(addr: SocketAddr, n: usize, pause: Duration) -> Ve
             .write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
         // One answer: its head, then the body its length says.
-        let (head_end, length) = loop {
-            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..at]).to_lowercase();
+        let answer = loop {
+            if let Some(end) = head_end(&buf) {
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
                 let length: usize = head
                     .lines()
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .and_then(|v| v.trim().parse().ok())
                     .unwrap_or(0);
-                break (at + 4, length);
+                if buf.len() >= end + length {
+                    break Some((status(&head).to_owned(), end + length));
+                }
             }
             let mut chunk = [0u8; 4096];
             match stream.read(&mut chunk) {
-                Ok(0) | Err(_) => {
-                    statuses.push("none".to_owned());
-                    return statuses;
-                }
+                Ok(0) | Err(_) => break None,
                 Ok(got) => buf.extend_from_slice(&chunk[..got]),
             }
         };
-        while buf.len() < head_end + length {
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(got) => buf.extend_from_slice(&chunk[..got]),
-            }
-        }
-        statuses.push(status(&String::from_utf8_lossy(&buf[..head_end])).to_owned());
-        buf.drain(..(head_end + length).min(buf.len()));
+        let Some((answered, length)) = answer else {
+            statuses.push("none".to_owned());
+            return statuses;
+        };
+        statuses.push(answered);
+        buf.drain(..length);
     }
     statuses
+}
+
+/// Where the head of the message at the start of `buf` ends (after its
+/// blank line), once it is all there.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4)
 }
 
 /// Guards the upstream connections: a client's requests one after another

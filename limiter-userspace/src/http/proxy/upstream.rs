@@ -135,17 +135,12 @@ impl Upstream {
     /// between may have forgotten them without a word); one still sending
     /// the body of a request answered early stays, for later.
     fn take_idle(&self) -> Option<SendRequest<Body>> {
-        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::age_out(&mut idle, Instant::now());
         let mut at = idle.len();
         while at > 0 {
             at -= 1;
-            let (sender, since) = &idle[at];
-            if now.duration_since(*since) > IDLE_TIMEOUT {
-                // This one and all before it, given back earlier.
-                idle.drain(..=at);
-                return None;
-            }
+            let sender = &idle[at].0;
             if sender.is_ready() {
                 return idle.remove(at).map(|(sender, _)| sender);
             }
@@ -234,13 +229,11 @@ impl http_body::Body for Pooled {
         let this = self.get_mut();
         let frame = Pin::new(&mut this.inner).poll_frame(cx);
         // Trailers end a body too (hyper's server polls no further).
-        if let Poll::Ready(None) = frame {
-            this.ended = true;
-        } else if let Poll::Ready(Some(Ok(frame))) = &frame
-            && frame.is_trailers()
-        {
-            this.ended = true;
-        }
+        this.ended |= match &frame {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
+            _ => false,
+        };
         frame
     }
 
