@@ -172,6 +172,38 @@ pub async fn serve_http<M, S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let http1 = |stream: TcpStream, _: SocketAddr, service: S, limits: Limits| async move {
+        serve_connection(stream, false, service, limits)
+            .await
+            .map_err(Into::into)
+    };
+    serve_http_with(listener, slots, limits, tls, what, make, http1).await;
+}
+
+/// Why a connection ended early (logged at debug level).
+pub type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
+
+/// [`serve_http`], with the cleartext HTTP/1.1 connections served by
+/// `http1(stream, peer, service, limits)` (which may hand one over to
+/// [`serve_http1`]).
+pub async fn serve_http_with<M, S, B, H, F>(
+    listener: TcpListener,
+    slots: Slots,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    what: &'static str,
+    make: M,
+    http1: H,
+) where
+    M: Fn(SocketAddr) -> S,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    H: Fn(TcpStream, SocketAddr, S, Limits) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Result<(), ConnectionError>> + Send,
+{
     let mut errors = AcceptErrors::new(what);
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -189,15 +221,17 @@ pub async fn serve_http<M, S, B>(
         };
         let service = make(peer);
         let tls = tls.clone();
+        let http1 = http1.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let served = match tls {
-                None => {
-                    let Some(h2) = speaks_h2(&stream, limits.header_timeout).await else {
-                        return;
-                    };
-                    serve_connection(stream, h2, service, limits).await
-                }
+            let served: Result<(), ConnectionError> = match tls {
+                None => match speaks_h2(&stream, limits.header_timeout).await {
+                    None => return,
+                    Some(true) => serve_connection(stream, true, service, limits)
+                        .await
+                        .map_err(Into::into),
+                    Some(false) => http1(stream, peer, service, limits).await,
+                },
                 // The handshake within the header timeout; ALPN says which.
                 Some(acceptor) => {
                     let handshake = acceptor.accept(stream);
@@ -207,13 +241,91 @@ pub async fn serve_http<M, S, B>(
                         return;
                     };
                     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                    serve_connection(stream, h2, service, limits).await
+                    serve_connection(stream, h2, service, limits)
+                        .await
+                        .map_err(Into::into)
                 }
             };
             if let Err(e) = served {
                 tracing::debug!(%peer, "{what}: connection ended: {e}");
             }
         });
+    }
+}
+
+/// Serves one connection in HTTP/1.1 under `limits`, with hyper.
+pub async fn serve_http1<I, S, B>(io: I, service: S, limits: Limits) -> hyper::Result<()>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    serve_connection(io, false, service, limits).await
+}
+
+/// A connection whose first bytes were read already: they are read again
+/// first (a connection handed over after its start was looked at).
+pub struct Prefixed<T> {
+    read: bytes::Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub fn new(read: bytes::Bytes, inner: T) -> Self {
+        Self { read, inner }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Prefixed<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.read.is_empty() {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        let n = this.read.len().min(buf.remaining());
+        buf.put_slice(&this.read.split_to(n));
+        if this.read.is_empty() {
+            // Let go of the buffer they were read into.
+            this.read = bytes::Bytes::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

@@ -648,3 +648,234 @@ fn an_answer_that_stops_arriving_is_cut() {
     drop(p);
     drop(stalled);
 }
+
+/// An upstream written by hand, to answer in every framing HTTP/1.1 has:
+/// by the request's path, a chunked answer sent in two parts, one with
+/// both `Transfer-Encoding` and `Content-Length`, a 103 before the answer,
+/// fields its `Connection` names, and one delimited by its close. It reads
+/// request bodies by their length, and says how many body bytes it got.
+fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    runtime.spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let (head, body) = loop {
+                        if let Some(end) = head_end(&buf) {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            if buf.len() >= end + length {
+                                buf.drain(..end + length);
+                                break (head, length);
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let parts: Vec<Vec<u8>> = match path.as_str() {
+                        "/chunked" => vec![
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel".to_vec(),
+                            b"lo\r\n6\r\n world\r\n0\r\nx-sum: 1\r\n\r\n".to_vec(),
+                        ],
+                        "/both" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_vec()],
+                        "/early" => vec![b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal".to_vec()],
+                        "/head" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec()],
+                        "/hop" => vec![b"HTTP/1.1 200 OK\r\nConnection: x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=5\r\nX-Public: 1\r\nContent-Length: 3\r\n\r\nhop".to_vec()],
+                        "/close" => vec![b"HTTP/1.1 200 OK\r\n\r\nuntil the end".to_vec()],
+                        _ => vec![format!("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{body:02}").into_bytes()],
+                    };
+                    for (i, part) in parts.iter().enumerate() {
+                        if i > 0 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        if stream.write_all(part).await.is_err() {
+                            return;
+                        }
+                    }
+                    if path == "/close" {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The answers in `bytes`, read as a client does: (head, body), each body
+/// by its framing (a chunked one decoded, trailers dropped; the answer to
+/// a HEAD has none; one with no length runs to the end).
+fn answers(bytes: &[u8], methods: &[&str]) -> Vec<(String, String)> {
+    let mut rest = bytes;
+    let mut answers = Vec::new();
+    for method in methods {
+        let Some(end) = head_end(rest) else { break };
+        let head = String::from_utf8_lossy(&rest[..end]).to_lowercase();
+        rest = &rest[end..];
+        let field = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        let mut body = Vec::new();
+        if *method == "HEAD" {
+        } else if field("transfer-encoding:").as_deref() == Some("chunked") {
+            loop {
+                let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+                let line = String::from_utf8_lossy(&rest[..line_end]).into_owned();
+                let size = usize::from_str_radix(line.split(';').next().unwrap(), 16).unwrap();
+                rest = &rest[line_end + 2..];
+                if size == 0 {
+                    let trailers_end = if rest.starts_with(b"\r\n") {
+                        2
+                    } else {
+                        head_end(rest).unwrap()
+                    };
+                    rest = &rest[trailers_end..];
+                    break;
+                }
+                body.extend_from_slice(&rest[..size]);
+                rest = &rest[size + 2..];
+            }
+        } else if let Some(length) = field("content-length:") {
+            let length: usize = length.parse().unwrap();
+            body.extend_from_slice(&rest[..length]);
+            rest = &rest[length..];
+        } else {
+            body.extend_from_slice(rest);
+            rest = &[];
+        }
+        answers.push((head, String::from_utf8_lossy(&body).into_owned()));
+    }
+    assert!(rest.is_empty(), "bytes after the answers: {rest:?}");
+    answers
+}
+
+/// Guards the proxy's own relay of requests without a body: requests sent
+/// all at once on one connection (pipelined) are answered in order, each
+/// answer framed as the upstream framed it or as a client can read it
+/// (a chunked one passed on with its end found, `Content-Length` dropped
+/// beside `Transfer-Encoding`, a 103 left out, no body for a HEAD, one
+/// delimited by the upstream's close closing the client's connection),
+/// without hop-by-hop fields; and a request with a body on a relayed
+/// connection hands it over to hyper with nothing lost, before or after.
+#[test]
+fn relayed_answers_keep_their_framing_and_order() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-framing");
+    let p = Proxy::start(&dir, OPEN, up, &[], &[]);
+    let requests = ["/chunked", "/head", "/early", "/both", "/hop", "/close"];
+    let methods = ["GET", "HEAD", "GET", "GET", "GET", "GET"];
+    let pipelined: String = requests
+        .iter()
+        .zip(methods)
+        .map(|(path, method)| format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n"))
+        .collect();
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    let answer = closed_within_after(&mut stream, pipelined.as_bytes());
+    let got = answers(&answer, &methods);
+    let statuses: Vec<&str> = got.iter().map(|(head, _)| status(head)).collect();
+    assert_eq!(statuses, vec!["200"; 6], "{got:?}\nlog:\n{}", p.log());
+    let bodies: Vec<&str> = got.iter().map(|(_, body)| body.as_str()).collect();
+    assert_eq!(
+        bodies,
+        ["hello world", "", "final", "abc", "hop", "until the end"],
+        "{got:?}"
+    );
+    let heads: Vec<&str> = got.iter().map(|(head, _)| head.as_str()).collect();
+    assert!(heads[1].contains("content-length: 1000"), "{}", heads[1]);
+    assert!(!heads[3].contains("content-length"), "{}", heads[3]);
+    assert!(heads[4].contains("x-public: 1"), "{}", heads[4]);
+    for hop in ["x-private", "keep-alive", "connection: x-private"] {
+        assert!(
+            !heads[4].contains(hop),
+            "{hop} reached the client: {}",
+            heads[4]
+        );
+    }
+    assert!(heads[5].contains("connection: close"), "{}", heads[5]);
+    assert!(got.iter().all(|(head, _)| !head.contains("103")), "{got:?}");
+
+    let mixed = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n\
+POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 42\r\n\r\n012345678901234567890123456789012345678901\
+GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    let answer = closed_within_after(&mut stream, mixed);
+    let got = answers(&answer, &["GET", "POST", "GET"]);
+    let bodies: Vec<&str> = got.iter().map(|(_, body)| body.as_str()).collect();
+    // Each answer is the body length the upstream read.
+    assert_eq!(bodies, ["00", "42", "00"], "{got:?}\nlog:\n{}", p.log());
+}
+
+/// Writes `request` and reads until the peer closes (10 s at most).
+fn closed_within_after(stream: &mut TcpStream, request: &[u8]) -> Vec<u8> {
+    stream.write_all(request).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).expect("closed within 10 s");
+    answer
+}
+
+/// Guards the proxy's own answers on a relayed connection: a HEAD that is
+/// refused gets the 429's head and no body (a body would be read as the
+/// next answer), and the connection goes on; and a client that leaves
+/// while its request waits on the upstream takes the request with it, so
+/// it no longer counts in flight (as hyper drops a request whose client
+/// has gone).
+#[test]
+fn refused_heads_have_no_body_and_leaving_clients_free_their_place() {
+    let rt = runtime();
+    let (up, _) = upstream(&rt);
+    let dir = TempDir::new("proxy-head-429");
+    let one = "rules:\n  - { name: one, limit: { rate: 1, unit: minute, burst: 1 } }\n";
+    let p = Proxy::start(&dir, one, up, &[], &[]);
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    let heads = b"HEAD /a HTTP/1.1\r\nHost: x\r\n\r\nHEAD /b HTTP/1.1\r\nHost: x\r\n\r\n\
+GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let answer = closed_within_after(&mut stream, heads);
+    let got = answers(&answer, &["HEAD", "HEAD", "GET"]);
+    let statuses: Vec<&str> = got.iter().map(|(head, _)| status(head)).collect();
+    assert_eq!(statuses, ["200", "429", "429"], "{got:?}");
+    assert!(got[1].0.contains("content-length: "), "{got:?}");
+    assert_eq!(got[1].1, "", "{got:?}");
+    assert!(got[2].1.starts_with("429 Too Many Requests"), "{got:?}");
+    drop(p);
+
+    let dir = TempDir::new("proxy-leaving");
+    let single = "rules:\n  - { name: single, limit: unlimited, concurrent: 1 }\n";
+    let p = Proxy::start(&dir, single, up, &[], &[]);
+    let mut leaving = TcpStream::connect(p.addr).unwrap();
+    leaving
+        .write_all(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // In flight now: the next one is refused until it leaves.
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = exchange(
+        p.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&refused), "429", "{refused}");
+    drop(leaving);
+    std::thread::sleep(Duration::from_millis(300));
+    let served = exchange(
+        p.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&served), "200", "{served}\nlog:\n{}", p.log());
+}

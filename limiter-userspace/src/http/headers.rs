@@ -117,6 +117,34 @@ impl Fields {
             headers.insert(name, value);
         }
     }
+
+    /// Whether these fields set `name` (any case): an answer's own field
+    /// of that name gives way to them.
+    pub fn sets(&self, name: &[u8]) -> bool {
+        // All start with r or x: most names are known not set at once.
+        if !matches!(name.first().map(u8::to_ascii_lowercase), Some(b'r' | b'x')) {
+            return false;
+        }
+        self.0
+            .iter()
+            .flatten()
+            .any(|(set, _)| set.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// Writes them as HTTP/1.1 field lines.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        for (name, value) in self.0.iter().flatten() {
+            write_field(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+}
+
+/// Writes one HTTP/1.1 field line.
+pub(crate) fn write_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A field value written without a `String` in between.

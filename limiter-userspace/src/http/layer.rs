@@ -178,29 +178,27 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let limiter = self.config.limiter.load();
-        let (admission, body_charge) = self.admit(&request, &limiter);
+        let extensions = request.extensions();
+        let peer = extensions.get::<ClientAddr>().map(|c| c.0).or_else(|| {
+            extensions
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| c.0)
+        });
+        let Verdict {
+            admission,
+            fields,
+            refusal,
+            body_charge,
+        } = self.config.judge(&request, peer);
         if let Some(charge) = body_charge {
             request.extensions_mut().insert(charge);
         }
-        let fields = super::headers::fields(&admission, &limiter);
-        if !admission.allowed {
-            let rule = limiter.rule_name(&admission);
-            let mut response = Response::new(R::from(if admission.too_many_in_flight {
-                format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
-            } else if admission.blocked_for_ns > 0 {
-                format!(
-                    "429 Too Many Requests: blocked by rule {rule:?} for {} s more, after staying over its limit\n",
-                    admission.blocked_for_ns.div_ceil(1_000_000_000)
-                )
-            } else {
-                format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
-            }));
+        if let Some(refusal) = refusal {
+            let mut response = Response::new(R::from(refusal));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             fields.apply(response.headers_mut());
             return Box::pin(async move { Ok(response) });
         }
-        drop(limiter);
         let future = self.inner.call(request);
         Box::pin(async move {
             if admission.delay_ns > 0 {
@@ -219,30 +217,59 @@ where
     }
 }
 
-impl<S> RateLimit<S> {
+/// A request judged: whether it goes on, and what its answer says.
+pub(crate) struct Verdict {
+    pub admission: Admission,
+    /// The rate-limit fields of its answer.
+    pub fields: super::headers::Fields,
+    /// The body of its 429, when refused.
+    pub refusal: Option<String>,
+    /// Set when its body is charged as it streams.
+    pub body_charge: Option<BodyCharge>,
+}
+
+impl RateLimitLayer {
+    /// Judges `request`, from the client at `peer` (unknown: `0.0.0.0`).
+    pub(crate) fn judge<B>(&self, request: &Request<B>, peer: Option<SocketAddr>) -> Verdict {
+        let limiter = self.limiter.load();
+        let (admission, body_charge) = self.admit(request, peer, &limiter);
+        let fields = super::headers::fields(&admission, &limiter);
+        let refusal = (!admission.allowed).then(|| {
+            let rule = limiter.rule_name(&admission);
+            if admission.too_many_in_flight {
+                format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
+            } else if admission.blocked_for_ns > 0 {
+                format!(
+                    "429 Too Many Requests: blocked by rule {rule:?} for {} s more, after staying over its limit\n",
+                    admission.blocked_for_ns.div_ceil(1_000_000_000)
+                )
+            } else {
+                format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
+            }
+        });
+        Verdict {
+            admission,
+            fields,
+            refusal,
+            body_charge,
+        }
+    }
+
     fn admit<B>(
         &self,
         request: &Request<B>,
+        peer: Option<SocketAddr>,
         limiter: &Arc<Limiter>,
     ) -> (Admission, Option<BodyCharge>) {
-        let extensions = request.extensions();
-        let client = extensions
-            .get::<ClientAddr>()
-            .map(|c| c.0)
-            .or_else(|| {
-                extensions
-                    .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                    .map(|c| c.0)
-            })
-            .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
-        let client = if self.config.trusted_proxies.is_empty() {
+        let client = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        let client = if self.trusted_proxies.is_empty() {
             client
         } else {
             super::forwarded::client(
                 client,
                 request.headers(),
-                &self.config.trusted_proxies,
-                self.config.forwarded_field,
+                &self.trusted_proxies,
+                self.forwarded_field,
             )
         };
         let headers = request.headers();
@@ -255,7 +282,7 @@ impl<S> RateLimit<S> {
             parts.headers = headers.clone();
             parts
         };
-        let key: Option<Cow<'_, [u8]>> = match &self.config.key_by {
+        let key: Option<Cow<'_, [u8]>> = match &self.key_by {
             KeyBy::ClientAddr => None,
             KeyBy::Header(name) => headers.get(name).map(|v| Cow::Borrowed(v.as_bytes())),
             KeyBy::Custom(f) => f(&parts()).map(Cow::Owned),
@@ -263,13 +290,13 @@ impl<S> RateLimit<S> {
         let length = headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse().ok());
-        let bytes = match &self.config.cost_by {
+        let bytes = match &self.cost_by {
             CostBy::ContentLength => length.unwrap_or(0),
             CostBy::Custom(f) => f(&parts()),
         };
         let meta = RequestMeta {
             client,
-            port: self.config.port,
+            port: self.port,
             key: key.as_deref(),
             bytes,
             http: Some(HttpRequest {
@@ -279,14 +306,14 @@ impl<S> RateLimit<S> {
             }),
         };
         let admission = limiter.check(&meta);
-        if let Some(tracer) = &self.config.trace {
-            tracer.record(&admission, limiter, client, self.config.port, bytes);
+        if let Some(tracer) = &self.trace {
+            tracer.record(&admission, limiter, client, self.port, bytes);
         }
         // Without Content-Length, a body is charged as it streams: in
         // HTTP/1.1 a request has one only if it says how it is framed
         // (Transfer-Encoding); in HTTP/2 and later, which frame bodies
         // themselves, any request may (one without is charged nothing).
-        let streams = matches!(self.config.cost_by, CostBy::ContentLength)
+        let streams = matches!(self.cost_by, CostBy::ContentLength)
             && length.is_none()
             && (headers.contains_key(http::header::TRANSFER_ENCODING)
                 || request.version() >= http::Version::HTTP_2);

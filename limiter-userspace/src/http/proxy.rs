@@ -15,7 +15,9 @@
 //! upstream timeout has its answer cut (the connection closes); that request was already charged, since
 //! the limiter decides before forwarding.
 
+mod chunked;
 mod held;
+mod relay;
 mod stall;
 mod target;
 mod upload;
@@ -224,30 +226,46 @@ async fn worker(
         ..Limits::default()
     };
     let max_body_bytes = options.max_body_bytes;
-    listen::serve_http(
+    let relay = Arc::new(relay::Relay {
+        layer: layer.clone(),
+        upstream: Arc::clone(&forward.upstream),
+        base: Arc::clone(&forward.base),
+        timeout: options.upstream_timeout,
+    });
+    let make = move |peer| {
+        let service = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(forward.for_client(peer));
+        hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            let service = service.clone();
+            async move {
+                if let Some(refusal) = screen(&request, max_body_bytes) {
+                    return Ok(refusal);
+                }
+                // Judged as forwarded: one host, one path.
+                target::canonicalize(&mut request);
+                request.extensions_mut().insert(ClientAddr(peer));
+                let response = service.oneshot(request).await?;
+                Ok::<_, std::convert::Infallible>(hold_in_flight(response))
+            }
+        })
+    };
+    // Cleartext HTTP/1.1 is relayed without hyper while it can be.
+    let http1 = move |stream, peer, service, limits| {
+        let relay = Arc::clone(&relay);
+        async move {
+            let hyper = |io| listen::serve_http1(io, service, limits);
+            relay.serve(stream, peer, limits, hyper).await
+        }
+    };
+    listen::serve_http_with(
         listener,
         slots,
         limits,
         options.tls.clone(),
         "proxy",
-        move |peer| {
-            let service = ServiceBuilder::new()
-                .layer(layer.clone())
-                .service(forward.for_client(peer));
-            hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                let service = service.clone();
-                async move {
-                    if let Some(refusal) = screen(&request, max_body_bytes) {
-                        return Ok(refusal);
-                    }
-                    // Judged as forwarded: one host, one path.
-                    target::canonicalize(&mut request);
-                    request.extensions_mut().insert(ClientAddr(peer));
-                    let response = service.oneshot(request).await?;
-                    Ok::<_, std::convert::Infallible>(hold_in_flight(response))
-                }
-            })
-        },
+        make,
+        http1,
     )
     .await;
     Ok(())

@@ -23,6 +23,7 @@ use http::{HeaderValue, Request, Response, Uri, header};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::{body::Incoming, client::conn::http1::SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// Idle connections a worker keeps at most (more are closed).
 const MAX_IDLE: usize = 256;
@@ -60,8 +61,10 @@ pub struct Upstream {
     /// `Host` for requests that came without one: the upstream's host,
     /// and its port unless 80 (never the URI's user name or password).
     authority: HeaderValue,
-    /// Most recently used last: taken from the back, aged out at the front.
-    idle: Mutex<VecDeque<(SendRequest<Body>, Instant)>>,
+    /// Idle connections hyper's client drives.
+    senders: Idle<SendRequest<Body>>,
+    /// Idle connections the proxy writes requests on itself.
+    streams: Idle<TcpStream>,
 }
 
 impl Upstream {
@@ -91,7 +94,8 @@ impl Upstream {
             shown: format!("{host}:{port}"),
             authority: HeaderValue::from_str(&host_field)
                 .map_err(|_| BadUpstream::NoHost(uri.clone()))?,
-            idle: Mutex::new(VecDeque::new()),
+            senders: Idle::new(),
+            streams: Idle::new(),
         }))
     }
 
@@ -135,58 +139,65 @@ impl Upstream {
     /// between may have forgotten them without a word); one still sending
     /// the body of a request answered early stays, for later.
     fn take_idle(&self) -> Option<SendRequest<Body>> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        Self::age_out(&mut idle, Instant::now());
-        let mut at = idle.len();
-        while at > 0 {
-            at -= 1;
-            let sender = &idle[at].0;
+        self.senders.take(|sender| {
             if sender.is_ready() {
-                return idle.remove(at).map(|(sender, _)| sender);
+                Usable::Now
+            } else if sender.is_closed() {
+                Usable::Never
+            } else {
+                Usable::Later
             }
-            if sender.is_closed() {
-                idle.remove(at);
-            }
-        }
-        None
+        })
     }
 
     fn give_back(&self, sender: SendRequest<Body>) {
-        let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        Self::age_out(&mut idle, now);
-        if idle.len() == MAX_IDLE {
-            // The longest idle makes room.
-            idle.pop_front();
-        }
-        idle.push_back((sender, now));
+        self.senders.give_back(sender);
     }
 
     /// Closes the connections idle too long, also when no request comes
     /// to notice (an upstream that never ends idle connections would keep
     /// them open for ever), and lets go of those the upstream closed.
     pub fn close_stale(&self) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        Self::age_out(&mut idle, Instant::now());
-        idle.retain(|(sender, _)| !sender.is_closed());
+        self.senders.close_stale(SendRequest::is_closed);
+        self.streams.close_stale(|stream| !is_quiet(stream));
     }
 
-    fn age_out(idle: &mut VecDeque<(SendRequest<Body>, Instant)>, now: Instant) {
-        while idle
-            .front()
-            .is_some_and(|(_, since)| now.duration_since(*since) > IDLE_TIMEOUT)
-        {
-            idle.pop_front();
+    /// A connection for a request the proxy writes itself, and whether it
+    /// was used before: an idle one unless there is none. One the upstream
+    /// has closed, or sent anything on unasked, is let go (looking costs a
+    /// system call only when the connection has something to read).
+    pub async fn stream(&self) -> Result<(TcpStream, bool), Unanswered> {
+        let idle = self.streams.take(|stream| {
+            if is_quiet(stream) {
+                Usable::Now
+            } else {
+                Usable::Never
+            }
+        });
+        match idle {
+            Some(stream) => Ok((stream, true)),
+            None => Ok((self.connect_stream().await?, false)),
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, Unanswered> {
+    /// Keeps `stream` for the next request; it must be between messages.
+    pub fn give_back_stream(&self, stream: TcpStream) {
+        self.streams.give_back(stream);
+    }
+
+    /// A new connection to the upstream.
+    pub async fn connect_stream(&self) -> Result<TcpStream, Unanswered> {
         let failed = |e| Unanswered::Connect(self.shown.clone(), e);
-        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+        let stream = TcpStream::connect((self.host.as_str(), self.port))
             .await
             .map_err(failed)?;
         // Each request is one write: Nagle's algorithm could only delay it.
         stream.set_nodelay(true).map_err(failed)?;
+        Ok(stream)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, Unanswered> {
+        let stream = self.connect_stream().await?;
         let (sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
@@ -195,6 +206,80 @@ impl Upstream {
             }
         });
         Ok(sender)
+    }
+}
+
+/// Whether nothing has come on an idle connection: not the upstream's
+/// close, nor bytes no request asked for.
+fn is_quiet(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// Whether an idle connection can take a request.
+enum Usable {
+    Now,
+    /// Not yet (it is still busy with the last one).
+    Later,
+    Never,
+}
+
+/// One kind of idle connection: most recently used last, taken from the
+/// back, aged out at the front, at most [`MAX_IDLE`].
+struct Idle<T>(Mutex<VecDeque<(T, Instant)>>);
+
+impl<T> Idle<T> {
+    fn new() -> Self {
+        Self(Mutex::new(VecDeque::new()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(T, Instant)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently used that `usable` says can be used now; those
+    /// it says never can are let go.
+    fn take(&self, usable: impl Fn(&T) -> Usable) -> Option<T> {
+        let mut idle = self.lock();
+        Self::age_out(&mut idle, Instant::now());
+        let mut at = idle.len();
+        while at > 0 {
+            at -= 1;
+            match usable(&idle[at].0) {
+                Usable::Now => return idle.remove(at).map(|(connection, _)| connection),
+                Usable::Later => {}
+                Usable::Never => {
+                    idle.remove(at);
+                }
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, connection: T) {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        Self::age_out(&mut idle, now);
+        if idle.len() == MAX_IDLE {
+            // The longest idle makes room.
+            idle.pop_front();
+        }
+        idle.push_back((connection, now));
+    }
+
+    fn close_stale(&self, closed: impl Fn(&T) -> bool) {
+        let mut idle = self.lock();
+        Self::age_out(&mut idle, Instant::now());
+        idle.retain(|(connection, _)| !closed(connection));
+    }
+
+    fn age_out(idle: &mut VecDeque<(T, Instant)>, now: Instant) {
+        while idle
+            .front()
+            .is_some_and(|(_, since)| now.duration_since(*since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
     }
 }
 
