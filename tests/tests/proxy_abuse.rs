@@ -199,6 +199,26 @@ fn connections_are_capped_and_idle_ones_closed() {
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(status(&ok), "200", "{ok}");
+    // A keep-alive connection has the header timeout from its last answer
+    // on, not from its first request: served twice a second apart, it is
+    // closed 3 s after the second answer.
+    let mut kept = TcpStream::connect(p.addr).unwrap();
+    let started = Instant::now();
+    for _ in 0..2 {
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut answer = [0u8; 4096];
+        assert!(kept.read(&mut answer).unwrap() > 0);
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let answered = started.elapsed() - Duration::from_millis(1000);
+    let closed = closed_within(&mut kept, Duration::from_secs(6));
+    let idle = started.elapsed() - answered;
+    assert!(closed.is_ok(), "an idle keep-alive connection stayed open");
+    assert!(
+        idle > Duration::from_millis(2500) && idle < Duration::from_secs(5),
+        "closed {idle:?} after its last answer (the header timeout is 3 s)"
+    );
 }
 
 /// Guards the accept loop: with its descriptors exhausted (a limit of 64,

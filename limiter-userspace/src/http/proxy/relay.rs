@@ -13,7 +13,8 @@
 //! answer it as before, 400 and 431 included.
 
 use std::{
-    future::Future, mem::MaybeUninit, net::SocketAddr, ops::Range, sync::Arc, time::Duration,
+    future::Future, mem::MaybeUninit, net::SocketAddr, ops::Range, pin::Pin, sync::Arc,
+    time::Duration,
 };
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -86,42 +87,40 @@ impl Relay {
         // What is written: to the upstream, and to the client.
         let (mut request_bytes, mut out) = (Vec::with_capacity(1024), Vec::with_capacity(1024));
         let max_head = limits.max_header_bytes;
+        let (mut head_deadline, mut answer_deadline) = (Deadline::new(), Deadline::new());
         let handed_over = 'relay: loop {
             // Idle or mid-head, a client has the header timeout.
-            let deadline = deadline_in(limits.header_timeout);
-            let head = loop {
+            head_deadline.set(limits.header_timeout);
+            let (mut request, close) = loop {
                 match parse_request(&read) {
-                    Parsed::Complete(head) if head.len <= max_head => break head,
+                    Parsed::Complete(head) if head.len <= max_head => match head.take(&mut read) {
+                        Ok(taken) => break taken,
+                        Err(all) => break 'relay all,
+                    },
                     Parsed::Partial if read.len() < max_head => {}
                     _ => break 'relay read,
                 }
                 read.reserve(READ_SIZE);
-                match tokio::time::timeout_at(deadline, client.read_buf(&mut read)).await {
+                match head_deadline.within(client.read_buf(&mut read)).await {
                     // Closed, or silent past the deadline.
-                    Ok(Ok(0)) | Err(_) => return Ok(()),
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(e.into()),
+                    Some(Ok(0)) | None => return Ok(()),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
                 }
-            };
-            let bytes = read.split_to(head.len).freeze();
-            let Some(mut request) = head.request(&bytes) else {
-                let mut all = BytesMut::from(&bytes[..]);
-                all.extend_from_slice(&read);
-                break 'relay all;
             };
             // Judged as forwarded: one host, one path.
             target::canonicalize(&mut request);
             let verdict = self.layer.judge(&request, Some(peer));
             let local = Local {
                 fields: &verdict.fields,
-                close: head.close,
+                close,
                 head: request.method() == Method::HEAD,
             };
             out.clear();
             if let Some(refusal) = &verdict.refusal {
                 local.write(&mut out, "429 Too Many Requests", refusal);
                 write_client(&mut client, &out, limits).await?;
-                if head.close {
+                if close {
                     return Ok(());
                 }
                 continue;
@@ -137,14 +136,15 @@ impl Relay {
             let exchange = Exchange {
                 method: request.method(),
                 fields: &verdict.fields,
-                close: head.close,
+                close,
             };
             let delay = Duration::from_nanos(verdict.admission.delay_ns);
             let asked = async {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                self.ask(&exchange, &request_bytes, &mut out, &mut answer)
+                let deadline = &mut answer_deadline;
+                self.ask(&exchange, &request_bytes, &mut out, &mut answer, deadline)
                     .await
             };
             // A client that leaves while it waits takes its request with it.
@@ -177,7 +177,7 @@ impl Relay {
                     write_client(&mut client, &out, limits).await?;
                 }
             }
-            if head.close {
+            if close {
                 return Ok(());
             }
         };
@@ -243,27 +243,30 @@ impl Relay {
         request: &[u8],
         out: &mut Vec<u8>,
         answer: &mut BytesMut,
+        deadline: &mut Deadline,
     ) -> anyhow::Result<(TcpStream, Framing)> {
         use anyhow::{Context, bail};
-        let deadline = deadline_in(self.timeout);
+        deadline.set(self.timeout);
         let late = "the upstream did not answer in time";
         let mut first = true;
         loop {
             answer.clear();
             let connection = if first {
-                tokio::time::timeout_at(deadline, self.upstream.stream()).await
+                deadline.within(self.upstream.stream()).await
             } else {
                 let connecting = self.upstream.connect_stream();
-                tokio::time::timeout_at(deadline, async { Ok((connecting.await?, false)) }).await
+                deadline
+                    .within(async { Ok((connecting.await?, false)) })
+                    .await
             };
             let (mut upstream, reused) = connection.context(late)??;
             let may_retry = reused && first && exchange.method.is_safe();
             first = false;
-            match tokio::time::timeout_at(deadline, upstream.write_all(request)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) if may_retry => continue,
-                Ok(Err(e)) => return Err(e).context("sending the request to the upstream"),
-                Err(_) => bail!("the upstream did not take the request in time"),
+            match deadline.within(write_all(&mut upstream, request)).await {
+                Some(Ok(())) => {}
+                Some(Err(_)) if may_retry => continue,
+                Some(Err(e)) => return Err(e).context("sending the request to the upstream"),
+                None => bail!("the upstream did not take the request in time"),
             }
             let mut heard = false;
             loop {
@@ -275,23 +278,88 @@ impl Relay {
                     None => {}
                 }
                 answer.reserve(READ_SIZE);
-                match tokio::time::timeout_at(deadline, upstream.read_buf(answer)).await {
-                    Ok(Ok(n)) if n > 0 => heard = true,
-                    Ok(_) if may_retry && !heard => break,
-                    Ok(Ok(_)) => bail!("the upstream closed the connection without answering"),
-                    Ok(Err(e)) => return Err(e).context("reading the upstream's answer"),
-                    Err(_) => bail!(late),
+                match deadline.within(upstream.read_buf(answer)).await {
+                    Some(Ok(n)) if n > 0 => heard = true,
+                    Some(_) if may_retry && !heard => break,
+                    Some(Ok(_)) => bail!("the upstream closed the connection without answering"),
+                    Some(Err(e)) => return Err(e).context("reading the upstream's answer"),
+                    None => bail!(late),
                 }
             }
         }
     }
 }
 
-/// `after` from now (far off for a duration too long to add).
-fn deadline_in(after: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(after)
-        .unwrap_or_else(|| now + Duration::from_secs(1 << 30))
+/// A deadline moved at every request and seldom reached: moving it later
+/// is a store, and the timer under it is re-armed only when it goes off
+/// early (once a timeout's length, not once a request: arming a timer
+/// for each request and disarming it was a tenth of the relay's time).
+struct Deadline {
+    due: Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Deadline {
+    fn new() -> Self {
+        Self {
+            due: Instant::now(),
+            timer: None,
+        }
+    }
+
+    /// Puts it `after` from now (far off for a duration too long to add).
+    fn set(&mut self, after: Duration) {
+        let now = Instant::now();
+        self.due = now
+            .checked_add(after)
+            .unwrap_or_else(|| now + Duration::from_secs(1 << 30));
+        match &mut self.timer {
+            Some(timer) if timer.deadline() <= self.due => {}
+            Some(timer) => timer.as_mut().reset(self.due),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(self.due))),
+        }
+    }
+
+    /// `work`'s output, or `None` if the deadline passes first.
+    async fn within<F: Future>(&mut self, work: F) -> Option<F::Output> {
+        let due = self.due;
+        let Some(timer) = self.timer.as_mut() else {
+            return Some(work.await);
+        };
+        let passed = async {
+            loop {
+                timer.as_mut().await;
+                if Instant::now() >= due {
+                    return;
+                }
+                timer.as_mut().reset(due);
+            }
+        };
+        tokio::select! {
+            biased;
+            out = work => Some(out),
+            () = passed => None,
+        }
+    }
+}
+
+/// Writes all of `bytes`, trying at once first (a small message almost
+/// always goes whole, and then no future waits on the socket).
+async fn write_all(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    let sent = write_now(stream, bytes)?;
+    if sent < bytes.len() {
+        stream.write_all(&bytes[sent..]).await?;
+    }
+    Ok(())
+}
+
+/// As much of `bytes` as the socket takes now.
+fn write_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    match stream.try_write(bytes) {
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 /// Ends when the client closes its connection (or it fails) while its
@@ -369,7 +437,13 @@ async fn write_client(
     bytes: &[u8],
     limits: Limits,
 ) -> Result<(), ConnectionError> {
-    match tokio::time::timeout(limits.write_timeout, client.write_all(bytes)).await {
+    // All of it at once, as an answer almost always goes: no timer.
+    let sent = write_now(client, bytes)?;
+    if sent == bytes.len() {
+        return Ok(());
+    }
+    let rest = &bytes[sent..];
+    match tokio::time::timeout(limits.write_timeout, client.write_all(rest)).await {
         Ok(written) => Ok(written?),
         Err(_) => Err("the client stopped reading".into()),
     }
@@ -469,6 +543,21 @@ fn parse_request(buf: &[u8]) -> Parsed {
 }
 
 impl Head {
+    /// Takes the head from `read`: the request, and whether the client
+    /// asked to close after it; or, if the `http` types refuse a part
+    /// httparse took, all that was read, for hyper.
+    fn take(self, read: &mut BytesMut) -> Result<(Request<()>, bool), BytesMut> {
+        let bytes = read.split_to(self.len).freeze();
+        match self.request(&bytes) {
+            Some(request) => Ok((request, self.close)),
+            None => {
+                let mut all = BytesMut::from(&bytes[..]);
+                all.extend_from_slice(read);
+                Err(all)
+            }
+        }
+    }
+
     /// The request, its target and values shared with `bytes` (the head's
     /// bytes); `None` if the `http` types refuse a part httparse took.
     fn request(&self, bytes: &Bytes) -> Option<Request<()>> {
