@@ -1,6 +1,8 @@
 //! `limiter proxy`: a small HTTP/1.1 and HTTP/2 (h2c) reverse proxy that applies the rule
 //! file to requests before forwarding them, so an operator gets L7 limits
-//! without writing code.
+//! without writing code. Cleartext HTTP/1.1 requests without a body, most
+//! of the load, are relayed by the proxy itself ([`relay`]); everything
+//! else goes through hyper and the service below.
 //!
 //! Bad clients cannot tie it up: connections are capped (one more gets
 //! 503), headers must arrive within the header timeout (slow senders and
