@@ -205,8 +205,6 @@ pub fn run(config_path: &Path) -> Result<()> {
         std::thread::sleep(crate::engine::GRACE);
         engine.datapath_mut().rebuild_key_filter()?;
     }
-    let control = control::server::bind(&config.socket)?;
-    tracing::info!("control socket {} (root only)", config.socket.display());
     let metrics = metrics_addr
         .map(|addr| {
             let listener = std::net::TcpListener::bind(addr)
@@ -216,6 +214,10 @@ pub fn run(config_path: &Path) -> Result<()> {
             anyhow::Ok(listener)
         })
         .transpose()?;
+    // Bound last: once the control socket takes connections, everything
+    // else listens too (scripts and tests wait for it).
+    let control = control::server::bind(&config.socket)?;
+    tracing::info!("control socket {} (root only)", config.socket.display());
     // Everything that needed more than the program's own capabilities is
     // done: loaded, attached, bound. Capabilities belong to threads, and a
     // thread starts with its creator's: dropped here, before the runtime

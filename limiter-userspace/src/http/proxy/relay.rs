@@ -86,7 +86,8 @@ impl Relay {
         let mut answer = BytesMut::with_capacity(READ_SIZE);
         // What is written: to the upstream, and to the client.
         let (mut request_bytes, mut out) = (Vec::with_capacity(1024), Vec::with_capacity(1024));
-        let max_head = limits.max_header_bytes;
+        // Positions in a head are kept as u32.
+        let max_head = limits.max_header_bytes.min(u32::MAX as usize);
         let (mut head_deadline, mut answer_deadline) = (Deadline::new(), Deadline::new());
         let handed_over = 'relay: loop {
             // Idle or mid-head, a client has the header timeout.
@@ -181,7 +182,7 @@ impl Relay {
                 return Ok(());
             }
         };
-        drop((answer, out, request_bytes));
+        drop((answer, out, request_bytes, head_deadline, answer_deadline));
         let io = Prefixed::new(handed_over.freeze(), client);
         hand_over(io).await.map_err(Into::into)
     }
@@ -320,7 +321,8 @@ impl Deadline {
         }
     }
 
-    /// `work`'s output, or `None` if the deadline passes first.
+    /// `work`'s output, or `None` if the deadline passes first (never set:
+    /// no deadline).
     async fn within<F: Future>(&mut self, work: F) -> Option<F::Output> {
         let due = self.due;
         let Some(timer) = self.timer.as_mut() else {
@@ -364,7 +366,8 @@ fn write_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
 
 /// Ends when the client closes its connection (or it fails) while its
 /// request waits; never once it has sent more (a pipelined request, which
-/// may well follow a half close).
+/// may well follow a half close). A client that only half-closes after its
+/// request is taken to have left, as hyper and nginx take it.
 async fn client_gone(client: &TcpStream, pipelined: bool) {
     if !pipelined && matches!(client.peek(&mut [0u8; 1]).await, Ok(0) | Err(_)) {
         return;
