@@ -173,7 +173,7 @@ pub async fn serve_http<M, S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let http1 = |stream: TcpStream, _: SocketAddr, service: S, limits: Limits| async move {
-        serve_connection(stream, false, service, limits)
+        serve_http1(stream, service, limits)
             .await
             .map_err(Into::into)
     };

@@ -539,16 +539,8 @@ fn statuses_on_one_connection(addr: SocketAddr, n: usize, pause: Duration) -> Ve
             .unwrap();
         // One answer: its head, then the body its length says.
         let answer = loop {
-            if let Some(end) = head_end(&buf) {
-                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                if buf.len() >= end + length {
-                    break Some((status(&head).to_owned(), end + length));
-                }
+            if let Some((head, _, length)) = whole_message(&buf) {
+                break Some((status(&head).to_owned(), length));
             }
             let mut chunk = [0u8; 4096];
             match stream.read(&mut chunk) {
@@ -564,6 +556,20 @@ fn statuses_on_one_connection(addr: SocketAddr, n: usize, pause: Duration) -> Ve
         buf.drain(..length);
     }
     statuses
+}
+
+/// The message at the start of `buf` once it is all there, framed by its
+/// `Content-Length` (none: no body): its head (lower-cased), its body's
+/// length and its whole length.
+fn whole_message(buf: &[u8]) -> Option<(String, usize, usize)> {
+    let end = head_end(buf)?;
+    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+    let body: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (buf.len() >= end + body).then_some((head, body, end + body))
 }
 
 /// Where the head of the message at the start of `buf` ends (after its
@@ -687,17 +693,9 @@ fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
                 let mut chunk = [0u8; 4096];
                 loop {
                     let (head, body) = loop {
-                        if let Some(end) = head_end(&buf) {
-                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                            let length: usize = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse().ok())
-                                .unwrap_or(0);
-                            if buf.len() >= end + length {
-                                buf.drain(..end + length);
-                                break (head, length);
-                            }
+                        if let Some((head, body, length)) = whole_message(&buf) {
+                            buf.drain(..length);
+                            break (head, body);
                         }
                         match stream.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,

@@ -420,7 +420,7 @@ impl Forward {
     /// This forwarder for the requests of the client at `peer`.
     fn for_client(&self, peer: SocketAddr) -> Self {
         Self {
-            forwarded_for: Some(super::headers::written(format_args!("{}", peer.ip()))),
+            forwarded_for: Some(forwarded_for(peer)),
             ..self.clone()
         }
     }
@@ -546,8 +546,21 @@ fn cut_short(cut: Cut, max_body_bytes: u64) -> Response<Body> {
     response
 }
 
+/// The body of a 502, which tells the client nothing about the upstream.
+const BAD_GATEWAY: &str = "502 Bad Gateway\n";
+
 /// A 502 that tells the client nothing about the upstream (the log does).
 fn bad_gateway(error: anyhow::Error) -> Response<Body> {
+    log_unanswered(&error);
+    plain(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
+}
+
+/// Says in the log why the upstream did not answer.
+fn log_unanswered(error: &anyhow::Error) {
     tracing::warn!("upstream: {error:#}");
-    plain(StatusCode::BAD_GATEWAY, "502 Bad Gateway\n")
+}
+
+/// `X-Forwarded-For`'s value for the client at `peer`.
+fn forwarded_for(peer: SocketAddr) -> HeaderValue {
+    super::headers::written(format_args!("{}", peer.ip()))
 }

@@ -25,7 +25,9 @@ use tokio::{
     time::Instant,
 };
 
-use super::{X_FORWARDED_FOR, chunked::ChunkedEnd, strip_hop_by_hop, target, upstream::Upstream};
+use super::{
+    HOP_BY_HOP, X_FORWARDED_FOR, chunked::ChunkedEnd, strip_hop_by_hop, target, upstream::Upstream,
+};
 use crate::{
     http::{
         RateLimitLayer,
@@ -53,20 +55,6 @@ const MAX_ANSWER_HEAD: usize = 65536;
 /// Room made in a buffer before each read.
 const READ_SIZE: usize = 8192;
 
-/// Fields a proxy must not pass on (RFC 9110 7.6.1), besides those the
-/// `Connection` field names.
-const HOP_BY_HOP: [&[u8]; 9] = [
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"proxy-authenticate",
-    b"proxy-authorization",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-];
-
 impl Relay {
     /// Serves the client at `peer` on `client` until it closes, or hands
     /// the connection over (see the module).
@@ -81,7 +69,7 @@ impl Relay {
         F: FnOnce(Prefixed<TcpStream>) -> Fut,
         Fut: Future<Output = hyper::Result<()>>,
     {
-        let forwarded_for = crate::http::headers::written(format_args!("{}", peer.ip()));
+        let forwarded_for = super::forwarded_for(peer);
         let mut read = BytesMut::with_capacity(READ_SIZE);
         let mut answer = BytesMut::with_capacity(READ_SIZE);
         // What is written: to the upstream, and to the client.
@@ -112,14 +100,15 @@ impl Relay {
             // Judged as forwarded: one host, one path.
             target::canonicalize(&mut request);
             let verdict = self.layer.judge(&request, Some(peer));
-            let local = Local {
+            let exchange = Exchange {
                 fields: &verdict.fields,
                 close,
                 head: request.method() == Method::HEAD,
+                safe: request.method().is_safe(),
             };
             out.clear();
             if let Some(refusal) = &verdict.refusal {
-                local.write(&mut out, "429 Too Many Requests", refusal);
+                exchange.write_own(&mut out, "429 Too Many Requests", refusal);
                 write_client(&mut client, &out, limits).await?;
                 if close {
                     return Ok(());
@@ -134,11 +123,6 @@ impl Relay {
                 .append(X_FORWARDED_FOR, forwarded_for.clone());
             request_bytes.clear();
             write_request(&mut request_bytes, &request, &self.base);
-            let exchange = Exchange {
-                method: request.method(),
-                fields: &verdict.fields,
-                close,
-            };
             let delay = Duration::from_nanos(verdict.admission.delay_ns);
             let asked = async {
                 if !delay.is_zero() {
@@ -171,10 +155,9 @@ impl Relay {
                     }
                 }
                 Err(e) => {
-                    // The log says why; the client, nothing of it.
-                    tracing::warn!("upstream: {e:#}");
+                    super::log_unanswered(&e);
                     out.clear();
-                    local.write(&mut out, "502 Bad Gateway", "502 Bad Gateway\n");
+                    exchange.write_own(&mut out, "502 Bad Gateway", super::BAD_GATEWAY);
                     write_client(&mut client, &out, limits).await?;
                 }
             }
@@ -261,7 +244,7 @@ impl Relay {
                     .await
             };
             let (mut upstream, reused) = connection.context(late)??;
-            let may_retry = reused && first && exchange.method.is_safe();
+            let may_retry = reused && first && exchange.safe;
             first = false;
             match deadline.within(write_all(&mut upstream, request)).await {
                 Some(Ok(())) => {}
@@ -375,35 +358,6 @@ async fn client_gone(client: &TcpStream, pipelined: bool) {
     std::future::pending().await
 }
 
-/// An answer of the proxy's own, to a request: what it says besides its
-/// status and text.
-struct Local<'a> {
-    fields: &'a Fields,
-    /// The client asked to close after it.
-    close: bool,
-    /// To a HEAD: no body.
-    head: bool,
-}
-
-impl Local<'_> {
-    fn write(&self, out: &mut Vec<u8>, status: &str, text: &str) {
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_bytes());
-        out.extend_from_slice(b"\r\ncontent-type: text/plain\r\n");
-        let mut length = itoa::Buffer::new();
-        write_field(out, b"content-length", length.format(text.len()).as_bytes());
-        write_date(out);
-        self.fields.write_to(out);
-        if self.close {
-            out.extend_from_slice(b"connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        if !self.head {
-            out.extend_from_slice(text.as_bytes());
-        }
-    }
-}
-
 /// Writes the `Date` field (RFC 9110 6.6.1), its value formatted once a
 /// second per thread.
 fn write_date(out: &mut Vec<u8>) {
@@ -424,13 +378,37 @@ fn write_date(out: &mut Vec<u8>) {
     });
 }
 
-/// What an exchange needs to know of its request.
+/// What answering a request needs to know of it.
 struct Exchange<'a> {
-    method: &'a Method,
     /// The rate-limit fields its answer gets.
     fields: &'a Fields,
     /// The client asked to close after this answer.
     close: bool,
+    /// A HEAD: its answer has no body.
+    head: bool,
+    /// Safe to send twice (GET, HEAD).
+    safe: bool,
+}
+
+impl Exchange<'_> {
+    /// An answer of the proxy's own: `status` (code and reason), the
+    /// rate-limit fields, and `text` (none to a HEAD).
+    fn write_own(&self, out: &mut Vec<u8>, status: &str, text: &str) {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_bytes());
+        out.extend_from_slice(b"\r\ncontent-type: text/plain\r\n");
+        let mut length = itoa::Buffer::new();
+        write_field(out, b"content-length", length.format(text.len()).as_bytes());
+        write_date(out);
+        self.fields.write_to(out);
+        if self.close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if !self.head {
+            out.extend_from_slice(text.as_bytes());
+        }
+    }
 }
 
 /// Writes all of `bytes` to the client, which must read them within the
@@ -708,7 +686,7 @@ fn write_answer_head(
     // Framed two ways: this answer is read as chunked, but what follows it
     // on the connection cannot be trusted.
     upstream_close |= encoded && length.is_some();
-    let no_body = *exchange.method == Method::HEAD || matches!(code, 100..=199 | 204 | 304);
+    let no_body = exchange.head || matches!(code, 100..=199 | 204 | 304);
     let body = if no_body {
         Body::Length(0)
     } else if encoded {
@@ -735,7 +713,9 @@ fn write_answer_head(
         } else if name.eq_ignore_ascii_case(b"content-length") {
             false
         } else {
-            !HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+            !HOP_BY_HOP
+                .iter()
+                .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
                 && !named_in_connection(parsed.headers, name)
                 && !exchange.fields.sets(name)
         };
