@@ -33,6 +33,8 @@ pub mod map_name {
     pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
     pub const TRACE_COUNTS: &str = "TRACE_COUNTS";
     pub const TRACE_PROG: &str = "TRACE_PROG";
+    pub const STAGES: &str = "STAGES";
+    pub const HANDOFF: &str = "HANDOFF";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -111,6 +113,55 @@ pub struct FirstFragment {
     /// 1 if it was dropped.
     pub dropped: u32,
     pub _pad: u32,
+}
+
+/// A packet as the entry program (`limiter`) parsed it, handed to the
+/// decision program (`limiter_decide`) in a per-CPU map
+/// (`map_name::HANDOFF`) before a tail call (`map_name::STAGES`), and
+/// read by the trace program after either. Two programs, so the verifier
+/// checks the matching and the decision once, not once per way a frame
+/// can be parsed. Both maps are pinned: while an upgrade swaps the
+/// programs, the previous build's entry program may hand over to this
+/// build's decision program, so this layout is an ABI (a change needs new
+/// map names).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handoff {
+    /// The source address; an IPv4 one in the first four bytes.
+    pub addr: [u8; 16],
+    /// A fragment's datagram (the parser's `Packet::datagram`).
+    pub datagram: u64,
+    /// The frame's length in bytes.
+    pub len: u32,
+    /// The rule generation the packet is judged by, read once.
+    pub generation: u32,
+    /// The interface's counter slot (`IFACES`).
+    pub iface: u32,
+    /// The rule the decision program applied (for the trace program).
+    pub rule: u32,
+    pub dest_port: u32,
+    pub protocol: u8,
+    pub tcp_flags: u8,
+    /// `handoff_flag` bits.
+    pub flags: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<Handoff>() == 48);
+
+/// `Handoff::flags`.
+pub mod handoff_flag {
+    /// An IP packet: the source and the fields after it are its own (a
+    /// malformed frame hands over nothing but its verdict).
+    pub const IP: u16 = 1;
+    /// The source is IPv6.
+    pub const V6: u16 = 2;
+    /// A first fragment, whose verdict its datagram's later ones follow.
+    pub const FIRST_FRAGMENT: u16 = 4;
+    /// A fragment past the first: no transport header of its own.
+    pub const LATER_FRAGMENT: u16 = 8;
+    /// Its port is not known (a later fragment, an unreadable transport
+    /// header): it may belong to any rule of its protocol.
+    pub const PORT_UNKNOWN: u16 = 16;
 }
 
 /// `BLOCKED_V4`: one bit per IPv4 /16, set while a block covers any of

@@ -208,23 +208,73 @@ pub struct Verdict {
     pub refused_by: usize,
 }
 
+/// The meters [`acquire_all`] charges, by index in [`order`]: an array
+/// of [`Charge`]s (layer 7), or [`Present`] (the kernel).
+pub trait Meters<'a, C: ?Sized + 'a>: Copy {
+    /// How many indices there are.
+    const COUNT: usize;
+    /// Meter `i`, if the request is charged to it.
+    fn meter(&self, i: usize) -> Charge<'a, C>;
+}
+
+impl<'a, C: ?Sized + 'a, const N: usize> Meters<'a, C> for [Charge<'a, C>; N] {
+    const COUNT: usize = N;
+
+    #[inline(always)]
+    fn meter(&self, i: usize) -> Charge<'a, C> {
+        self[i]
+    }
+}
+
+/// Every meter's state, parameters and cost, with a bit per meter saying
+/// whether the request is charged to it: the kernel's form. An array of
+/// `Option`s holds a pointer or nothing in each place, and the verifier
+/// then explores every combination of the two as a state of its own (16
+/// for four meters, each through every meter after it); with a bit of a
+/// value it only knows at run time, each meter's two ways join again.
+pub struct Present<'a, C: ?Sized, const N: usize> {
+    pub cells: [&'a C; N],
+    pub limits: [&'a Gcra; N],
+    pub costs: [u64; N],
+    /// Bit `i` set: meter `i` is charged.
+    pub mask: u32,
+}
+
+// By hand: a derive would ask for `C: Copy`, and only references are copied.
+impl<C: ?Sized, const N: usize> Clone for Present<'_, C, N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C: ?Sized, const N: usize> Copy for Present<'_, C, N> {}
+
+impl<'a, C: ?Sized + 'a, const N: usize> Meters<'a, C> for Present<'a, C, N> {
+    const COUNT: usize = N;
+
+    #[inline(always)]
+    fn meter(&self, i: usize) -> Charge<'a, C> {
+        (self.mask & (1 << i) != 0).then_some((self.cells[i], self.limits[i], self.costs[i]))
+    }
+}
+
 /// Meters one request against every given meter (a key's packets and
 /// bytes, the rule's aggregate packets and bytes, ...). It passes only if
 /// all allow it, and is charged to none if any refuses: meters charged
 /// before the refusal are refunded.
 #[inline(always)]
-pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
-    charges: [Charge<'_, C>; N],
+pub fn acquire_all<'a, C: AtomicCell + ?Sized + 'a, M: Meters<'a, C>>(
+    charges: M,
     now: impl Now,
 ) -> Verdict {
     let mut i = 0;
-    while i < N {
-        if let Some((cell, gcra, cost)) = charges[i] {
+    while i < M::COUNT {
+        if let Some((cell, gcra, cost)) = charges.meter(i) {
             let outcome = acquire(cell, gcra, now, cost);
             if outcome != Outcome::Allowed {
                 let mut j = 0;
                 while j < i {
-                    if let Some((cell, gcra, cost)) = charges[j] {
+                    if let Some((cell, gcra, cost)) = charges.meter(j) {
                         refund(cell, gcra, now, cost);
                     }
                     j += 1;
@@ -239,7 +289,7 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
     }
     Verdict {
         outcome: Outcome::Allowed,
-        refused_by: N,
+        refused_by: M::COUNT,
     }
 }
 
@@ -252,10 +302,10 @@ pub fn acquire_all<C: AtomicCell + ?Sized, const N: usize>(
 /// when the rule has no third limit, a charge of 0 at time 0 to a meter
 /// refusing nothing, which changes nothing and so writes nothing.
 #[inline(always)]
-pub fn acquire_all_after<C: AtomicCell + ?Sized, const N: usize>(
+pub fn acquire_all_after<'a, C: AtomicCell + ?Sized + 'a, M: Meters<'a, C>>(
     first: (&C, &Gcra, u64),
     first_at: impl Now,
-    charges: [Charge<'_, C>; N],
+    charges: M,
     now: impl Now,
 ) -> Verdict {
     let (cell, gcra, cost) = first;
@@ -305,21 +355,57 @@ pub fn acquire_delayed<C: AtomicCell + ?Sized>(
 /// One window meter a request is charged to: its state, parameters, cost.
 pub type WindowCharge<'a> = Option<(&'a mut WindowState, &'a Window, u64)>;
 
+/// The window meters [`windows_all`] charges, by index in [`order`]: an
+/// array of [`WindowCharge`]s (layer 7), or [`PresentWindows`] (the
+/// kernel; see [`Present`] for why).
+pub trait WindowMeters {
+    /// How many indices there are.
+    const COUNT: usize;
+    /// Meter `i`, if the request is charged to it.
+    fn meter(&mut self, i: usize) -> Option<(&mut WindowState, &Window, u64)>;
+}
+
+impl<const N: usize> WindowMeters for [WindowCharge<'_>; N] {
+    const COUNT: usize = N;
+
+    #[inline(always)]
+    fn meter(&mut self, i: usize) -> Option<(&mut WindowState, &Window, u64)> {
+        self[i]
+            .as_mut()
+            .map(|(state, window, cost)| (&mut **state, *window, *cost))
+    }
+}
+
+/// Every window meter's state, parameters and cost, with a bit per meter
+/// saying whether the request is charged to it (see [`Present`]).
+pub struct PresentWindows<'a, const N: usize> {
+    pub states: [&'a mut WindowState; N],
+    pub windows: [&'a Window; N],
+    pub costs: [u64; N],
+    /// Bit `i` set: meter `i` is charged.
+    pub mask: u32,
+}
+
+impl<const N: usize> WindowMeters for PresentWindows<'_, N> {
+    const COUNT: usize = N;
+
+    #[inline(always)]
+    fn meter(&mut self, i: usize) -> Option<(&mut WindowState, &Window, u64)> {
+        (self.mask & (1 << i) != 0).then(|| (&mut *self.states[i], self.windows[i], self.costs[i]))
+    }
+}
+
 /// The window counterpart of [`acquire_all`], for states the caller holds
 /// exclusively (under a lock): every meter is checked first, and the new
 /// states are written only if all of them allow the request. (The checks
 /// are pure, so the second pass recomputes rather than keeping copies:
 /// the kernel has 512 bytes of stack.)
 #[inline(always)]
-pub fn windows_all<const N: usize>(
-    mut charges: [WindowCharge<'_>; N],
-    now: u64,
-    sliding: bool,
-) -> Verdict {
+pub fn windows_all<M: WindowMeters>(mut charges: M, now: u64, sliding: bool) -> Verdict {
     let mut i = 0;
-    while i < N {
-        if let Some((state, window, cost)) = &charges[i]
-            && window.check(state, now, *cost, sliding).is_none()
+    while i < M::COUNT {
+        if let Some((state, window, cost)) = charges.meter(i)
+            && window.check(state, now, cost, sliding).is_none()
         {
             return Verdict {
                 outcome: Outcome::Denied,
@@ -329,17 +415,17 @@ pub fn windows_all<const N: usize>(
         i += 1;
     }
     let mut i = 0;
-    while i < N {
-        if let Some((state, window, cost)) = &mut charges[i]
-            && let Some(next) = window.check(state, now, *cost, sliding)
+    while i < M::COUNT {
+        if let Some((state, window, cost)) = charges.meter(i)
+            && let Some(next) = window.check(state, now, cost, sliding)
         {
-            **state = next;
+            *state = next;
         }
         i += 1;
     }
     Verdict {
         outcome: Outcome::Allowed,
-        refused_by: N,
+        refused_by: M::COUNT,
     }
 }
 

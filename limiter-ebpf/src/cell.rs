@@ -11,11 +11,17 @@ impl AtomicCell for MapCell {
     #[inline(always)]
     fn load(&self) -> u64 {
         // An aligned 64-bit load is atomic on BPF.
+        // SAFETY: every `MapCell` holds a map lookup's pointer to an aligned u64
+        // of an array map value (an `ADMISSIONS` TAT, a key's or an aggregate's
+        // meter), allocated while the program runs; a volatile read of it is one
+        // 8-byte BPF load, atomic against other CPUs' compare-and-swap.
         unsafe { core::ptr::read_volatile(self.0) }
     }
 
     #[inline(always)]
     fn compare_exchange(&self, current: u64, new: u64) -> Result<(), u64> {
+        // SAFETY: the aligned u64 of a map value that `load` reads, which other
+        // CPUs update too: changed only by this atomic BPF_CMPXCHG (cpu v3).
         let (seen, swapped) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
                 self.0, current, new,
@@ -28,6 +34,8 @@ impl AtomicCell for MapCell {
 /// Adds `n` to a counter that several CPUs update (BPF atomic add).
 #[inline(always)]
 pub fn add_shared(counter: *mut u64, n: u64) {
+    // SAFETY: callers pass an aligned u64 of a map value (a `Block`'s
+    // `dropped_packets`) that other CPUs add to at once: a BPF atomic add.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
 }
 
@@ -39,6 +47,8 @@ const LOCK_ATTEMPTS: usize = 64;
 #[inline(always)]
 pub fn lock(word: *mut u32) -> bool {
     for _ in 0..LOCK_ATTEMPTS {
+        // SAFETY: `word` is an aggregate's `lock`, an aligned u32 of an
+        // `AGGREGATES` value that other CPUs take too: changed only atomically.
         let (_, taken) = unsafe {
             atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
                 word, 0, 1,
@@ -55,6 +65,8 @@ pub fn lock(word: *mut u32) -> bool {
 /// state's writes before the release.
 #[inline(always)]
 pub fn unlock(word: *mut u32) {
+    // SAFETY: the lock word `lock` took (an aligned u32 of an `AGGREGATES`
+    // value), released with an atomic exchange, as other CPUs CAS it.
     unsafe { atomic_xchg::<u32, { AtomicOrdering::Release }>(word, 0) };
 }
 
@@ -63,6 +75,9 @@ pub fn unlock(word: *mut u32) {
 #[inline(always)]
 pub fn lock_window(word: *mut u64) -> Option<u64> {
     for _ in 0..LOCK_ATTEMPTS {
+        // SAFETY: `word` is a key's packets word (`KeyState::meters[1]` of a
+        // `KEYS` slot), an aligned u64 that other CPUs lock too: one volatile
+        // 8-byte load, then an atomic compare-and-swap.
         let seen = unsafe { core::ptr::read_volatile(word) } & !WINDOW_LOCK;
         let (_, taken) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
@@ -82,5 +97,7 @@ pub fn lock_window(word: *mut u64) -> Option<u64> {
 /// lock bit clear); the exchange orders the state's writes before it.
 #[inline(always)]
 pub fn unlock_window(word: *mut u64, counts: u64) {
+    // SAFETY: the packets word `lock_window` locked (an aligned u64 of a
+    // `KEYS` slot), released with an atomic exchange, as other CPUs CAS it.
     unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(word, counts) };
 }

@@ -51,11 +51,14 @@ pub fn flood(ctx: XdpContext) -> u32 {
     let sources = FLOOD_SOURCES.get(0).copied().unwrap_or(1).max(1);
     let random = FLOOD_SOURCES.get(1).copied().unwrap_or(0) != 0;
     let n = if random {
+        // SAFETY: bpf_get_prandom_u32 takes no arguments and touches no memory.
         unsafe { bpf_get_prandom_u32() }
     } else {
         let Some(next) = FLOOD_NEXT.get_ptr_mut(0) else {
             return xdp_action::XDP_ABORTED;
         };
+        // SAFETY: this CPU's `FLOOD_NEXT` value, which only this CPU's running
+        // program touches (XDP runs to the end on its CPU).
         unsafe {
             let n = *next;
             *next = if n + 1 >= sources { 0 } else { n + 1 };
@@ -64,6 +67,9 @@ pub fn flood(ctx: XdpContext) -> u32 {
     } & 0x00ff_ffff;
     let words = (start + SOURCE_WORDS) as *mut [u8; 4];
     let checksum = (start + CHECKSUM) as *mut [u8; 2];
+    // SAFETY: the check against `data_end` at the top covers both (the source
+    // words end at byte 30, the checksum at 26), byte arrays of alignment 1;
+    // an XDP program may write its frame.
     unsafe {
         let old = *words;
         let new = [old[0], (n >> 16) as u8, (n >> 8) as u8, n as u8];
@@ -131,8 +137,12 @@ pub fn floor_clock(ctx: XdpContext) -> u32 {
     let Some(key) = source_key(&ctx) else {
         return xdp_action::XDP_PASS;
     };
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let now = unsafe { bpf_ktime_get_ns() };
     match FLOOR_KEYS.get_ptr_mut(key) {
+        // SAFETY: an aligned u64, the value of an LRU entry (preallocated: never
+        // freed); another CPU's insert reusing it meanwhile at worst gets this
+        // time, in a map nothing reads.
         Some(entry) => unsafe { *entry = now },
         None => {
             let _ = FLOOR_KEYS.insert(key, now, 0);
@@ -161,6 +171,8 @@ pub fn floor_state(ctx: XdpContext) -> u32 {
     let mask = FLOOR_STATE_MASK.get(0).copied().unwrap_or(0);
     let slot = keytable::hash(&key, 0x9e37_79b9_7f4a_7c15) as u32 & mask;
     if let Some(state) = FLOOR_STATES.get_ptr_mut(slot) {
+        // SAFETY: a `FLOOR_STATES` value, allocated while the program runs; other
+        // CPUs may race this plain increment (a lost count, which nothing reads).
         unsafe { (*state)[0] += 1 };
     }
     xdp_action::XDP_DROP
@@ -194,6 +206,8 @@ pub fn floor_bucket(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     }
     if let Some(state) = FLOOR_STATES.get_ptr_mut(bucket * 8 + way) {
+        // SAFETY: as in `floor_state`: a `FLOOR_STATES` value; a racy count that
+        // nothing reads.
         unsafe { (*state)[0] += 1 };
     }
     xdp_action::XDP_DROP

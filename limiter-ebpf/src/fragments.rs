@@ -7,21 +7,18 @@
 
 use limiter_common::abi::{FirstFragment, FlowKey, FragmentKey};
 
-use crate::{
-    maps::FRAGMENTS,
-    parse::{Packet, Source},
-};
+use crate::{maps::FRAGMENTS, parse::Source};
 
 #[inline(always)]
-fn key(packet: &Packet) -> FragmentKey {
-    let source = match packet.source {
+fn key(source: &Source, datagram: u64) -> FragmentKey {
+    let source = match *source {
         Source::V4(a) => FlowKey::v4(0, a, [0xff; 4]),
         Source::V6(a) => FlowKey::v6(0, a, [0xff; 16]),
     };
     FragmentKey {
         source,
         _pad: 0,
-        datagram: packet.datagram,
+        datagram,
     }
 }
 
@@ -30,14 +27,16 @@ fn key(packet: &Packet) -> FragmentKey {
 /// are BPF subprograms, called for fragments only: their frames keep the
 /// program's stack within 512 bytes.)
 #[inline(never)]
-pub fn first_of(generation: u32, packet: &Packet) -> Option<FirstFragment> {
-    let first = unsafe { FRAGMENTS.get(key(packet)) }.copied()?;
+pub fn first_of(generation: u32, source: &Source, datagram: u64) -> Option<FirstFragment> {
+    // SAFETY: copied out at once; an LRU entry may be reused meanwhile,
+    // which at worst charges a fragment as if its first was not seen.
+    let first = unsafe { FRAGMENTS.get(key(source, datagram)) }.copied()?;
     (first.generation == generation).then_some(first)
 }
 
 /// For a first fragment: remembers its rule and whether it was dropped.
 #[inline(never)]
-pub fn remember(generation: u32, packet: &Packet, rule: u32, dropped: bool) {
+pub fn remember(generation: u32, source: &Source, datagram: u64, rule: u32, dropped: bool) {
     let first = FirstFragment {
         rule,
         generation,
@@ -46,5 +45,5 @@ pub fn remember(generation: u32, packet: &Packet, rule: u32, dropped: bool) {
     };
     // A full map evicts the least recent datagram; failing to insert only
     // means its later fragments are charged without it.
-    let _ = FRAGMENTS.insert(key(packet), first, 0);
+    let _ = FRAGMENTS.insert(key(source, datagram), first, 0);
 }

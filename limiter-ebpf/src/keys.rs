@@ -39,10 +39,16 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
     let mut found = WAYS;
     for i in 0..WAYS {
         let way = (first + i) & (WAYS - 1);
+        // SAFETY: `tags` is this bucket's `KEY_TAGS` value (`place`), which other
+        // CPUs and userspace change by CAS, and `way` < WAYS: one volatile load
+        // of an aligned u32.
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
         if seen != tag {
             continue;
         }
+        // SAFETY: `slot` is a `KEYS` value, allocated while the program runs; its
+        // key is only read (aligned loads: a claim racing them makes the answer
+        // stale, as a lookup an instant earlier would be, not unsound).
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
             && unsafe { same_key(&(*slot).key, key) }
         {
@@ -65,6 +71,8 @@ fn may_hold(config: &GlobalConfig, hash: u64) -> bool {
     let words = filter_words(config.key_buckets);
     let (word, bit) = keytable::filter_bit(hash, words);
     let half = if config.key_filter != 0 { words } else { 0 };
+    // SAFETY: a word of `KEY_FILTER`, an aligned u64 of a map value that
+    // other CPUs and userspace change: one volatile load.
     KEY_FILTER
         .get(half + word)
         .is_none_or(|bits| unsafe { core::ptr::read_volatile(bits) } & bit != 0)
@@ -79,6 +87,8 @@ fn remember(config: &GlobalConfig, hash: u64) {
     let (word, bit) = keytable::filter_bit(hash, words);
     for half in [0, words] {
         if let Some(bits) = KEY_FILTER.get_ptr_mut(half + word) {
+            // SAFETY: a word of `KEY_FILTER` (an aligned u64 of a map value) that
+            // other CPUs set bits in too: an atomic or.
             unsafe { atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(bits, bit) };
         }
     }
@@ -126,6 +136,8 @@ fn claim_slot(
     let first = keytable::preferred_way(tag);
     for i in 0..WAYS {
         let way = (first + i) & (WAYS - 1);
+        // SAFETY: as in `find`: an aligned u32 of this bucket's `KEY_TAGS`
+        // value, `way` < WAYS, read with one volatile load.
         let seen = unsafe { core::ptr::read_volatile(&raw const (*tags)[way]) };
         if seen == tag::FREE {
             chosen = way;
@@ -136,8 +148,12 @@ fn claim_slot(
             continue;
         }
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
+            // SAFETY: `slot` is a `KEYS` value, allocated while the program runs;
+            // its rule id is only read (at worst stale: an index `RULES.get` checks).
             && let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() }))
             && let Some(since) = keytable::at_rest_since(
+                // SAFETY: the same slot's state, only read, which other CPUs update: at
+                // worst stale, and `seize` checks the chosen slot again with atomics.
                 unsafe { &(*slot).state },
                 rule,
                 now,
@@ -154,7 +170,11 @@ fn claim_slot(
         return None;
     }
     let slot = KEYS.get_ptr_mut(slot_index(bucket, chosen))?;
+    // SAFETY: `tags` is this bucket's `KEY_TAGS` value (`place`), the index
+    // below WAYS: only the address of the chosen way's tag is taken.
     let tag_ptr = unsafe { &raw mut (*tags)[chosen & (WAYS - 1)] };
+    // SAFETY: an aligned u32 of a map value that other CPUs and userspace
+    // change by CAS too: this CAS gives the slot to one claimer only.
     let (_, won) = unsafe {
         atomic_cxchg::<u32, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
             tag_ptr,
@@ -166,9 +186,15 @@ fn claim_slot(
         return None;
     }
     if chosen_tag != tag::FREE && !seize(config, generation, slot, now) {
+        // SAFETY: the tag our CAS made `CLAIMED`, restored atomically, as other
+        // CPUs and userspace read it.
         unsafe { atomic_xchg::<u32, { AtomicOrdering::SeqCst }>(tag_ptr, chosen_tag) };
         return None;
     }
+    // SAFETY: the tag CAS above gave this CPU the slot exclusively (no lookup
+    // matches `CLAIMED`, no claim or userspace free takes it); a CPU that found
+    // the old key may still store a count or its block epoch (one aligned word:
+    // a miscount at worst). The exchange then publishes the tag.
     unsafe {
         (*slot).key.rule = key.rule;
         (*slot).key.addr = key.addr;
@@ -194,6 +220,9 @@ fn claim_slot(
 /// once: the tag is `CLAIMED`.)
 #[inline(always)]
 fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> bool {
+    // SAFETY: `slot` is the `KEYS` value whose tag the caller made `CLAIMED`,
+    // so no other CPU rewrites its key; of its state, which other CPUs still
+    // update, only the address is taken.
     let state = unsafe { &raw mut (*slot).state };
     let Some(rule) = RULES.get(rule_slot(generation, unsafe { (*slot).key.rule_id() })) else {
         return false;
@@ -201,11 +230,14 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
     if rule.algorithm != algorithm::GCRA {
         // Windows change only under the lock: at rest now, at rest until
         // the caller zeroes them (which releases the lock).
+        // SAFETY: the key's packets word, an aligned u64 of the slot that other
+        // CPUs lock too: its address, then one volatile load.
         let lock = unsafe { &raw mut (*state).meters[1] };
         let seen = unsafe { core::ptr::read_volatile(lock) };
         if seen & WINDOW_LOCK != 0 {
             return false;
         }
+        // SAFETY: the same word, taken with an atomic compare-and-swap.
         let (_, locked) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(
                 lock,
@@ -217,10 +249,14 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
             return false;
         }
         // As it is under the lock we hold, with the lock bit clear.
+        // SAFETY: the window lock taken above keeps other writers off the meters;
+        // the pass/drop counts beside them may race (plain aligned words, a stale
+        // count at worst), and `at_rest_since` does not read them.
         let mut unlocked = unsafe { *state };
         unlocked.meters[1] = seen;
         let at_rest = keytable::at_rest_since(&unlocked, rule, now, config.realtime_offset_ns);
         if at_rest.is_none() {
+            // SAFETY: the lock word taken above, released atomically as it was.
             unsafe { atomic_xchg::<u64, { AtomicOrdering::Release }>(lock, seen) };
         }
         return at_rest.is_some();
@@ -229,6 +265,8 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
     // now, which each swap checks against the value it replaces. The
     // third word too (a third or soft limit's): a charge in flight there
     // would otherwise land on the new key's fresh word.
+    // SAFETY: the slot's three TAT words (aligned u64s other CPUs CAS):
+    // addresses only; `poison` changes them atomically.
     let packets = unsafe { &raw mut (*state).meters[0] };
     let bytes = unsafe { &raw mut (*state).meters[1] };
     let third = unsafe { &raw mut (*state).meters[2] };
@@ -236,10 +274,12 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
         return false;
     };
     let Some(bytes_tat) = poison(bytes, now) else {
+        // SAFETY: the packets TAT `poison` swapped, restored atomically.
         unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat) };
         return false;
     };
     if poison(third, now).is_none() {
+        // SAFETY: the TATs `poison` swapped, restored atomically.
         unsafe {
             atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(packets, packets_tat);
             atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(bytes, bytes_tat);
@@ -253,10 +293,13 @@ fn seize(config: &GlobalConfig, generation: u32, slot: *mut Slot, now: u64) -> b
 /// `None` if it was later than `now` or changed meanwhile.
 #[inline(always)]
 fn poison(tat: *mut u64, now: u64) -> Option<u64> {
+    // SAFETY: `tat` is a TAT word of a claimed slot (`seize`), an aligned u64
+    // of a `KEYS` value that other CPUs CAS: one volatile load.
     let seen = unsafe { core::ptr::read_volatile(tat) };
     if seen > now {
         return None;
     }
+    // SAFETY: the same word, swapped with an atomic compare-and-swap.
     let (_, swapped) = unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
             tat,

@@ -10,7 +10,7 @@ use aya_ebpf::{
 use limiter_common::{
     abi::{
         AggregateState, BLOCKED_V4_WORDS, Block, Candidates, Costs, DEFAULT_MAX_KEYS,
-        FirstFragment, FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, MAX_BLOCKS,
+        FirstFragment, FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, Handoff, MAX_BLOCKS,
         MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
         RuleConfig, RuleCounters, v4_table,
     },
@@ -153,3 +153,16 @@ pub static TRACE_PROG: ProgramArray = ProgramArray::pinned(1, 0);
 /// on its CPU, tail call included).
 #[map]
 pub static TRACE_SCRATCH: PerCpuArray<TraceEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Index 0: the decision program (`limiter_decide`), which the entry
+/// program tail calls with every packet it matched. Pinned, as
+/// `TRACE_PROG` (see there), and so that a restarted daemon's new
+/// decision program serves the entry program still attached until the
+/// link is switched (`abi::Handoff` is their ABI).
+#[map]
+pub static STAGES: ProgramArray = ProgramArray::pinned(1, 0);
+
+/// The packet handed from the entry program to the decision program, per
+/// CPU (`abi::Handoff`); pinned for the reason `STAGES` is.
+#[map]
+pub static HANDOFF: PerCpuArray<Handoff> = PerCpuArray::pinned(1, 0);

@@ -94,6 +94,9 @@ fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, Malformed> {
 #[inline(always)]
 pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `ptr_at` checked this packet read (the Ethernet header) against
+    // `data_end`, as the verifier requires; `ether_type` is a u16 at an even
+    // offset, copied out.
     let mut ether_type = unsafe { (*eth).ether_type };
     let mut offset = EthHdr::LEN;
     // Up to two tags: 802.1Q, or an 802.1ad outer tag over an 802.1Q one.
@@ -102,6 +105,8 @@ pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
             break;
         }
         let vlan: *const VlanHdr = ptr_at(ctx, offset)?;
+        // SAFETY: `ptr_at` checked the tag's bounds against `data_end` just above;
+        // its `ether_type` is a u16 at an even offset, copied out.
         ether_type = unsafe { (*vlan).ether_type };
         offset += VlanHdr::LEN;
     }
@@ -122,6 +127,8 @@ pub fn parse(ctx: &XdpContext) -> Result<Option<Packet>, Malformed> {
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let ip: *const Ipv4Hdr = ptr_at(ctx, offset)?;
+    // SAFETY: `ptr_at` checked the whole IPv4 header against `data_end`; its
+    // fields are bytes and byte arrays (alignment 1), copied out.
     let (vihl, total_len, frags, protocol, source) = unsafe {
         (
             (*ip).vihl,
@@ -131,6 +138,7 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             (*ip).src_addr,
         )
     };
+    // SAFETY: the same bounds-checked header, byte arrays copied out.
     let (destination, id) = unsafe { ((*ip).dst_addr, (*ip).id) };
     // Where the datagram ends: bytes past it (Ethernet padding, or bytes
     // appended to dress up a tiny fragment) are not its transport header.
@@ -172,6 +180,8 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
             };
             match ah {
                 Ok(ah) => {
+                    // SAFETY: `ptr_at` checked these two bytes against `data_end`; a
+                    // byte array, copied out.
                     let [next, len] = unsafe { *ah };
                     packet.protocol = next;
                     transport += (len as usize + 2) * 4;
@@ -201,6 +211,8 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, offset)?;
+    // SAFETY: `ptr_at` checked the whole IPv6 header against `data_end`; its
+    // fields are bytes and byte arrays (alignment 1), copied out.
     let (vcf, payload_len, mut next, source, destination) = unsafe {
         (
             (*ip).vcf,
@@ -259,6 +271,8 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         datagram,
                     ));
                 };
+                // SAFETY: `ptr_at` checked these two bytes against `data_end` (the
+                // `let ... else` above); a byte array, copied out.
                 let [following, len] = unsafe { *ext };
                 offset += if next == proto::AUTH {
                     (len as usize + 2) * 4
@@ -276,6 +290,8 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, Malformed> {
                         datagram,
                     ));
                 };
+                // SAFETY: `ptr_at` checked these eight bytes against `data_end` (the
+                // `let ... else` above); a byte array, copied out.
                 let [following, _, offset_hi, offset_lo, id0, id1, id2, id3] = unsafe { *ext };
                 fragment = true;
                 datagram =
@@ -365,10 +381,13 @@ fn parse_transport(
     // keeps LLVM from carrying the packet pointer around instead of the
     // value, which the verifier cannot follow across merged paths.
     let port: *const [u8; 2] = ptr_at(ctx, offset + 2)?;
+    // SAFETY: `ptr_at` checked these two bytes against `data_end`; a byte
+    // array (alignment 1), read volatile.
     let port = unsafe { core::ptr::read_volatile(port) };
     // TCP's flags byte, within the 20 bytes checked above.
     let tcp_flags = if protocol == proto::TCP {
         let flags: *const u8 = ptr_at(ctx, offset + 13)?;
+        // SAFETY: `ptr_at` checked this byte against `data_end`.
         unsafe { core::ptr::read_volatile(flags) }
     } else {
         0

@@ -13,16 +13,16 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::bpf_get_prandom_u32, macros::xdp, programs::XdpContext,
 };
 use limiter_common::{
-    abi::{FlowKey, KeyState, action, rule_slot},
+    abi::{FlowKey, KeyState, action, handoff_flag, rule_slot},
     trace::TraceEvent,
 };
 
 use crate::{
-    keys,
+    handoff, keys,
     maps::{
         AGGREGATES, CONFIG, RULES, TRACE, TRACE_COUNTS, TRACE_EVENTS, TRACE_PROG, TRACE_SCRATCH,
     },
-    parse::{self, Source},
+    parse::Source,
 };
 
 /// Builds without any tracing code (`LIMITER_NO_TRACE=1`), for the
@@ -57,6 +57,8 @@ pub fn on() -> bool {
     COMPILED
         && TRACE
             .get(0)
+            // SAFETY: `on` is an aligned u32 of the `TRACE` map value, which the
+            // tracer rewrites at any time: one volatile load.
             .is_some_and(|t| unsafe { core::ptr::read_volatile(&t.on) } != 0)
 }
 
@@ -67,22 +69,41 @@ pub fn hand_over(ctx: &XdpContext, decided: &Decided) {
     let Some(event) = TRACE_SCRATCH.get_ptr_mut(0) else {
         return;
     };
+    // SAFETY: `event` is this CPU's `TRACE_SCRATCH` value, which only this
+    // CPU's running program touches (XDP runs to the end on its CPU, tail
+    // calls included); the tail call hands this XDP program's own context to
+    // an XDP program (`limiter_trace`), and returns only if it failed.
     unsafe {
         (*event).time_ns = u64::from(decided.action & 1) | u64::from(decided.why) << 8;
         TRACE_PROG.tail_call(ctx, 0);
     }
 }
 
+/// Ends a program with its decision: handed to the trace program first
+/// while someone traces (which then returns the verdict itself).
+#[inline(always)]
+pub fn finish(ctx: &XdpContext, decided: &Decided) -> u32 {
+    if on() {
+        hand_over(ctx, decided);
+    }
+    if decided.action == action::DROP {
+        xdp_action::XDP_DROP
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
 /// The trace program: the decision the limiter handed over (in
-/// `time_ns`), completed from the frame (parsed again), the rule tables
-/// and the key table as the limiter found them, filtered, sampled and
-/// sent; returns the packet's verdict, which was decided already. (A rule
-/// set applied in between, nanoseconds, shows the new rule.)
+/// `time_ns`), completed from the packet as the entry program parsed it
+/// and the decision program matched it (`abi::Handoff`) and from the key
+/// table, filtered, sampled and sent; returns the packet's verdict, which
+/// was decided already.
 #[xdp]
 pub fn limiter_trace(ctx: XdpContext) -> u32 {
     let Some(event) = TRACE_SCRATCH.get_ptr_mut(0) else {
         return xdp_action::XDP_PASS;
     };
+    // SAFETY: a per-CPU value; XDP runs to the end on its CPU.
     let event = unsafe { &mut *event };
     let packed = event.time_ns;
     let dropped = packed & 1 == u64::from(action::DROP);
@@ -97,8 +118,12 @@ pub fn limiter_trace(ctx: XdpContext) -> u32 {
     event.dropped = u8::from(dropped);
     event.verdict = (packed >> 8) as u8;
     event.reason = (packed >> 16) as u8;
+    // SAFETY: an aligned u32 of the `CONFIG` map value, which userspace flips
+    // at any time: one volatile load.
     event.generation = unsafe { core::ptr::read_volatile(&global.generation) };
     event.rule = 0;
+    // SAFETY: `ctx.ctx` is the xdp_md the kernel passed this program; the
+    // verifier allows reading its ingress_ifindex.
     event.ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
     event.len = (ctx.data_end() - ctx.data()) as u32;
     event.family = 0;
@@ -107,21 +132,24 @@ pub fn limiter_trace(ctx: XdpContext) -> u32 {
     event.has_key = 0;
     event.key_state = [0; 3];
     // Words, not bytes: the BPF target copies byte arrays byte by byte.
+    // SAFETY: `addr` is 16 bytes; the event is a per-CPU map value.
     let addr = unsafe { &mut *(&raw mut event.addr).cast::<[u32; 4]>() };
     *addr = [0; 4];
-    if let Ok(Some(packet)) = parse::parse(&ctx) {
-        event.rule = match fragments_first(event.generation, &packet) {
-            Some(rule) => rule,
-            None => crate::match_rule(event.generation, &packet),
-        };
-        let rule = RULES.get(rule_slot(event.generation, event.rule));
-        event.protocol = packet.protocol;
-        event.dest_port = packet.dest_port;
-        let key = match packet.source {
+    // The packet as the entry program parsed it (and the decision program
+    // matched it): written for this very packet whenever it is IP.
+    if let Some(handed) = handoff::received()
+        && handed.flags & handoff_flag::IP != 0
+    {
+        event.generation = handed.generation;
+        event.rule = handed.rule;
+        event.protocol = handed.protocol;
+        event.dest_port = handed.dest_port;
+        let rule = RULES.get(rule_slot(handed.generation, handed.rule));
+        let key = match handoff::source(handed) {
             Source::V4(a) => {
                 event.family = 4;
                 addr[0] = u32::from_ne_bytes(a);
-                rule.map(|rule| FlowKey::v4(event.rule, a, rule.v4_key_mask))
+                rule.map(|rule| FlowKey::v4(handed.rule, a, rule.v4_key_mask))
             }
             Source::V6(a) => {
                 event.family = 6;
@@ -129,15 +157,17 @@ pub fn limiter_trace(ctx: XdpContext) -> u32 {
                     *word =
                         u32::from_ne_bytes([a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]]);
                 }
-                rule.map(|rule| FlowKey::v6(event.rule, a, rule.v6_key_mask))
+                rule.map(|rule| FlowKey::v6(handed.rule, a, rule.v6_key_mask))
             }
         };
         if let Some(slot) = key.and_then(|key| keys::find(global, &key)) {
+            // SAFETY: a slot of the key table; a copy of its words.
             let state: &KeyState = unsafe { &(*slot.as_ptr()).state };
             event.key_state = state.meters;
             event.has_key = 1;
         }
     }
+    // SAFETY: bpf_get_prandom_u32 takes no arguments and touches no memory.
     if !config.wants(event) || !config.sampled(unsafe { bpf_get_prandom_u32() }) {
         return verdict;
     }
@@ -147,17 +177,10 @@ pub fn limiter_trace(ctx: XdpContext) -> u32 {
         .map_or([[0; 3]; 2], |aggregate| aggregate.meters);
     let sent = TRACE_EVENTS.output::<TraceEvent>(&*event, 0).is_ok();
     if let Some(counts) = TRACE_COUNTS.get_ptr_mut(0) {
+        // SAFETY: this CPU's `TRACE_COUNTS` value, which only this CPU's running
+        // program touches (XDP runs to the end on its CPU).
         let counts = unsafe { &mut *counts };
         counts[usize::from(!sent)] += 1;
     }
     verdict
-}
-
-/// The rule of a later fragment's first fragment, which it follows.
-#[inline(always)]
-fn fragments_first(generation: u32, packet: &parse::Packet) -> Option<u32> {
-    if !packet.later_fragment() {
-        return None;
-    }
-    crate::fragments::first_of(generation, packet).map(|first| first.rule)
 }

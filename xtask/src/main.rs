@@ -2,13 +2,17 @@
 //!
 //! - `cargo xtask`          installs what is missing, builds, runs the lab demo
 //! - `cargo xtask test`     installs what is missing, builds, runs every test
+//! - `cargo xtask matrix`   the kernel tests in qemu on Debian's kernels
 //! - `cargo xtask build`    builds the XDP object and the `limiter` binary
 //! - `cargo xtask setup`    only installs what is missing
 //! - `cargo xtask bench`    benchmarks, with peers in the same run
 //! - `cargo xtask mutants`  mutation testing of `limiter-common` (on demand)
+//! - `cargo xtask vm`       runs a command in Debian's kernels under qemu
 
+mod matrix;
 mod mutants;
 mod setup;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -76,10 +80,22 @@ enum Task {
         #[arg(long, default_value_t = 20_000)]
         cases: u64,
     },
-    /// Set up, build, lint, and run every test (the root-only ones included).
+    /// Runs a command inside Debian's own kernels (11's 5.10, 12's 6.1,
+    /// 13's 6.12) under qemu, e.g. `--kernel all --file PATH -- PATH ARGS`.
+    Vm(vm::Options),
+    /// Only the kernel matrix of `test`: the kernel tests in qemu on
+    /// Debian 12's and 13's kernels, and Debian 11's refused.
+    Matrix,
+    /// Set up, build, lint, and run every test (the root-only ones
+    /// included), then the kernel tests again in qemu on Debian 12's and
+    /// 13's kernels (the matrix), and Debian 11's refused.
     Test {
-        /// Only run integration tests whose name contains this.
+        /// Only run integration tests whose name contains this (and skip
+        /// the matrix).
         filter: Option<String>,
+        /// Skip the kernel matrix.
+        #[arg(long)]
+        no_matrix: bool,
     },
 }
 
@@ -109,7 +125,15 @@ fn run() -> Result<()> {
             command.arg("lab").args(args);
             status(&mut command)
         }
-        Task::Test { filter } => test(filter),
+        Task::Test { filter, no_matrix } => test(filter, no_matrix),
+        Task::Matrix => {
+            require_root("the guests' tests attach XDP programs")?;
+            setup::all()?;
+            let limiter = build(false)?;
+            let no_trace = build_without_trace()?;
+            matrix::run(&limiter, &no_trace)
+        }
+        Task::Vm(options) => vm::cli(&options),
         Task::Fuzz { frames, cases } => fuzz(frames, cases),
         Task::Mutants(options) => {
             require_root("the conformance replay loads the XDP program")?;
@@ -236,7 +260,7 @@ fn fuzz(frames: u64, cases: u64) -> Result<()> {
     )
 }
 
-fn test(filter: Option<String>) -> Result<()> {
+fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
     require_root("the integration tests attach XDP programs to veth pairs in namespaces")?;
     setup::all()?;
     build_once_if_clean();
@@ -262,17 +286,26 @@ fn test(filter: Option<String>) -> Result<()> {
     ]))?;
     step("unit and property tests");
     status(cargo().args(["test", "--workspace", "--exclude", "limiter-tests"]))?;
+    // Every build the project ships is checked against the verifier's
+    // budget (tests/tests/verifier_budget.rs).
+    let no_trace = build_without_trace()?;
     step("integration tests: the real XDP program on veth pairs in network namespaces");
+    let matrix = filter.is_none() && !no_matrix;
     let mut command = cargo();
     command
         .args(["test", "--package", "limiter-tests", "--"])
         .args(filter)
         .args(["--test-threads=1"])
         .env("LIMITER_BIN", &limiter)
+        .env("LIMITER_NO_TRACE_OBJECT", &no_trace)
         // limiter-tests' build script builds the test-clock object (the
         // program reading its clock from a map) from this very tree.
         .env("LIMITER_TESTS_BUILD_KERNEL", "1");
-    status(&mut command)
+    status(&mut command)?;
+    if matrix {
+        matrix::run(&limiter, &no_trace)?;
+    }
+    Ok(())
 }
 
 /// What `cargo xtask test` from a clean checkout leaves in `target/` and

@@ -259,7 +259,7 @@ fn bpf_linker_matches(llvm: &NightlyLlvm) -> bool {
         .any(|l| l.contains(name) && l.contains("=> /"))
 }
 
-fn which(command: &str) -> Option<PathBuf> {
+pub fn which(command: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
@@ -283,6 +283,37 @@ pub fn packages() -> Result<()> {
         .chain(FILES.iter().filter(|(file, _)| !Path::new(file).exists()))
         .map(|(_, package)| *package)
         .collect();
+    install(&missing)
+}
+
+/// What `cargo xtask vm` needs on the host: (a command, its package).
+const VM_PACKAGES: [(&str, &str); 9] = [
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    // Static: the guest's shell, init and tools, with no library of its own.
+    ("busybox", "busybox-static"),
+    // The guests get the host's own `ip` and `nft`.
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
+    // 6.12's modules are xz-compressed.
+    ("xz", "xz-utils"),
+    ("modinfo", "kmod"),
+    ("dpkg-deb", "dpkg"),
+    ("ldd", "libc-bin"),
+    // For programs run in the guests (`bpftool prog`, `feature probe`).
+    ("bpftool", "bpftool"),
+];
+
+/// Installs what `cargo xtask vm` needs and the host lacks.
+pub fn vm_packages() -> Result<()> {
+    let missing: Vec<&str> = VM_PACKAGES
+        .iter()
+        .filter(|(command, _)| !on_path(command))
+        .map(|(_, package)| *package)
+        .collect();
+    install(&missing)
+}
+
+fn install(missing: &[&str]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -303,7 +334,7 @@ pub fn packages() -> Result<()> {
     let installed = status(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
+            .args(missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     );
     if ours {

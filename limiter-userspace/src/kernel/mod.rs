@@ -46,10 +46,19 @@ pub enum KernelError {
     #[error("the kernel rejected the XDP program: {0}")]
     Load(#[source] Box<aya::EbpfError>),
     #[error(
-        "the kernel's verifier rejected the XDP program (it needs Linux 5.12 or newer): {0} \
+        "the kernel's verifier rejected the XDP program: {0} \
          (LIMITER_LOG=debug prints the whole verifier log)"
     )]
     Verifier(String),
+    #[error(
+        "Linux {release} is too old for the limiter: it lacks {lacks}; \
+         the limiter is tested on Linux {tested} and newer"
+    )]
+    KernelTooOld {
+        release: String,
+        lacks: &'static str,
+        tested: &'static str,
+    },
     #[error(
         "the state pinned at {} was written by an incompatible build ({detail}); \
          `limiter detach --pin-dir {0}` removes it (and every bucket)",
@@ -234,6 +243,24 @@ impl Datapath {
             .program(PROGRAM)
             .and_then(|p| p.try_into().ok())
             .expect("checked at load")
+    }
+
+    /// How many instructions the verifier processed for each program of
+    /// the object, by name (kernels before 5.16 do not say: `None`).
+    pub fn verified_instructions(&self) -> Vec<(String, Option<u32>)> {
+        let mut counts: Vec<(String, Option<u32>)> = self
+            .ebpf
+            .programs()
+            .map(|(name, program)| {
+                let count = program
+                    .info()
+                    .ok()
+                    .and_then(|info| info.verified_instruction_count());
+                (name.to_owned(), count)
+            })
+            .collect();
+        counts.sort();
+        counts
     }
 
     fn program_mut(&mut self) -> &mut Xdp {

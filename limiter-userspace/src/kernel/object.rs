@@ -22,6 +22,8 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// The program's name in the object.
 pub const PROGRAM: &str = "limiter";
+/// The decision program's, which the entry program tail calls.
+pub const DECIDE_PROGRAM: &str = "limiter_decide";
 /// The trace program's (`limiter trace`), which the limiter tail calls.
 pub const TRACE_PROGRAM: &str = "limiter_trace";
 
@@ -31,6 +33,9 @@ pub const TRACE_PROGRAM: &str = "limiter_trace";
 pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, KernelError> {
     if object.is_empty() {
         return Err(KernelError::NoObject);
+    }
+    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        check_release(release.trim())?;
     }
     // Before reading anything pinned there: pins another user could have
     // placed are not state to adopt.
@@ -52,26 +57,61 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
             _ => KernelError::Load(Box::new(e)),
         })?;
     load_program(&mut ebpf, PROGRAM)?;
+    load_program(&mut ebpf, DECIDE_PROGRAM)?;
     load_program(&mut ebpf, TRACE_PROGRAM)?;
-    let trace = {
-        let program: &Xdp = ebpf
-            .program(TRACE_PROGRAM)
+    // The entry program tail calls the decision program, and both tail
+    // call the trace program while someone traces.
+    enter(&mut ebpf, map_name::STAGES, DECIDE_PROGRAM)?;
+    enter(&mut ebpf, map_name::TRACE_PROG, TRACE_PROGRAM)?;
+    Ok(ebpf)
+}
+
+/// The oldest kernels the program loads on, with what each older one
+/// lacks, newest first: a kernel older than the last gets one line naming
+/// it, instead of a verifier log that only hints at it.
+const NEEDS: [((u32, u32), &str); 1] = [(
+    (5, 12),
+    "BPF atomic compare-and-exchange (Linux 5.12), which every meter's lock-free update uses",
+)];
+
+/// The oldest kernel `cargo xtask test` runs the kernel tests on.
+pub const TESTED_SINCE: &str = "6.1";
+
+/// Refuses a kernel release (`uname -r`) older than [`NEEDS`] allows.
+pub fn check_release(release: &str) -> Result<(), KernelError> {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    match NEEDS.iter().find(|(since, _)| version < *since) {
+        Some((_, lacks)) => Err(KernelError::KernelTooOld {
+            release: release.to_owned(),
+            lacks,
+            tested: TESTED_SINCE,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Puts the loaded program `program` at index 0 of the program array `map`.
+fn enter(ebpf: &mut Ebpf, map: &'static str, program: &str) -> Result<(), KernelError> {
+    let fd = {
+        let loaded: &Xdp = ebpf
+            .program(program)
             .and_then(|p| p.try_into().ok())
             .ok_or(KernelError::NoObject)?;
-        let fd = program
+        let fd = loaded
             .fd()
             .map_err(|e| KernelError::Load(Box::new(e.into())))?;
         fd.try_clone()
             .map_err(|e| KernelError::Load(Box::new(ProgramError::from(e).into())))?
     };
-    let mut jump: ProgramArray<_> = ebpf
-        .map_mut(map_name::TRACE_PROG)
-        .ok_or_else(|| KernelError::BadObject(format!("it has no map {}", map_name::TRACE_PROG)))?
+    let mut array: ProgramArray<_> = ebpf
+        .map_mut(map)
+        .ok_or_else(|| KernelError::BadObject(format!("it has no map {map}")))?
         .try_into()
-        .map_err(super::maps::map_error(map_name::TRACE_PROG))?;
-    jump.set(0, &trace, 0)
-        .map_err(super::maps::map_error(map_name::TRACE_PROG))?;
-    Ok(ebpf)
+        .map_err(super::maps::map_error(map))?;
+    array.set(0, &fd, 0).map_err(super::maps::map_error(map))
 }
 
 /// Loads the object's XDP program `name` into the kernel (not attached).
@@ -124,6 +164,21 @@ fn verifier_verdict(log: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kernels_older_than_the_atomics_are_named_and_refused() {
+        for release in ["5.10.0-43-cloud-amd64", "4.19.0", "5.11.22"] {
+            let error = super::check_release(release).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("Linux {release} is too old"))
+                    && error.contains("compare-and-exchange (Linux 5.12)"),
+                "{error}"
+            );
+        }
+        for release in ["5.12.0", "6.1.0-57-cloud-amd64", "6.18.44-fc-v1147", "10.0"] {
+            assert!(super::check_release(release).is_ok(), "{release}");
+        }
+    }
+
     #[test]
     fn verifier_verdict_is_the_reason_line() {
         let log = "683: (79) r4 = *(u64 *)(r10 -64)\n684: (54) w4 &= 65535\nR4 32-bit pointer arithmetic prohibited\nverification time 97473 usec\nstack depth 192+0\nprocessed 9597 insns (limit 1000000)\n";

@@ -1,0 +1,225 @@
+//! The decision program's work, on a packet the entry program matched
+//! (`abi::Handoff`): a manual block, then the rule's meters, then the
+//! counters and the verdict.
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use limiter_common::{
+    abi::{
+        FlowKey, GlobalConfig, GlobalCounters, Handoff, action, counter_slot, global_flag,
+        handoff_flag, rule_flag, rule_slot,
+    },
+    meter::{Outcome, Verdict, order},
+    trace::{reason, verdict as traced},
+};
+
+use crate::{
+    admission::{self, Charged},
+    blocks, clock, fragments, handoff, keys,
+    maps::{CONFIG, COSTS, GLOBAL_STATS, RULE_STATS, RULES},
+    matching, meter,
+    parse::Source,
+    profile,
+    trace::{self, Decided},
+};
+
+/// `Verdict::refused_by` beyond the meters' (`order`), as `trace::reason`
+/// names them: a packet refused a new key,
+pub const REFUSED_ADMISSION: usize = reason::UNADMITTED as usize;
+/// one whose new key could not be stored,
+pub const KEY_ALLOC_FAILED: usize = reason::NO_SLOT as usize;
+/// one whose rule blocks,
+const REFUSED_BY_RULE: usize = reason::RULE_BLOCKS as usize;
+/// and a later fragment whose first fragment was dropped.
+const REFUSED_WITH_FIRST_FRAGMENT: usize = reason::FRAGMENT as usize;
+const _: () = assert!(REFUSED_ADMISSION == order::METERS);
+
+/// The decision program.
+#[inline(always)]
+pub fn run(ctx: &XdpContext) -> u32 {
+    let (Some(handed), Some(config), Some(global)) = (
+        handoff::received(),
+        CONFIG.get(0),
+        GLOBAL_STATS.get_ptr_mut(0),
+    ) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: a per-CPU value, which only this CPU's programs touch, and
+    // one of them at a time.
+    let global = unsafe { &mut *global };
+    let decided = decide(config, global, handed);
+    trace::finish(ctx, &decided)
+}
+
+/// Applies a manual block or the packet's rule, and counts.
+#[inline(always)]
+fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Handoff) -> Decided {
+    let global_shadow = config.flags & global_flag::SHADOW != 0;
+    let generation = handed.generation;
+    let source = handoff::source(handed);
+    let len = u64::from(handed.len);
+    // A later fragment takes its first fragment's rule, and its fate.
+    let first = if handed.flags & handoff_flag::LATER_FRAGMENT != 0 {
+        fragments::first_of(generation, &source, handed.datagram)
+    } else {
+        None
+    };
+    let rule_id = match first {
+        Some(first) => first.rule,
+        None => matching::match_rule(generation, &source, handed),
+    };
+    handed.rule = rule_id;
+    if profile::stop_after(profile::RULE_MATCHED) {
+        return stopped(u64::from(rule_id));
+    }
+    let (Some(rule), Some(counters)) = (
+        RULES.get(rule_slot(generation, rule_id)),
+        RULE_STATS.get_ptr_mut(counter_slot(handed.iface, rule_id)),
+    ) else {
+        return Decided::new(action::PASS, traced::PASSED, reason::NONE);
+    };
+    // SAFETY: a per-CPU value, as `global`.
+    let counters = unsafe { &mut *counters };
+    if profile::stop_after(profile::RULE_LOADED) {
+        return stopped(u64::from(rule.flags) ^ counters.passed_packets);
+    }
+    let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
+    // What the packet costs its packet meters: 1, or its class's credits.
+    let credits = if rule.flags & rule_flag::COSTS != 0 {
+        COSTS
+            .get(rule_slot(generation, rule_id))
+            .map_or(1, |costs| {
+                costs.credits(handed.protocol, handed.dest_port, handed.tcp_flags)
+            })
+    } else {
+        1
+    };
+    let key = match source {
+        Source::V4(addr) => FlowKey::v4(rule_id, addr, rule.v4_key_mask),
+        Source::V6(addr) => FlowKey::v6(rule_id, addr, rule.v6_key_mask),
+    };
+    let slot = if metered {
+        keys::find(config, &key)
+    } else {
+        None
+    };
+    if profile::stop_after(profile::KEY_FOUND) {
+        return stopped(slot.map_or(0, |s| s.as_ptr() as u64));
+    }
+    // A key that is one whole address remembers the block epoch at which
+    // its source was last found unblocked (a masked key covers addresses
+    // a block may cover apart); 0 means never, hence the + 1.
+    let block_cache = slot.filter(|_| blocks::whole_address_key(rule, &source));
+    let epoch = config.block_epoch.wrapping_add(1);
+    // SAFETY (both): the slot's own word, written only with this epoch.
+    if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { s.as_ref().block_epoch } != epoch)
+    {
+        if blocks::blocked(&source) {
+            global.blocked += 1;
+            let (action, verdict) = if global_shadow {
+                (action::PASS, traced::SHADOW)
+            } else {
+                (action::DROP, traced::BLOCKED)
+            };
+            return Decided::new(action, verdict, reason::BLOCK);
+        }
+        if let Some(slot) = block_cache {
+            // SAFETY: as above: this slot's `block_epoch`, an aligned u32 of a `KEYS`
+            // value; one plain store, which a racing CPU's store only overwrites.
+            unsafe { (*slot.as_ptr()).block_epoch = epoch };
+        }
+    }
+    if profile::stop_after(profile::BLOCK_CHECKED) {
+        return stopped(u64::from(epoch));
+    }
+    let now = clock::now();
+    if profile::stop_after(profile::CLOCK_READ) {
+        return stopped(now);
+    }
+    let charged = Charged { len, credits };
+    let verdict = if rule.flags & rule_flag::BLOCK != 0 {
+        Verdict {
+            outcome: Outcome::Denied,
+            refused_by: REFUSED_BY_RULE,
+        }
+    } else if first.is_some_and(|first| first.dropped != 0) {
+        Verdict {
+            outcome: Outcome::Denied,
+            refused_by: REFUSED_WITH_FIRST_FRAGMENT,
+        }
+    } else if rule.flags & rule_flag::UNLIMITED != 0 {
+        Verdict {
+            outcome: Outcome::Allowed,
+            refused_by: 0,
+        }
+    } else {
+        let slot = match slot {
+            Some(slot) => Ok(slot.as_ptr()),
+            None => admission::new_key(
+                config, generation, global, rule_id, rule, &key, counters, now, charged,
+            ),
+        };
+        match slot {
+            Ok(slot) => meter::charge_key(config, handed, rule_id, rule, slot, now, charged),
+            Err(verdict) => verdict,
+        }
+    };
+    if profile::stop_after(profile::METERED) {
+        return stopped(verdict.outcome as u64);
+    }
+    let allowed = verdict.outcome == Outcome::Allowed;
+    let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
+    if allowed || shadow {
+        counters.passed_packets += 1;
+        counters.passed_bytes += len;
+    }
+    if !allowed && shadow {
+        counters.shadow_packets += 1;
+        counters.shadow_bytes += len;
+    }
+    if !allowed && !shadow {
+        counters.dropped_packets += 1;
+        counters.dropped_bytes += len;
+    }
+    if verdict.outcome == Outcome::Contended {
+        counters.contended += 1;
+    }
+    if !allowed {
+        match verdict.refused_by {
+            REFUSED_ADMISSION => counters.unadmitted += 1,
+            KEY_ALLOC_FAILED => global.key_alloc_failed += 1,
+            i if i < order::METERS && order::is_aggregate(i) => counters.aggregate_excess += 1,
+            _ => {}
+        }
+    }
+    if handed.flags & handoff_flag::FIRST_FRAGMENT != 0 {
+        fragments::remember(
+            generation,
+            &source,
+            handed.datagram,
+            rule_id,
+            !allowed && !shadow,
+        );
+    }
+    let (action, verdict_traced) = match (allowed, shadow) {
+        (true, _) => (action::PASS, traced::PASSED),
+        (false, true) => (action::PASS, traced::SHADOW),
+        (false, false) => (action::DROP, traced::DROPPED),
+    };
+    let why = if allowed {
+        reason::NONE
+    } else {
+        verdict.refused_by as u8
+    };
+    Decided::new(action, verdict_traced, why)
+}
+
+/// A profile build's decision when it stops inside `decide`.
+#[inline(always)]
+fn stopped(value: u64) -> Decided {
+    let action = if profile::verdict(value) == xdp_action::XDP_DROP {
+        action::DROP
+    } else {
+        action::PASS
+    };
+    Decided::new(action, traced::PASSED, reason::NONE)
+}

@@ -1,0 +1,407 @@
+//! Charging a tracked key: its meters and its rule's aggregate meters, in
+//! one subprogram per algorithm (GCRA: lock-free compare-and-swap;
+//! windows: under the key's lock), then its soft limit and its counts.
+
+use limiter_common::{
+    abi::{
+        AggregateState, GlobalConfig, Handoff, KeyState, RuleConfig, algorithm, counter_slot,
+        rule_flag, rule_slot,
+    },
+    gcra::Gcra,
+    keytable::{Slot, pack_counts, window_state},
+    meter::{
+        Outcome, Present, PresentWindows, Verdict, acquire, acquire_all_after, order, windows_all,
+    },
+    window::WindowState,
+};
+
+use crate::{
+    admission::Charged,
+    cell::{MapCell, lock, lock_window, unlock, unlock_window},
+    maps::{AGGREGATES, SOFT_LIMITS, SOFT_STATS, WINDOW_SCRATCH},
+};
+
+/// Charges a tracked key (its slot) and counts the outcome on it.
+#[inline(always)]
+pub fn charge_key(
+    config: &GlobalConfig,
+    handed: &Handoff,
+    rule_id: u32,
+    rule: &RuleConfig,
+    slot: *mut Slot,
+    now: u64,
+    charged: Charged,
+) -> Verdict {
+    let generation = handed.generation;
+    // SAFETY: a slot of the key table (a map value); the pointer, not a
+    // reference, as other CPUs update it.
+    let key_state = unsafe { &raw mut (*slot).state };
+    let verdict = meter(config, generation, rule_id, rule, key_state, now, charged);
+    if verdict.outcome == Outcome::Allowed
+        && rule.flags & rule_flag::SOFT != 0
+        && rule.algorithm == algorithm::GCRA
+    {
+        over_soft(
+            generation,
+            handed.iface,
+            rule_id,
+            key_state,
+            now,
+            charged.credits,
+        );
+    }
+    // For `limiter top`; see `KeyState::passed_packets`. Plain writes:
+    // these counts may lose an increment to another CPU, as documented.
+    // SAFETY: fields of the slot above.
+    unsafe {
+        if verdict.outcome == Outcome::Allowed {
+            let passed = &raw mut (*key_state).passed_packets;
+            passed.write(passed.read().wrapping_add(1));
+        } else {
+            let dropped = &raw mut (*key_state).dropped_packets;
+            dropped.write(dropped.read().wrapping_add(1));
+        }
+    }
+    verdict
+}
+
+/// Charges a packet its key's soft meter (the third word of a GCRA key's
+/// state, which the hard meters leave free), and counts it when the soft
+/// meter refuses it: it is passed all the same.
+#[inline(always)]
+fn over_soft(
+    generation: u32,
+    iface: u32,
+    rule_id: u32,
+    state: *mut KeyState,
+    now: u64,
+    credits: u64,
+) {
+    let Some(soft) = SOFT_LIMITS.get(rule_slot(generation, rule_id)) else {
+        return;
+    };
+    // SAFETY: `state` is a `KEYS` slot's (`charge_key`), a map value other
+    // CPUs update: only the third word's address is taken, and `MapCell`
+    // reads and swaps that aligned u64 atomically.
+    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    if acquire(&cell, soft, now, credits) == Outcome::Denied
+        && let Some(over) = SOFT_STATS.get_ptr_mut(counter_slot(iface, rule_id))
+    {
+        // SAFETY: this CPU's `SOFT_STATS` counter, which only this CPU's running
+        // program touches (XDP runs to the end on its CPU).
+        unsafe { *over += 1 };
+    }
+}
+
+/// Charges the packet to its key's meters and the rule's aggregate meters.
+#[inline(always)]
+fn meter(
+    config: &GlobalConfig,
+    generation: u32,
+    rule_id: u32,
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    now: u64,
+    charged: Charged,
+) -> Verdict {
+    let Some(aggregate) = AGGREGATES.get_ptr_mut(rule_id) else {
+        return Verdict {
+            outcome: Outcome::Denied,
+            refused_by: 0,
+        };
+    };
+    let verdict = if rule.algorithm == algorithm::GCRA {
+        // The meter of the key's third word (see `rule_flag::THIRD_LIMIT`).
+        let Some(third) = SOFT_LIMITS.get(rule_slot(generation, rule_id)) else {
+            return Verdict {
+                outcome: Outcome::Denied,
+                refused_by: 0,
+            };
+        };
+        let packet = GcraCharge {
+            now,
+            charged: charged.word(),
+            third,
+        };
+        meter_gcra_call(rule, state, aggregate, &packet)
+    } else {
+        let packet = PacketCharge {
+            now,
+            realtime_offset_ns: config.realtime_offset_ns,
+            charged,
+        };
+        meter_windows_call(rule, state, aggregate, &packet)
+    };
+    Verdict {
+        outcome: match verdict & 0xff {
+            0 => Outcome::Allowed,
+            1 => Outcome::Denied,
+            _ => Outcome::Contended,
+        },
+        refused_by: (verdict >> 8) as usize,
+    }
+}
+
+/// A verdict in one word, as a subprogram returns it: the outcome in the
+/// low byte, `refused_by` above it.
+#[inline(always)]
+fn verdict_word(verdict: Verdict) -> u64 {
+    let outcome = match verdict.outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::Contended => 2,
+    };
+    outcome | ((verdict.refused_by as u64) << 8)
+}
+
+/// What the key's byte meter charges: the frame's length, or its
+/// credits when the meter is a second packet limit
+/// (`rule_flag::BYTES_COUNT_PACKETS`). Without a branch: the verifier
+/// would explore every meter after it twice.
+#[inline(always)]
+fn key_bytes_cost(flags: u32, len: u64, credits: u64) -> u64 {
+    pick(
+        flag_bit(flags, rule_flag::BYTES_COUNT_PACKETS),
+        credits,
+        len,
+    )
+}
+
+/// 1 if `flags` has `flag` (a single bit), else 0: a value, not a branch.
+#[inline(always)]
+fn flag_bit(flags: u32, flag: u32) -> u64 {
+    u64::from((flags >> flag.trailing_zeros()) & 1)
+}
+
+/// `if_set` when `bit` (0 or 1) is 1, else `if_clear`, without a branch.
+#[inline(always)]
+fn pick(bit: u64, if_set: u64, if_clear: u64) -> u64 {
+    if_set * bit + if_clear * (1 - bit)
+}
+
+/// A packet's time and cost, and the meter of its key's third word, for
+/// [`meter_gcra_call`].
+struct GcraCharge<'a> {
+    now: u64,
+    /// [`Charged::word`].
+    charged: u64,
+    third: &'a Gcra,
+}
+
+/// [`meter_gcra`] as a BPF subprogram, for its stack frame (see
+/// [`meter_windows_call`]).
+#[inline(never)]
+fn meter_gcra_call(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    packet: &GcraCharge<'_>,
+) -> u64 {
+    verdict_word(meter_gcra(
+        rule,
+        state,
+        aggregate,
+        packet.now,
+        Charged::of_word(packet.charged),
+        packet.third,
+    ))
+}
+
+/// A packet's time and length, for [`meter_windows_call`].
+#[derive(Clone, Copy)]
+struct PacketCharge {
+    now: u64,
+    /// `GlobalConfig::realtime_offset_ns`: windows are kept in epoch ns.
+    realtime_offset_ns: u64,
+    charged: Charged,
+}
+
+/// [`meter_windows`] as a BPF subprogram: each meter's stack frame is its
+/// own, not added to the program's (the verifier allows 512 bytes along
+/// a chain of calls); a subprogram takes five arguments and returns one
+/// word ([`verdict_word`]).
+#[inline(never)]
+fn meter_windows_call(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    packet: &PacketCharge,
+) -> u64 {
+    verdict_word(meter_windows(rule, state, aggregate, packet))
+}
+
+/// GCRA: lock-free, one compare-and-swap per meter.
+#[inline(always)]
+fn meter_gcra(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    now: u64,
+    charged: Charged,
+    third: &Gcra,
+) -> Verdict {
+    let Charged { len, credits } = charged;
+    // A key's state and its rule's aggregate each keep a packet meter
+    // (pair index 0) and a byte meter (1); `cells` lists them in `order`.
+    const _: () = assert!(
+        order::KEY_PACKETS == 0
+            && order::KEY_BYTES == 1
+            && order::AGGREGATE_PACKETS == 2
+            && order::AGGREGATE_BYTES == 3
+    );
+    // SAFETY: `state` (a `KEYS` slot's) and `aggregate` (an `AGGREGATES`
+    // value) point into map values other CPUs update: only the meters'
+    // addresses are taken; `MapCell` reads and swaps them atomically.
+    let cells = unsafe {
+        [
+            MapCell(&raw mut (*state).meters[0]),
+            MapCell(&raw mut (*state).meters[1]),
+            MapCell(&raw mut (*aggregate).meters[0][0]),
+            MapCell(&raw mut (*aggregate).meters[1][0]),
+        ]
+    };
+    // Which meters the rule has, as a value the verifier does not know
+    // (see `Present`); bit `i` for meter `i` of `order`.
+    let bit = |flag: u32, i: usize| (flag_bit(rule.flags, flag) as u32) << i;
+    let charges = Present {
+        cells: [&cells[0], &cells[1], &cells[2], &cells[3]],
+        limits: [
+            &rule.packets.gcra,
+            &rule.bytes.gcra,
+            &rule.aggregate_packets_at(now).gcra,
+            &rule.aggregate_bytes.gcra,
+        ],
+        // The key's byte meter counts credits when it is a second packet limit.
+        costs: [
+            credits,
+            key_bytes_cost(rule.flags, len, credits),
+            credits,
+            len,
+        ],
+        mask: bit(rule_flag::LIMIT_PACKETS, order::KEY_PACKETS)
+            | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
+            | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
+            | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES),
+    };
+    // The third limit, if any, in the key's third word: charged always
+    // (`acquire_all_after`), and without one at no cost, at time 0, to a
+    // meter that refuses nothing: a charge that changes nothing, so
+    // writes nothing. A branch instead (a fifth optional meter, or a
+    // subprogram for the rules with one) has the verifier explore every
+    // meter after it twice, past its budget.
+    // SAFETY: as for `cells`: only the address of the key's third word.
+    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    let has_third = flag_bit(rule.flags, rule_flag::THIRD_LIMIT);
+    let third = third_meter(rule.flags, third);
+    let cost = third_cost(rule.flags, len, credits);
+    acquire_all_after((&cell, &third, cost), pick(has_third, now, 0), charges, now)
+}
+
+/// The meter of a key's third word as its third limit: `stored` when the
+/// rule has one, else one that admits any cost at any TAT (nothing to
+/// charge, unlimited capacity and burst), so a charge of 0 at time 0
+/// leaves the word as it is (a soft limit's TAT there keeps its meaning).
+/// Without a branch.
+#[inline(always)]
+fn third_meter(flags: u32, stored: &Gcra) -> Gcra {
+    let keep = flag_bit(flags, rule_flag::THIRD_LIMIT).wrapping_neg();
+    Gcra {
+        emission_ns: stored.emission_ns & keep,
+        capacity_ns: stored.capacity_ns | !keep,
+        burst: stored.burst | !keep,
+    }
+}
+
+/// What the key's third meter charges: nothing without a third limit,
+/// else a frame's credits or (`rule_flag::THIRD_COUNTS_BYTES`) its
+/// length. Without a branch (see [`key_bytes_cost`]).
+#[inline(always)]
+fn third_cost(flags: u32, len: u64, credits: u64) -> u64 {
+    let cost = pick(flag_bit(flags, rule_flag::THIRD_COUNTS_BYTES), len, credits);
+    flag_bit(flags, rule_flag::THIRD_LIMIT) * cost
+}
+
+/// Windows: a window's fields change together, so the key's state (then
+/// the aggregate's, always in that order) is locked while checked. The
+/// key's windows are unpacked (`KeyState`), checked and packed back.
+#[inline(always)]
+fn meter_windows(
+    rule: &RuleConfig,
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    packet: &PacketCharge,
+) -> Verdict {
+    let PacketCharge {
+        now,
+        realtime_offset_ns,
+        charged: Charged { len, credits },
+    } = *packet;
+    let contended = Verdict {
+        outcome: Outcome::Contended,
+        refused_by: 0,
+    };
+    let has_aggregate =
+        rule.flags & (rule_flag::AGGREGATE_PACKETS | rule_flag::AGGREGATE_BYTES) != 0;
+    let Some(scratch) = WINDOW_SCRATCH.get_ptr_mut(0) else {
+        return contended;
+    };
+    // SAFETY: addresses only, of the key's packets word (a `KEYS` slot's)
+    // and of the aggregate's lock (an `AGGREGATES` value), which other CPUs
+    // take too: `lock_window` and `lock` change them atomically.
+    let key_lock = unsafe { &raw mut (*state).meters[1] };
+    let aggregate_lock = unsafe { &raw mut (*aggregate).lock };
+    let Some(held) = lock_window(key_lock) else {
+        return contended;
+    };
+    if has_aggregate && !lock(aggregate_lock) {
+        unlock_window(key_lock, held);
+        return contended;
+    }
+    let aggregate_packets_window = &rule.aggregate_packets_at(now).window;
+    let now = now.wrapping_add(realtime_offset_ns);
+    // SAFETY: the key's window lock, held, keeps other writers off its meters;
+    // so does the aggregate's for its meters (not taken only when `mask` leaves
+    // them alone); `scratch` is this CPU's `WINDOW_SCRATCH` value, its own.
+    let (key, aggregate_meters, [key_packets, key_bytes]) =
+        unsafe { (&mut *state, &mut (*aggregate).meters, &mut *scratch) };
+    *key_packets = window_state(key, 1);
+    *key_bytes = window_state(key, 2);
+    let [aggregate_packets, aggregate_bytes] = aggregate_meters;
+    let bit = |flag: u32, i: usize| (flag_bit(rule.flags, flag) as u32) << i;
+    let charges = PresentWindows {
+        states: [
+            &mut *key_packets,
+            &mut *key_bytes,
+            WindowState::in_slots(aggregate_packets),
+            WindowState::in_slots(aggregate_bytes),
+        ],
+        windows: [
+            &rule.packets.window,
+            &rule.bytes.window,
+            aggregate_packets_window,
+            &rule.aggregate_bytes.window,
+        ],
+        costs: [
+            credits,
+            key_bytes_cost(rule.flags, len, credits),
+            credits,
+            len,
+        ],
+        mask: bit(rule_flag::LIMIT_PACKETS, order::KEY_PACKETS)
+            | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
+            | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
+            | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES),
+    };
+    let verdict = windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW);
+    if has_aggregate {
+        unlock(aggregate_lock);
+    }
+    // Written back whatever the verdict (a refusal changed nothing, so this
+    // rewrites what was there): fewer values live across the check. The
+    // meters in force rolled from one start alike; one not in force kept
+    // the start it had, never a later one.
+    key.meters[0] = key_packets.start.max(key_bytes.start);
+    key.meters[2] = pack_counts(key_bytes);
+    unlock_window(key_lock, pack_counts(key_packets));
+    verdict
+}

@@ -1,0 +1,70 @@
+//! The verifier's budget, on whatever kernel runs the tests (the host's,
+//! and each kernel of `cargo xtask test`'s matrix): every program of every
+//! build of the XDP object the project ships loads, and the verifier
+//! processed at most `BUDGET` instructions for it. The kernel refuses a
+//! program past 1,000,000; staying well below leaves room for the next
+//! feature and keeps loading fast (the daemon's start is mostly this).
+
+use limiter_tests::{loaded_object, test_clock_object};
+
+/// At most this many verified instructions for any one program.
+const BUDGET: u32 = 400_000;
+
+/// A rule file that makes every program reachable: rules of every
+/// algorithm, with soft limits, costs, aggregates and escalation.
+const RULES: &str = r#"
+default: pass
+rules:
+  - { name: gcra, match: { source: 198.18.0.0/16, protocol: udp, dest_port: 53 }, limit: { rate: 1000, unit: second } }
+  - { name: window, match: { source: 198.18.0.0/16, protocol: tcp }, algorithm: sliding_window, limit: { rate: 1000, unit: second } }
+"#;
+
+/// The builds: (name, object). The no-trace build is made by `cargo xtask
+/// test` and named by `LIMITER_NO_TRACE_OBJECT`.
+fn builds() -> Vec<(&'static str, Vec<u8>)> {
+    let mut builds = vec![
+        ("release", limiter::kernel::OBJECT.to_vec()),
+        ("test-clock", test_clock_object()),
+    ];
+    match std::env::var_os("LIMITER_NO_TRACE_OBJECT") {
+        Some(path) => builds.push((
+            "no-trace",
+            std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", std::path::Path::new(&path).display())),
+        )),
+        None => panic!("LIMITER_NO_TRACE_OBJECT is not set (`cargo xtask test` sets it)"),
+    }
+    builds
+}
+
+#[test]
+fn every_program_of_every_build_verifies_within_the_budget() {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut over = Vec::new();
+    for (build, object) in builds() {
+        let loaded = loaded_object(&object, RULES);
+        let counts = loaded.engine.datapath().verified_instructions();
+        assert!(counts.len() >= 2, "{build}: programs {counts:?}");
+        for (program, count) in counts {
+            let count = count.unwrap_or_else(|| {
+                panic!(
+                    "{build}/{program}: the kernel did not say how many instructions it verified"
+                )
+            });
+            // The figure BENCHMARKS.md records per kernel and build.
+            println!(
+                "verified: kernel {} build {build} program {program}: {count}",
+                kernel.trim()
+            );
+            if count > BUDGET {
+                over.push(format!("{build}/{program}: {count}"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "over the budget of {BUDGET} verified instructions on {}: {}",
+        kernel.trim(),
+        over.join(", ")
+    );
+}

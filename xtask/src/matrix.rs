@@ -1,0 +1,258 @@
+//! The kernel matrix of `cargo xtask test`: the kernel-facing tests run
+//! again inside qemu guests booted from Debian's own kernels (`vm`), so
+//! the program is verified and enforces on the kernels operators run,
+//! not only on this machine's. A kernel older than the minimum gets its
+//! one-line refusal checked instead.
+//!
+//! Under TCG a guest verifies about a hundred times slower than the host,
+//! so each guest runs a chosen set: every build's verifier budget, the
+//! BPF_PROG_TEST_RUN tests of each header layout, the conformance replay,
+//! a flood on a veth pair counted at the receiver, and `limiter daemon`
+//! killed with -9 and restarted from its pins.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    root, step,
+    vm::{self, Guest, GuestCommand},
+};
+
+/// Kernels the tests must pass on (Debian 12's and 13's).
+const PASSING: [&str; 2] = ["6.1", "6.12"];
+/// A kernel below the minimum (Debian 11's), which must be refused in
+/// one line naming what it lacks.
+const TOO_OLD: &str = "5.10";
+
+/// The tests each guest runs: (test binary, test name filters).
+const TESTS: [(&str, &[&str]); 5] = [
+    ("verifier_budget", &[]),
+    (
+        "prog_test_run",
+        &[
+            "ipv4_rules_by_protocol_port_and_prefix",
+            "ipv6_extension_headers",
+            "later_fragments_follow_their_first",
+        ],
+    ),
+    ("conformance", &["the_xdp_program_matches_the_reference"]),
+    (
+        "traffic",
+        &["flood_from_many_sources_is_held_to_burst_plus_rate"],
+    ),
+    (
+        "daemon",
+        &["kill_9_and_restart_under_flood_admit_no_second_burst"],
+    ),
+];
+
+/// Each test binary's time limit in a guest.
+const TEST_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Runs the matrix with the `limiter` binary given and the no-trace
+/// build of the program (the test-clock build is found where the tests
+/// look for it).
+pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
+    let binaries = test_binaries()?;
+    let test_clock =
+        root().join("limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter");
+    let mut files = vec![
+        limiter.to_owned(),
+        no_trace.to_owned(),
+        test_clock,
+        root().join("examples"),
+    ];
+    files.extend(binaries.iter().map(|(_, path)| path.clone()));
+    let env = vec![
+        ("LIMITER_BIN".to_owned(), limiter.display().to_string()),
+        (
+            "LIMITER_NO_TRACE_OBJECT".to_owned(),
+            no_trace.display().to_string(),
+        ),
+        ("RUST_BACKTRACE".to_owned(), "1".to_owned()),
+    ];
+    let mut failed = Vec::new();
+    for name in PASSING {
+        let kernel = vm::kernel(name)?;
+        step(&format!(
+            "kernel matrix: Debian {}'s Linux {name} in qemu (the kernel tests, verified there)",
+            kernel.debian
+        ));
+        let commands = TESTS
+            .iter()
+            .map(|(test, filters)| {
+                let path = &binaries
+                    .iter()
+                    .find(|(t, _)| t == test)
+                    .expect("built above")
+                    .1;
+                let mut argv = vec![path.display().to_string()];
+                argv.extend(filters.iter().map(|f| (*f).to_owned()));
+                argv.extend(["--exact", "--test-threads=1", "--nocapture"].map(str::to_owned));
+                if filters.is_empty() {
+                    argv.retain(|a| a != "--exact");
+                }
+                let mut command = GuestCommand::new(*test, argv, TEST_TIMEOUT);
+                // As cargo runs a test binary: in its package's directory.
+                command.cwd = Some(root().join("tests"));
+                command
+            })
+            .collect();
+        let guest = Guest {
+            files: files.clone(),
+            env: env.clone(),
+            commands,
+            // The flood and the daemon test use both CPUs.
+            memory_mib: 3072,
+            ..Guest::default()
+        };
+        let started = Instant::now();
+        let run = vm::run(kernel, &guest)?;
+        report(name, &run, started.elapsed());
+        if !run.success() {
+            failed.push(name);
+        }
+    }
+    step(&format!(
+        "kernel matrix: Debian 11's Linux {TOO_OLD} is refused in one line"
+    ));
+    if let Err(e) = too_old_is_refused(limiter) {
+        println!("xtask: {e:#}");
+        failed.push(TOO_OLD);
+    }
+    if !failed.is_empty() {
+        bail!("the kernel matrix failed on Linux {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// `limiter run` on the oldest kernel: one line on stderr naming what the
+/// kernel lacks, no verifier log, a non-zero exit.
+fn too_old_is_refused(limiter: &Path) -> Result<()> {
+    let kernel = vm::kernel(TOO_OLD)?;
+    let rules = root().join("examples/rules.yaml");
+    let argv = vec![
+        limiter.display().to_string(),
+        "run".to_owned(),
+        "--iface".to_owned(),
+        "lo".to_owned(),
+        "--config".to_owned(),
+        rules.display().to_string(),
+    ];
+    let guest = Guest {
+        files: vec![limiter.to_owned(), rules],
+        commands: vec![GuestCommand::new("refused", argv, Duration::from_secs(120))],
+        ..Guest::default()
+    };
+    let started = Instant::now();
+    let run = vm::run(kernel, &guest)?;
+    let (_, outcome) = run.outcomes.first().context("the 5.10 guest ran nothing")?;
+    let said: Vec<&String> = outcome
+        .output
+        .iter()
+        .filter(|line| line.starts_with("error:"))
+        .collect();
+    println!(
+        "xtask: Linux {} ({}): {:?} in {:.1} s: {}",
+        TOO_OLD,
+        run.release.as_deref().unwrap_or("?"),
+        outcome.status,
+        started.elapsed().as_secs_f64(),
+        said.first().map_or("no error line", |l| l.as_str())
+    );
+    let one_line = said.len() == 1
+        && said[0].contains("is too old for the limiter: it lacks")
+        && !outcome.output.iter().any(|l| l.contains("verifier"));
+    if outcome.success() || !one_line {
+        bail!(
+            "Linux {TOO_OLD} was not refused in one line naming what it lacks; it printed:\n{}",
+            outcome.output.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// One guest's outcome, a line per test binary; the output of the ones
+/// that failed.
+fn report(name: &str, run: &vm::Run, took: Duration) {
+    println!(
+        "xtask: Linux {name} ({}), booted in {:.1} s, {:?} after {:.0} s",
+        run.release.as_deref().unwrap_or("did not boot"),
+        run.boot.map_or(0.0, |b| b.as_secs_f64()),
+        run.end,
+        took.as_secs_f64()
+    );
+    for (test, outcome) in &run.outcomes {
+        println!(
+            "xtask:   {test:<16} {:?} in {:.0} s",
+            outcome.status,
+            outcome.elapsed.as_secs_f64()
+        );
+        // The verifier's figures, for BENCHMARKS.md.
+        for line in outcome.output.iter().filter(|l| l.starts_with("verified:")) {
+            println!("xtask:     {line}");
+        }
+        if !outcome.success() {
+            for line in &outcome.output {
+                println!("xtask:     | {line}");
+            }
+        }
+    }
+    if !run.success() {
+        for line in &run.console_tail {
+            println!("xtask:   console | {line}");
+        }
+    }
+}
+
+/// Builds the integration tests (as `cargo test` would, without running
+/// them) and returns the binaries `TESTS` names.
+fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
+    let out = Command::new("cargo")
+        .current_dir(root())
+        .args([
+            "test",
+            "--package",
+            "limiter-tests",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .env("LIMITER_TESTS_BUILD_KERNEL", "1")
+        .output()
+        .context("building the integration tests")?;
+    if !out.status.success() {
+        bail!(
+            "building the integration tests failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(executable)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        let is_test = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if is_test && TESTS.iter().any(|(test, _)| *test == name) {
+            found.push((name.to_owned(), PathBuf::from(executable)));
+        }
+    }
+    for (test, _) in TESTS {
+        if !found.iter().any(|(name, _)| name == test) {
+            bail!("cargo built no test binary {test}");
+        }
+    }
+    Ok(found)
+}
