@@ -146,7 +146,16 @@ pub struct Handoff {
     pub flags: u16,
 }
 
-const _: () = assert!(core::mem::size_of::<Handoff>() == 48);
+// The layout both builds of an upgrade read: field by field.
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<Handoff>() == 48);
+    assert!(offset_of!(Handoff, addr) == 0 && offset_of!(Handoff, datagram) == 16);
+    assert!(offset_of!(Handoff, len) == 24 && offset_of!(Handoff, generation) == 28);
+    assert!(offset_of!(Handoff, iface) == 32 && offset_of!(Handoff, rule) == 36);
+    assert!(offset_of!(Handoff, dest_port) == 40 && offset_of!(Handoff, protocol) == 44);
+    assert!(offset_of!(Handoff, tcp_flags) == 45 && offset_of!(Handoff, flags) == 46);
+};
 
 /// `Handoff::flags`.
 pub mod handoff_flag {
@@ -162,6 +171,9 @@ pub mod handoff_flag {
     /// Its port is not known (a later fragment, an unreadable transport
     /// header): it may belong to any rule of its protocol.
     pub const PORT_UNKNOWN: u16 = 16;
+    /// RFC 1858's tiny first fragment: dropped, under the rule it may
+    /// belong to (so a trace shows that rule).
+    pub const TINY_FRAGMENT: u16 = 32;
 }
 
 /// `BLOCKED_V4`: one bit per IPv4 /16, set while a block covers any of

@@ -1,6 +1,6 @@
-//! The decision program's work, on a packet the entry program matched
-//! (`abi::Handoff`): a manual block, then the rule's meters, then the
-//! counters and the verdict.
+//! The decision program's work, on a packet the entry program parsed
+//! (`abi::Handoff`): its rule, a manual block, the rule's meters, then
+//! the counters and the verdict.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use limiter_common::{
@@ -50,7 +50,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
     trace::finish(ctx, &decided)
 }
 
-/// Applies a manual block or the packet's rule, and counts.
+/// Finds the packet's rule, applies a manual block or the rule, and counts.
 #[inline(always)]
 fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Handoff) -> Decided {
     let global_shadow = config.flags & global_flag::SHADOW != 0;
@@ -68,6 +68,17 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         None => matching::match_rule(generation, &source, handed),
     };
     handed.rule = rule_id;
+    if handed.flags & handoff_flag::TINY_FRAGMENT != 0 {
+        // RFC 1858: a first fragment too short for its transport header
+        // hides its ports from every rule; no sound stack sends one.
+        global.tiny_fragments += 1;
+        let action = if global_shadow {
+            action::PASS
+        } else {
+            action::DROP
+        };
+        return Decided::new(action, traced::MALFORMED, reason::TINY_FRAGMENT);
+    }
     if profile::stop_after(profile::RULE_MATCHED) {
         return stopped(u64::from(rule_id));
     }

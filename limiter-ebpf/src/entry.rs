@@ -4,7 +4,7 @@
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use limiter_common::{
-    abi::{GlobalConfig, GlobalCounters, Handoff, action, global_flag, handoff_flag},
+    abi::{GlobalCounters, Handoff, action, handoff_flag},
     trace::{reason, verdict as traced},
 };
 
@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// The entry program: an IP packet goes on to the decision program; what
-/// it decides alone (not IP, malformed, a tiny fragment) ends here.
+/// it decides alone (not IP, malformed) ends here.
 #[inline(always)]
 pub fn run(ctx: &XdpContext) -> u32 {
     // One per-CPU record counts every packet: looked up once, then plain
@@ -56,14 +56,9 @@ pub fn run(ctx: &XdpContext) -> u32 {
     let decided = match &parsed {
         Ok(Some(packet)) => {
             record(global, handed, packet);
-            match tiny_fragment(config, global, packet) {
-                Some(decided) => decided,
-                None => {
-                    // Returns only if the decision program is not there.
-                    handoff::hand_over(ctx);
-                    Decided::new(action::PASS, traced::PASSED, reason::NONE)
-                }
-            }
+            // Returns only if the decision program is not there.
+            handoff::hand_over(ctx);
+            Decided::new(action::PASS, traced::PASSED, reason::NONE)
         }
         Ok(None) => {
             // Not IP: no source to limit or to trace.
@@ -115,34 +110,12 @@ fn record(global: &mut GlobalCounters, handed: &mut Handoff, packet: &Packet) {
     if packet.port_unknown {
         flags |= handoff_flag::PORT_UNKNOWN;
     }
+    if packet.tiny_fragment {
+        flags |= handoff_flag::TINY_FRAGMENT;
+    }
     handed.flags = flags;
     handed.protocol = packet.protocol;
     handed.dest_port = packet.dest_port;
     handed.tcp_flags = packet.tcp_flags;
     handed.datagram = packet.datagram;
-}
-
-/// RFC 1858: a first fragment too short for its transport header hides
-/// its ports from every rule; no sound stack sends one. Dropped (passed
-/// in global dry run), counted.
-#[inline(always)]
-fn tiny_fragment(
-    config: &GlobalConfig,
-    global: &mut GlobalCounters,
-    packet: &Packet,
-) -> Option<Decided> {
-    if !packet.tiny_fragment {
-        return None;
-    }
-    global.tiny_fragments += 1;
-    let action = if config.flags & global_flag::SHADOW != 0 {
-        action::PASS
-    } else {
-        action::DROP
-    };
-    Some(Decided::new(
-        action,
-        traced::MALFORMED,
-        reason::TINY_FRAGMENT,
-    ))
 }

@@ -310,10 +310,13 @@ fn poison(tat: *mut u64, now: u64) -> Option<u64> {
     swapped.then_some(seen)
 }
 
-/// Key equality word by word (no `memcmp` on this target).
+/// Key equality word by word (no `memcmp` on this target), as one
+/// difference tested once: BPF has no set-on-compare, so a comparison per
+/// word is a branch per word, and the verifier walks the rest of the
+/// lookup once for each way those branches can fall.
 #[inline(always)]
 fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
-    let mut same = a.rule == b.rule;
+    let mut difference = a.rule ^ b.rule;
     for i in 0..4 {
         let word = |k: &FlowKey| {
             u32::from_ne_bytes([
@@ -323,7 +326,7 @@ fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
                 k.addr[4 * i + 3],
             ])
         };
-        same &= word(a) == word(b);
+        difference |= word(a) ^ word(b);
     }
-    same
+    difference == 0
 }

@@ -94,6 +94,17 @@ pub fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
         .return_value
 }
 
+/// How long a `limiter run` or `limiter daemon` may take to start
+/// enforcing: 20 s, or `LIMITER_TEST_START_SECS` (the kernel matrix's
+/// guests verify the program about a hundred times slower than a host).
+pub fn start_timeout() -> Duration {
+    let secs = std::env::var("LIMITER_TEST_START_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    Duration::from_secs(secs)
+}
+
 /// Loads the program with `text`'s rules.
 pub fn loaded(text: &str) -> Loaded {
     loaded_object(limiter::kernel::OBJECT, text)
@@ -244,7 +255,7 @@ impl RunningLimiter {
             pin_dir: pin_dir.to_owned(),
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + start_timeout();
         // It prints this once every interface is attached.
         while !running.output().contains("limiter: enforcing") {
             if let Some(status) = running.child.as_mut().expect("child").try_wait()? {
@@ -255,7 +266,8 @@ impl RunningLimiter {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "limiter run did not attach within 20 s:\n{}",
+                    "limiter run did not attach within {} s:\n{}",
+                    start_timeout().as_secs(),
                     running.output()
                 );
             }
@@ -485,13 +497,17 @@ impl Daemon {
             .spawn()
             .context("spawning limiter daemon")?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + start_timeout();
         while !limiter::control::Client::new(&self.socket).daemon_running() {
             if let Some(status) = self.child.as_mut().expect("child").try_wait()? {
                 bail!("limiter daemon exited ({status}):\n{}", self.log());
             }
             if Instant::now() > deadline {
-                bail!("limiter daemon did not serve within 20 s:\n{}", self.log());
+                bail!(
+                    "limiter daemon did not serve within {} s:\n{}",
+                    start_timeout().as_secs(),
+                    self.log()
+                );
             }
             thread::sleep(Duration::from_millis(20));
         }

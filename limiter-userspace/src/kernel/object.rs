@@ -57,11 +57,15 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
             _ => KernelError::Load(Box::new(e)),
         })?;
     load_program(&mut ebpf, PROGRAM)?;
-    load_program(&mut ebpf, DECIDE_PROGRAM)?;
     load_program(&mut ebpf, TRACE_PROGRAM)?;
     // The entry program tail calls the decision program, and both tail
-    // call the trace program while someone traces.
-    enter(&mut ebpf, map_name::STAGES, DECIDE_PROGRAM)?;
+    // call the trace program while someone traces. (An object of a build
+    // before the split, as the bench's baseline may be, has neither the
+    // map nor the program; one with the map has the program.)
+    if ebpf.map(map_name::STAGES).is_some() {
+        load_program(&mut ebpf, DECIDE_PROGRAM)?;
+        enter(&mut ebpf, map_name::STAGES, DECIDE_PROGRAM)?;
+    }
     enter(&mut ebpf, map_name::TRACE_PROG, TRACE_PROGRAM)?;
     Ok(ebpf)
 }
