@@ -154,6 +154,25 @@ fn verdict_word(verdict: Verdict) -> u64 {
     outcome | ((verdict.refused_by as u64) << 8)
 }
 
+/// The meters a rule has, bit `i` for meter `i` of `order`: a value the
+/// verifier does not know (see `meter::Present`).
+#[inline(always)]
+fn present(flags: u32) -> u32 {
+    let bit = |flag: u32, i: usize| (flag_bit(flags, flag) as u32) << i;
+    bit(rule_flag::LIMIT_PACKETS, order::KEY_PACKETS)
+        | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
+        | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
+        | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES)
+}
+
+/// What a packet costs each meter, in `order`: its credits to packet
+/// meters, its length to byte meters (the key's byte meter counts credits
+/// when it is a second packet limit).
+#[inline(always)]
+fn costs(flags: u32, len: u64, credits: u64) -> [u64; order::METERS] {
+    [credits, key_bytes_cost(flags, len, credits), credits, len]
+}
+
 /// What the key's byte meter charges: the frame's length, or its
 /// credits when the meter is a second packet limit
 /// (`rule_flag::BYTES_COUNT_PACKETS`). Without a branch: the verifier
@@ -260,9 +279,6 @@ fn meter_gcra(
             MapCell(&raw mut (*aggregate).meters[1][0]),
         ]
     };
-    // Which meters the rule has, as a value the verifier does not know
-    // (see `Present`); bit `i` for meter `i` of `order`.
-    let bit = |flag: u32, i: usize| (flag_bit(rule.flags, flag) as u32) << i;
     let charges = Present {
         cells: [&cells[0], &cells[1], &cells[2], &cells[3]],
         limits: [
@@ -271,17 +287,8 @@ fn meter_gcra(
             &rule.aggregate_packets_at(now).gcra,
             &rule.aggregate_bytes.gcra,
         ],
-        // The key's byte meter counts credits when it is a second packet limit.
-        costs: [
-            credits,
-            key_bytes_cost(rule.flags, len, credits),
-            credits,
-            len,
-        ],
-        mask: bit(rule_flag::LIMIT_PACKETS, order::KEY_PACKETS)
-            | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
-            | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
-            | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES),
+        costs: costs(rule.flags, len, credits),
+        mask: present(rule.flags),
     };
     // The third limit, if any, in the key's third word: charged always
     // (`acquire_all_after`), and without one at no cost, at time 0, to a
@@ -367,7 +374,6 @@ fn meter_windows(
     *key_packets = window_state(key, 1);
     *key_bytes = window_state(key, 2);
     let [aggregate_packets, aggregate_bytes] = aggregate_meters;
-    let bit = |flag: u32, i: usize| (flag_bit(rule.flags, flag) as u32) << i;
     let charges = PresentWindows {
         states: [
             &mut *key_packets,
@@ -381,16 +387,8 @@ fn meter_windows(
             aggregate_packets_window,
             &rule.aggregate_bytes.window,
         ],
-        costs: [
-            credits,
-            key_bytes_cost(rule.flags, len, credits),
-            credits,
-            len,
-        ],
-        mask: bit(rule_flag::LIMIT_PACKETS, order::KEY_PACKETS)
-            | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
-            | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
-            | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES),
+        costs: costs(rule.flags, len, credits),
+        mask: present(rule.flags),
     };
     let verdict = windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW);
     if has_aggregate {
