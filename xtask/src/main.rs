@@ -424,11 +424,12 @@ fn build_program_variant(
     Ok(())
 }
 
-/// The program without any tracing code (`LIMITER_NO_TRACE=1`), for the
-/// bench's measure of what the idle trace branch costs; a target
-/// directory of its own, as the profile's cuts.
+/// The program without any tracing code (`LIMITER_NO_TRACE=1`): a build
+/// the verifier budget checks, and the bench's measure of what the idle
+/// trace branch costs; a target directory of its own, as the profile's
+/// cuts.
 fn build_without_trace() -> Result<PathBuf> {
-    step("building the XDP program without tracing code (the bench's trace section)");
+    step("building the XDP program without tracing code (verifier budget, bench)");
     let ebpf = root().join("limiter-ebpf");
     let to = root().join("target/notrace-limiter.o");
     build_program_variant(

@@ -42,10 +42,9 @@ const TESTS: [(&str, &[&str]); 5] = [
         ],
     ),
     ("conformance", &["the_xdp_program_matches_the_reference"]),
-    (
-        "traffic",
-        &["flood_from_many_sources_is_held_to_burst_plus_rate"],
-    ),
+    // Three sources at 1,000 pps (the 26 of the host's flood test are
+    // more than an emulated sender keeps up with).
+    ("traffic", &["addresses_of_one_64_share_one_budget"]),
     (
         "daemon",
         &["kill_9_and_restart_under_flood_admit_no_second_burst"],
