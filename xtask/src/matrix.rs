@@ -81,6 +81,9 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
         ("LIMITER_TEST_START_SECS".to_owned(), "240".to_owned()),
     ];
     let mut failed = Vec::new();
+    // Test binaries (and the old kernel's check) that passed and failed,
+    // for the closing line.
+    let (mut passed_runs, mut failed_runs) = (0, 0);
     for name in PASSING {
         let kernel = vm::kernel(name)?;
         step(&format!(
@@ -118,6 +121,9 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
         let started = Instant::now();
         let run = vm::run(kernel, &guest)?;
         report(name, &run, started.elapsed());
+        let ok = run.outcomes.iter().filter(|(_, o)| o.success()).count();
+        passed_runs += ok;
+        failed_runs += TESTS.len() - ok;
         if !run.success() {
             failed.push(name);
         }
@@ -125,10 +131,15 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
     step(&format!(
         "kernel matrix: Debian 11's Linux {TOO_OLD} is refused in one line"
     ));
-    if let Err(e) = too_old_is_refused(limiter) {
-        println!("xtask: {e:#}");
-        failed.push(TOO_OLD);
+    match too_old_is_refused(limiter) {
+        Ok(()) => passed_runs += 1,
+        Err(e) => {
+            println!("xtask: {e:#}");
+            failed.push(TOO_OLD);
+            failed_runs += 1;
+        }
     }
+    println!("matrix: {passed_runs} passed, {failed_runs} failed");
     if !failed.is_empty() {
         bail!("the kernel matrix failed on Linux {}", failed.join(", "));
     }
