@@ -609,6 +609,99 @@ mod tests {
         assert_eq!(AtomicCell::load(&p), now + packets.emission_ns);
     }
 
+    /// Guards the kernel's form of the meters (`Present`,
+    /// `PresentWindows`: every meter and a mask) against layer 7's (an
+    /// array of `Option`s): for every set of meters present, and meters
+    /// that allow or refuse, the same verdict, the same meter refusing,
+    /// and the same states after (refunds included). A meter left out
+    /// holds a state that must not change.
+    #[test]
+    fn masked_meters_charge_what_optional_ones_do() {
+        let now = 7 * SEC;
+        let limits = [
+            Gcra::new(100, SEC, 10).unwrap(),
+            Gcra::new(1000, SEC, 1000).unwrap(),
+            Gcra::new(50, SEC, 5).unwrap(),
+            Gcra::new(500, SEC, 600).unwrap(),
+        ];
+        let costs = [1, 700, 1, 700];
+        let windows = [
+            Window::new(3, SEC).unwrap(),
+            Window::new(1000, SEC).unwrap(),
+            Window::new(2, SEC).unwrap(),
+            Window::new(800, SEC).unwrap(),
+        ];
+        for mask in 0..16u32 {
+            // Each meter starts fresh, or (bit set) spent far ahead.
+            for spent in 0..16u32 {
+                let tat = |i: usize| {
+                    if spent & (1 << i) != 0 {
+                        now + 100 * SEC
+                    } else {
+                        0
+                    }
+                };
+                let optional: [AtomicU64; 4] = core::array::from_fn(|i| AtomicU64::new(tat(i)));
+                let masked: [AtomicU64; 4] = core::array::from_fn(|i| AtomicU64::new(tat(i)));
+                let charges: [Charge<'_, AtomicU64>; 4] = core::array::from_fn(|i| {
+                    (mask & (1 << i) != 0).then_some((&optional[i], &limits[i], costs[i]))
+                });
+                let expected = acquire_all(charges, now);
+                let present = Present {
+                    cells: [&masked[0], &masked[1], &masked[2], &masked[3]],
+                    limits: [&limits[0], &limits[1], &limits[2], &limits[3]],
+                    costs,
+                    mask,
+                };
+                let verdict = acquire_all(present, now);
+                let states = |cells: &[AtomicU64; 4]| cells.each_ref().map(AtomicCell::load);
+                assert_eq!(
+                    verdict.outcome, expected.outcome,
+                    "GCRA {mask:04b} {spent:04b}"
+                );
+                if verdict.outcome != Outcome::Allowed {
+                    assert_eq!(verdict.refused_by, expected.refused_by);
+                }
+                assert_eq!(
+                    states(&masked),
+                    states(&optional),
+                    "GCRA {mask:04b} {spent:04b}"
+                );
+
+                let full = |i: usize| WindowState {
+                    start: now - now % SEC,
+                    previous: 0,
+                    current: if spent & (1 << i) != 0 {
+                        windows[i].limit
+                    } else {
+                        0
+                    },
+                };
+                let mut optional: [WindowState; 4] = core::array::from_fn(full);
+                let mut masked: [WindowState; 4] = core::array::from_fn(full);
+                let [o0, o1, o2, o3] = &mut optional;
+                let slots = [o0, o1, o2, o3];
+                let mut i = 0;
+                let charges: [WindowCharge<'_>; 4] = slots.map(|state| {
+                    let charge = (mask & (1 << i) != 0).then_some((state, &windows[i], costs[i]));
+                    i += 1;
+                    charge
+                });
+                let expected = windows_all(charges, now, true);
+                let [m0, m1, m2, m3] = &mut masked;
+                let present = PresentWindows {
+                    states: [m0, m1, m2, m3],
+                    windows: [&windows[0], &windows[1], &windows[2], &windows[3]],
+                    costs,
+                    mask,
+                };
+                let verdict = windows_all(present, now, true);
+                assert_eq!(verdict, expected, "windows {mask:04b} {spent:04b}");
+                assert_eq!(masked, optional, "windows {mask:04b} {spent:04b}");
+            }
+        }
+    }
+
     /// Guards pacing: a request that conforms now waits 0; one that will
     /// conform within the allowed delay waits exactly until then (the
     /// boundary included) and is charged for that time; one beyond it is

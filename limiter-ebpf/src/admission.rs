@@ -13,6 +13,7 @@ use crate::{
     decide::{KEY_ALLOC_FAILED, REFUSED_ADMISSION},
     keys,
     maps::{ADMISSIONS, AGGREGATES},
+    meter::Charged,
 };
 
 /// The state of a source not yet tracked, created empty (a full bucket),
@@ -75,29 +76,4 @@ pub fn new_key(
     }
     counters.new_keys += 1;
     Ok(state)
-}
-
-/// What a packet costs: its length to the byte meters, its credits (1
-/// unless the rule has `cost`) to the packet meters.
-#[derive(Clone, Copy)]
-pub struct Charged {
-    pub len: u64,
-    pub credits: u64,
-}
-
-impl Charged {
-    /// In one word, as a subprogram takes it (five arguments at most): a
-    /// frame's length fits 32 bits, and so do credits.
-    #[inline(always)]
-    pub fn word(self) -> u64 {
-        (self.len & 0xffff_ffff) | self.credits << 32
-    }
-
-    #[inline(always)]
-    pub fn of_word(word: u64) -> Self {
-        Self {
-            len: word & 0xffff_ffff,
-            credits: word >> 32,
-        }
-    }
 }

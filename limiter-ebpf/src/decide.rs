@@ -13,10 +13,10 @@ use limiter_common::{
 };
 
 use crate::{
-    admission::{self, Charged},
-    blocks, clock, fragments, handoff, keys,
+    admission, blocks, clock, fragments, handoff, keys,
     maps::{CONFIG, COSTS, GLOBAL_STATS, RULE_STATS, RULES},
-    matching, meter,
+    matching,
+    meter::{self, Charged},
     parse::Source,
     profile,
     trace::{self, Decided},

@@ -48,7 +48,6 @@ pub fn run(ctx: &XdpContext) -> u32 {
     }
     handed.len = len as u32;
     handed.iface = iface;
-    handed.rule = 0;
     // Read once: userspace flips it at any time, and a packet is judged
     // wholly by one generation's rules.
     // SAFETY: an aligned u32 in a map value; a volatile read is one load.

@@ -16,10 +16,34 @@ use limiter_common::{
 };
 
 use crate::{
-    admission::Charged,
     cell::{MapCell, lock, lock_window, unlock, unlock_window},
     maps::{AGGREGATES, SOFT_LIMITS, SOFT_STATS, WINDOW_SCRATCH},
 };
+
+/// What a packet costs: its length to the byte meters, its credits (1
+/// unless the rule has `cost`) to the packet meters.
+#[derive(Clone, Copy)]
+pub struct Charged {
+    pub len: u64,
+    pub credits: u64,
+}
+
+impl Charged {
+    /// In one word, as a subprogram takes it (five arguments at most): a
+    /// frame's length fits 32 bits, and so do credits.
+    #[inline(always)]
+    pub fn word(self) -> u64 {
+        (self.len & 0xffff_ffff) | self.credits << 32
+    }
+
+    #[inline(always)]
+    pub fn of_word(word: u64) -> Self {
+        Self {
+            len: word & 0xffff_ffff,
+            credits: word >> 32,
+        }
+    }
+}
 
 /// Charges a tracked key (its slot) and counts the outcome on it.
 #[inline(always)]
