@@ -11,10 +11,17 @@
 //! `floor_state` is one read and write of a 64-byte state per source in a
 //! table as large as the limiter's, the least memory traffic a limiter
 //! that keeps a state per source does (the scale series); `floor_bucket`
-//! reads a bucket's tags first, as the key table does.
+//! reads a bucket's tags first, as the key table does; `floor_gcra` is a
+//! minimal exact limiter (the floor, the clock, one GCRA check and at most
+//! one compare-and-swap), the peer the limiter's known-source cost is held
+//! to.
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features, reason = "BPF atomics: see cell.rs")]
 
+#[allow(dead_code, reason = "floor_gcra needs only the compare-and-swap")]
+mod cell;
 #[allow(dead_code, reason = "the floor program needs only the source")]
 mod parse;
 mod runtime;
@@ -26,7 +33,13 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
-use limiter_common::{abi::FlowKey, keytable};
+use cell::MapCell;
+use limiter_common::{
+    abi::FlowKey,
+    gcra::{Decision, Gcra},
+    keytable,
+    meter::AtomicCell,
+};
 use parse::Source;
 
 /// Index 0: how many sources to cycle through (at most 2^24); index 1:
@@ -149,6 +162,38 @@ pub fn floor_clock(ctx: XdpContext) -> u32 {
         }
     }
     xdp_action::XDP_DROP
+}
+
+/// The bench's limit (1000 a second, a burst of 100: `receivers::RATE`
+/// and `BURST`).
+const FLOOR_LIMIT: Gcra = match Gcra::new(1000, 1_000_000_000, 100) {
+    Ok(gcra) => gcra,
+    Err(_) => panic!("the bench's limit is valid"),
+};
+
+/// The least an exact per-source limiter does: parse to the source, one
+/// LRU hash lookup (inserting a new source), the clock, the GCRA check
+/// and, when the frame conforms, one compare-and-swap of the source's TAT
+/// (a lost race drops the frame: no retry).
+#[xdp]
+pub fn floor_gcra(ctx: XdpContext) -> u32 {
+    let Some(key) = source_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(tat) = FLOOR_KEYS.get_ptr_mut(key) else {
+        let _ = FLOOR_KEYS.insert(key, now + FLOOR_LIMIT.emission_ns, 0);
+        return xdp_action::XDP_PASS;
+    };
+    let cell = MapCell(tat);
+    let seen = cell.load();
+    match FLOOR_LIMIT.check(seen, now, 1) {
+        Decision::Allow { new_tat } if cell.compare_exchange(seen, new_tat).is_ok() => {
+            xdp_action::XDP_PASS
+        }
+        _ => xdp_action::XDP_DROP,
+    }
 }
 
 /// One 64-byte state per source, by hash (no key kept, no collision

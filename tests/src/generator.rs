@@ -7,7 +7,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicUsize, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -120,44 +120,61 @@ impl Generator {
         })?
     }
 
-    /// Floods for `duration`, sampling the receiver's rx counter.
+    /// Floods for `duration` from one sender per CPU, sampling the
+    /// receiver's rx counter. Each sender is pinned to its CPU and its frames
+    /// land in that CPU's receive queue (a lab built with
+    /// [`Lab::with_queues`]), where the receiver's XDP program runs in the
+    /// same CPU's softirq: every CPU sends and receives, as a multi-queue NIC
+    /// spreads a flood, and the generator's own cost is the same for every
+    /// receiver measured.
     pub fn flood(&mut self, lab: &Lab, sources: Sources, duration: Duration) -> Result<Run> {
         self.set_sources(sources)?;
         let flood: &Xdp = self.ebpf.program("flood").context("flood")?.try_into()?;
         let frame = &self.frame;
-        let done = AtomicBool::new(false);
+        let cpus = online_cpus();
+        let running = AtomicUsize::new(cpus);
         let before = rx_packets(lab)?;
         let start = Instant::now();
-        // The flood's own duration: the sampler may sleep a little longer.
-        let ((generated, seconds), timeline) = thread::scope(|scope| -> Result<_> {
-            let sender = scope.spawn(|| {
-                let generated = lab.tx.enter(|| -> Result<(u64, f64)> {
-                    let ctx = xdp_md(frame)?;
-                    let mut generated = 0u64;
-                    while start.elapsed() < duration {
-                        let repeat = 200_000;
-                        run_batch(flood, frame, &ctx, repeat)?;
-                        generated += u64::from(repeat);
-                    }
-                    Ok((generated, start.elapsed().as_secs_f64()))
-                });
-                done.store(true, Ordering::Relaxed);
-                generated
-            });
+        let (generated, timeline) = thread::scope(|scope| -> Result<_> {
+            let senders: Vec<_> = (0..cpus)
+                .map(|cpu| {
+                    let running = &running;
+                    scope.spawn(move || {
+                        let generated = lab.tx.enter(|| -> Result<u64> {
+                            pin_to_cpu(cpu)?;
+                            let ctx = xdp_md(frame)?;
+                            let mut generated = 0u64;
+                            while start.elapsed() < duration {
+                                let repeat = 200_000;
+                                run_batch(flood, frame, &ctx, repeat)?;
+                                generated += u64::from(repeat);
+                            }
+                            Ok(generated)
+                        });
+                        running.fetch_sub(1, Ordering::Relaxed);
+                        generated
+                    })
+                })
+                .collect();
             let mut timeline = Vec::new();
             let (mut last_t, mut last_n) = (0.0, before);
-            while !done.load(Ordering::Relaxed) {
+            while running.load(Ordering::Relaxed) > 0 {
                 thread::sleep(Duration::from_millis(200));
                 let n = rx_packets(lab)?;
                 let t = start.elapsed().as_secs_f64();
                 timeline.push((t, (n - last_n) as f64 / (t - last_t) / 1e6));
                 (last_t, last_n) = (t, n);
             }
-            let generated = sender
-                .join()
-                .map_err(|_| anyhow::anyhow!("flood thread panicked"))???;
+            let mut generated = 0;
+            for sender in senders {
+                generated += sender
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("flood thread panicked"))???;
+            }
             Ok((generated, timeline))
         })?;
+        // The last batch ends a little after `duration`.
+        let seconds = start.elapsed().as_secs_f64();
         // Frames still queued at the receiver land within a few ms.
         thread::sleep(Duration::from_millis(100));
         Ok(Run {
@@ -167,6 +184,26 @@ impl Generator {
             timeline,
         })
     }
+}
+
+fn online_cpus() -> usize {
+    thread::available_parallelism().map_or(1, usize::from)
+}
+
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data, zero is an empty set; the call only
+    // reads it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    anyhow::ensure!(
+        result == 0,
+        "pinning a flood sender to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }
 
 /// struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.

@@ -57,6 +57,19 @@ impl Lab {
 
     /// Builds the lab with `pairs` veth pairs between the two namespaces.
     pub fn with_pairs(name: &str, pairs: u8) -> Result<Self> {
+        Self::build(name, pairs, 1)
+    }
+
+    /// Builds the lab with one veth pair of `queues` queues each way: a
+    /// frame sent on CPU `n` lands in receive queue `n`, whose XDP program
+    /// then runs on that same CPU, as on a multi-queue NIC (the benchmark's
+    /// flood, one sender per CPU).
+    pub fn with_queues(name: &str, queues: u8) -> Result<Self> {
+        Self::build(name, 1, queues)
+    }
+
+    fn build(name: &str, pairs: u8, queues: u8) -> Result<Self> {
+        let queues = queues.max(1).to_string();
         let tx = Netns::create(&format!("{name}-tx"))?;
         let rx = Netns::create(&format!("{name}-rx"))?;
         for n in 0..pairs {
@@ -72,6 +85,10 @@ impl Lab {
                     tx.name(),
                     "address",
                     &mac(tx_mac),
+                    "numtxqueues",
+                    &queues,
+                    "numrxqueues",
+                    &queues,
                     "type",
                     "veth",
                     "peer",
@@ -81,6 +98,10 @@ impl Lab {
                     rx.name(),
                     "address",
                     &mac(rx_mac),
+                    "numtxqueues",
+                    &queues,
+                    "numrxqueues",
+                    &queues,
                 ],
             )?;
             for (ns, iface, host) in [(&tx, &tx_if, 1), (&rx, &rx_if, 2)] {

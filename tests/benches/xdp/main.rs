@@ -86,7 +86,10 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&out)?;
     std::fs::create_dir_all(&plots)?;
 
-    let lab = Lab::create("lb-bench")?;
+    // A receive queue per CPU: the flood's senders, one per CPU, each feed
+    // their own, and the receiver runs on every CPU.
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let lab = Lab::with_queues("lb-bench", u8::try_from(cpus).unwrap_or(u8::MAX))?;
     // The lab's arrival counters drop at ingress; here passed frames go up
     // the stack for every peer alike.
     lab.rx
@@ -584,7 +587,7 @@ fn flood_profile(
 /// XDP_DROP, the floor (parse, one LRU hash lookup) and the floor with
 /// the clock read an exact meter needs; in turns, the best of each.
 fn measure_ceilings(lab: &Lab, generator: &mut Generator, plan: &Plan) -> Result<Value> {
-    const RECEIVERS: [&str; 4] = ["drop_all", "floor", "floor_clock", "limiter"];
+    const RECEIVERS: [&str; 5] = ["drop_all", "floor", "floor_clock", "floor_gcra", "limiter"];
     let mut best = [0.0f64; RECEIVERS.len()];
     for _ in 0..plan.rounds * 2 {
         for (best, name) in best.iter_mut().zip(RECEIVERS) {
@@ -603,6 +606,12 @@ fn measure_ceilings(lab: &Lab, generator: &mut Generator, plan: &Plan) -> Result
             mpps / best[0]
         );
     }
+    // Issue 34's goal: a known source costs at most 1.15x the minimal GCRA.
+    let (gcra, limiter) = (best[3], best[4]);
+    println!(
+        "   limiter per frame: {:.2}x the minimal GCRA's (1/{limiter:.2} against 1/{gcra:.2} Mpps)",
+        gcra / limiter
+    );
     Ok(json!(
         RECEIVERS
             .iter()
