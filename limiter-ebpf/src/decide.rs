@@ -46,6 +46,9 @@ pub fn run(ctx: &XdpContext) -> u32 {
     // SAFETY: a per-CPU value, which only this CPU's programs touch, and
     // one of them at a time.
     let global = unsafe { &mut *global };
+    if profile::stop_after(profile::HANDED_OVER) {
+        return profile::verdict(u64::from(handed.len ^ config.generation) ^ global.packets);
+    }
     let decided = decide(config, global, handed);
     trace::finish(ctx, &decided)
 }

@@ -7,12 +7,14 @@
 /// The stages, in the order a packet goes through them.
 pub const CONFIG_READ: u32 = 1;
 pub const PARSED: u32 = 2;
-pub const RULE_MATCHED: u32 = 3;
-pub const RULE_LOADED: u32 = 4;
-pub const KEY_FOUND: u32 = 5;
-pub const BLOCK_CHECKED: u32 = 6;
-pub const CLOCK_READ: u32 = 7;
-pub const METERED: u32 = 8;
+/// The record written and the decision program entered (the tail call).
+pub const HANDED_OVER: u32 = 3;
+pub const RULE_MATCHED: u32 = 4;
+pub const RULE_LOADED: u32 = 5;
+pub const KEY_FOUND: u32 = 6;
+pub const BLOCK_CHECKED: u32 = 7;
+pub const CLOCK_READ: u32 = 8;
+pub const METERED: u32 = 9;
 
 const STOP_AFTER: u32 = match option_env!("LIMITER_PROFILE_STOP") {
     Some(stage) => decimal(stage),

@@ -386,7 +386,7 @@ fn build(release: bool) -> Result<PathBuf> {
 /// a later build embeds.
 fn build_profile_stages() -> Result<PathBuf> {
     /// `profile::METERED`, the last stage.
-    const STAGES: u32 = 8;
+    const STAGES: u32 = 9;
     step("building the XDP program cut after each stage (the bench's profile)");
     let ebpf = root().join("limiter-ebpf");
     let dir = root().join("target/profile");

@@ -67,9 +67,10 @@ pub fn measure(frame: &[u8], rounds: usize) -> Result<Costs> {
 }
 
 /// The stages of `limiter-ebpf/src/profile.rs`, in order.
-pub const STAGES: [&str; 8] = [
+pub const STAGES: [&str; 9] = [
     "read config, interface, counters",
     "parse",
+    "hand over (record, tail call)",
     "match the rule (IPv4 table)",
     "load the rule and its counters",
     "look up the key (key table)",
