@@ -76,9 +76,16 @@ pub const MAX_WINDOW_LIMIT: u64 = (1 << 31) - 1;
 /// sees it. (Without the lock bit.)
 #[inline(always)]
 pub fn window_state(state: &KeyState, meter: usize) -> WindowState {
-    let counts = state.meters[meter] & !WINDOW_LOCK;
+    window_of(state.meters[0], state.meters[meter])
+}
+
+/// A window key's meter from its words: the key's window start
+/// (`meters[0]`) and the meter's packed counts (the lock bit ignored).
+#[inline(always)]
+pub fn window_of(start: u64, counts: u64) -> WindowState {
+    let counts = counts & !WINDOW_LOCK;
     WindowState {
-        start: state.meters[0],
+        start,
         previous: counts >> 32,
         current: counts & 0xffff_ffff,
     }

@@ -2,12 +2,15 @@
 //! (`abi::Handoff`): its rule, a manual block, the rule's meters, then
 //! the counters and the verdict.
 
+use core::ptr::NonNull;
+
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use limiter_common::{
     abi::{
         FlowKey, GlobalConfig, GlobalCounters, Handoff, action, counter_slot, global_flag,
         handoff_flag, rule_flag, rule_slot,
     },
+    keytable::Slot,
     meter::{Outcome, Verdict, order},
     trace::{reason, verdict as traced},
 };
@@ -124,9 +127,10 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
     // a block may cover apart); 0 means never, hence the + 1.
     let block_cache = slot.filter(|_| blocks::whole_address_key(rule, &source));
     let epoch = config.block_epoch.wrapping_add(1);
-    // SAFETY (both): the slot's own word, written only with this epoch.
-    if config.blocks != 0 && block_cache.is_none_or(|s| unsafe { s.as_ref().block_epoch } != epoch)
-    {
+    // SAFETY: the slot's `block_epoch`, an aligned u32 of a `KEYS` value,
+    // read through its pointer: other CPUs write it (only with this epoch).
+    let cached = |s: NonNull<Slot>| unsafe { (&raw const (*s.as_ptr()).block_epoch).read() };
+    if config.blocks != 0 && block_cache.is_none_or(|s| cached(s) != epoch) {
         if blocks::blocked(&source) {
             global.blocked += 1;
             let (action, verdict) = if global_shadow {

@@ -16,6 +16,7 @@ use limiter_common::{
     },
     gcra::Gcra,
     keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
+    meter::order,
     trace::{TraceConfig, TraceEvent},
     window::WindowState,
 };
@@ -107,12 +108,14 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0)
 #[map]
 pub static CLOCK: Array<u64> = Array::pinned(1, 0);
 
-/// Scratch for a window key's two meters, unpacked from their packed
-/// words while its lock is held (`meter_windows`): per CPU, and XDP runs
+/// Scratch for a window rule's meters (the key's two, unpacked from their
+/// packed words, and the aggregate's), copied in while their locks are
+/// held (`meter_windows`): per CPU, and XDP runs
 /// to the end on its CPU, so no other packet sees it meanwhile. A map
 /// value rather than the stack, which the program has all but used up.
 #[map]
-pub static WINDOW_SCRATCH: PerCpuArray<[WindowState; 2]> = PerCpuArray::with_max_entries(1, 0);
+pub static WINDOW_SCRATCH: PerCpuArray<[WindowState; order::METERS]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Soft packet limits by `rule_slot(generation, id)`, for rules with
 /// `rule_flag::SOFT`: kept apart from `RULES` so its layout, and the

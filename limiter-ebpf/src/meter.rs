@@ -8,7 +8,7 @@ use limiter_common::{
         rule_flag, rule_slot,
     },
     gcra::Gcra,
-    keytable::{Slot, pack_counts, window_state},
+    keytable::{Slot, pack_counts, window_of},
     meter::{
         Outcome, Present, PresentWindows, Verdict, acquire, acquire_all_after, order, windows_all,
     },
@@ -390,20 +390,37 @@ fn meter_windows(
     }
     let aggregate_packets_window = &rule.aggregate_packets_at(now).window;
     let now = now.wrapping_add(realtime_offset_ns);
-    // SAFETY: the key's window lock, held, keeps other writers off its meters;
-    // so does the aggregate's for its meters (not taken only when `mask` leaves
-    // them alone); `scratch` is this CPU's `WINDOW_SCRATCH` value, its own.
-    let (key, aggregate_meters, [key_packets, key_bytes]) =
-        unsafe { (&mut *state, &mut (*aggregate).meters, &mut *scratch) };
-    *key_packets = window_state(key, 1);
-    *key_bytes = window_state(key, 2);
-    let [aggregate_packets, aggregate_bytes] = aggregate_meters;
+    // The meters are copied into this CPU's scratch, checked there and
+    // copied back, through raw pointers: a reference into the key's slot
+    // or the aggregate would claim memory other CPUs touch meanwhile (the
+    // lock word they spin on, the key's plain counts).
+    // SAFETY: `scratch` is this CPU's `WINDOW_SCRATCH` value, its own.
+    let [key_packets, key_bytes, aggregate_packets, aggregate_bytes] = unsafe { &mut *scratch };
+    // SAFETY: words of the key's slot and of the aggregate, aligned u64s of
+    // map values; the key's window lock, held, keeps other writers off the
+    // key's meters, and the aggregate's lock (taken when `has_aggregate`)
+    // off its meters; unlocked (a rule without aggregate meters), the
+    // aggregate's copies are neither charged (`present` leaves them out)
+    // nor written back.
+    unsafe {
+        let start = (&raw const (*state).meters[0]).read();
+        *key_packets = window_of(start, held);
+        *key_bytes = window_of(start, (&raw const (*state).meters[2]).read());
+        if has_aggregate {
+            *aggregate_packets = (&raw const (*aggregate).meters[0])
+                .cast::<WindowState>()
+                .read();
+            *aggregate_bytes = (&raw const (*aggregate).meters[1])
+                .cast::<WindowState>()
+                .read();
+        }
+    }
     let charges = PresentWindows {
         states: [
             &mut *key_packets,
             &mut *key_bytes,
-            WindowState::in_slots(aggregate_packets),
-            WindowState::in_slots(aggregate_bytes),
+            &mut *aggregate_packets,
+            &mut *aggregate_bytes,
         ],
         windows: [
             &rule.packets.window,
@@ -415,15 +432,26 @@ fn meter_windows(
         mask: present(rule.flags),
     };
     let verdict = windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW);
-    if has_aggregate {
-        unlock(aggregate_lock);
-    }
     // Written back whatever the verdict (a refusal changed nothing, so this
     // rewrites what was there): fewer values live across the check. The
     // meters in force rolled from one start alike; one not in force kept
     // the start it had, never a later one.
-    key.meters[0] = key_packets.start.max(key_bytes.start);
-    key.meters[2] = pack_counts(key_bytes);
+    // SAFETY: as above, under the same locks, released after.
+    unsafe {
+        if has_aggregate {
+            (&raw mut (*aggregate).meters[0])
+                .cast::<WindowState>()
+                .write(*aggregate_packets);
+            (&raw mut (*aggregate).meters[1])
+                .cast::<WindowState>()
+                .write(*aggregate_bytes);
+        }
+        (&raw mut (*state).meters[0]).write(key_packets.start.max(key_bytes.start));
+        (&raw mut (*state).meters[2]).write(pack_counts(key_bytes));
+    }
+    if has_aggregate {
+        unlock(aggregate_lock);
+    }
     unlock_window(key_lock, pack_counts(key_packets));
     verdict
 }
