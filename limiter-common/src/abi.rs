@@ -35,6 +35,7 @@ pub mod map_name {
     pub const TRACE_PROG: &str = "TRACE_PROG";
     pub const STAGES: &str = "STAGES";
     pub const HANDOFF: &str = "HANDOFF";
+    pub const REPORT_PROG: &str = "REPORT_PROG";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.

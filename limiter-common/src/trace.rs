@@ -59,6 +59,9 @@ pub mod reason {
     /// The key's third limit (`crate::meter::order::KEY_THIRD`).
     pub const THIRD_LIMIT: u8 = 12;
     const _: () = assert!(THIRD_LIMIT as usize == crate::meter::order::KEY_THIRD);
+    /// The kernel: every update of the packet's meters (or every try of
+    /// its key's window lock) lost to other CPUs; treated as excess.
+    pub const CONTENDED: u8 = 13;
     /// Nothing refused the packet (passed, or malformed).
     pub const NONE: u8 = 0xff;
 
@@ -78,6 +81,7 @@ pub mod reason {
             IN_FLIGHT => "requests in flight",
             ESCALATED => "escalation block",
             THIRD_LIMIT => "key third limit",
+            CONTENDED => "contended (lost every update to other CPUs)",
             _ => "",
         }
     }

@@ -21,8 +21,8 @@ use crate::{
     matching,
     meter::{self, Charged},
     parse::Source,
-    profile,
-    trace::{self, Decided},
+    profile, report,
+    trace::Decided,
 };
 
 /// `Verdict::refused_by` beyond the meters' (`order`), as `trace::reason`
@@ -53,7 +53,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
         return profile::verdict(u64::from(handed.len ^ config.generation) ^ global.packets);
     }
     let decided = decide(config, global, handed);
-    trace::finish(ctx, &decided)
+    report::finish(ctx, &decided)
 }
 
 /// Finds the packet's rule, applies a manual block or the rule, and counts.

@@ -25,6 +25,7 @@ mod matching;
 mod meter;
 mod parse;
 mod profile;
+mod report;
 mod runtime;
 mod trace;
 

@@ -169,3 +169,18 @@ pub static STAGES: ProgramArray = ProgramArray::pinned(1, 0);
 /// CPU (`abi::Handoff`); pinned for the reason `STAGES` is.
 #[map]
 pub static HANDOFF: PerCpuArray<Handoff> = PerCpuArray::pinned(1, 0);
+
+/// The report program (`report::limiter_report`), which the decision
+/// program tail calls on a rare event. Not pinned: each build's decision
+/// program reports through its own.
+#[map]
+pub static REPORT_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The decision handed to the report program (`Decided::packed`), per CPU.
+#[map]
+pub static REPORT_SCRATCH: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// When each rare event was last reported on this CPU, and how often since.
+#[map]
+pub static REPORT_STATE: PerCpuArray<crate::report::ReportState> =
+    PerCpuArray::with_max_entries(1, 0);

@@ -12,6 +12,7 @@ use limiter_common::{
     meter::{
         Outcome, Present, PresentWindows, Verdict, acquire, acquire_all_after, order, windows_all,
     },
+    trace::reason,
     window::WindowState,
 };
 
@@ -167,15 +168,17 @@ fn meter(
 }
 
 /// A verdict in one word, as a subprogram returns it: the outcome in the
-/// low byte, `refused_by` above it.
+/// low byte, `refused_by` above it; a packet that lost every update to
+/// other CPUs is refused by contention (`trace::reason::CONTENDED`), not
+/// by the meter it was at.
 #[inline(always)]
 fn verdict_word(verdict: Verdict) -> u64 {
-    let outcome = match verdict.outcome {
-        Outcome::Allowed => 0,
-        Outcome::Denied => 1,
-        Outcome::Contended => 2,
+    let (outcome, refused_by) = match verdict.outcome {
+        Outcome::Allowed => (0, verdict.refused_by as u64),
+        Outcome::Denied => (1, verdict.refused_by as u64),
+        Outcome::Contended => (2, u64::from(reason::CONTENDED)),
     };
-    outcome | ((verdict.refused_by as u64) << 8)
+    outcome | (refused_by << 8)
 }
 
 /// The meters a rule has, bit `i` for meter `i` of `order`: a value the

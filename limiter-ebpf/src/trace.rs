@@ -49,6 +49,26 @@ impl Decided {
             why: u32::from(verdict) | u32::from(reason) << 8,
         }
     }
+
+    /// `trace::reason` of a refused packet (`NONE` if it passed).
+    #[inline(always)]
+    pub fn reason(&self) -> u8 {
+        (self.why >> 8) as u8
+    }
+
+    /// In one word, for the program a decision is handed to.
+    #[inline(always)]
+    pub fn packed(&self) -> u32 {
+        (self.action & 0xff) | self.why << 8
+    }
+
+    #[inline(always)]
+    pub fn unpacked(word: u32) -> Self {
+        Self {
+            action: word & 0xff,
+            why: word >> 8,
+        }
+    }
 }
 
 /// Whether someone traces.
@@ -74,7 +94,7 @@ pub fn hand_over(ctx: &XdpContext, decided: &Decided) {
     // calls included); the tail call hands this XDP program's own context to
     // an XDP program (`limiter_trace`), and returns only if it failed.
     unsafe {
-        (*event).time_ns = u64::from(decided.action & 1) | u64::from(decided.why) << 8;
+        (*event).time_ns = u64::from(decided.packed());
         TRACE_PROG.tail_call(ctx, 0);
     }
 }
@@ -106,7 +126,7 @@ pub fn limiter_trace(ctx: XdpContext) -> u32 {
     // SAFETY: a per-CPU value; XDP runs to the end on its CPU.
     let event = unsafe { &mut *event };
     let packed = event.time_ns;
-    let dropped = packed & 1 == u64::from(action::DROP);
+    let dropped = packed & 0xff == u64::from(action::DROP);
     let verdict = if dropped {
         xdp_action::XDP_DROP
     } else {

@@ -47,7 +47,12 @@ fn every_program_of_every_build_verifies_within_the_budget() {
         let names: Vec<&str> = counts.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(
             names,
-            ["limiter", "limiter_decide", "limiter_trace"],
+            [
+                "limiter",
+                "limiter_decide",
+                "limiter_report",
+                "limiter_trace"
+            ],
             "{build}: the programs loaded"
         );
         for (program, count) in counts {

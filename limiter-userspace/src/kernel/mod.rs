@@ -16,6 +16,7 @@ pub mod maps;
 pub mod object;
 pub mod pins;
 pub mod repin;
+pub mod report;
 pub mod trace;
 
 use std::{
@@ -110,6 +111,9 @@ pub struct Datapath {
     held: repin::Held,
     /// When the key filter last switched halves (see `rebuild_key_filter`).
     filter_switched: Option<std::time::Instant>,
+    /// Drains the kernel's rare events into the logs while the datapath
+    /// is open.
+    _reports: Option<report::ReportLogs>,
 }
 
 impl Datapath {
@@ -131,12 +135,14 @@ impl Datapath {
             .collect();
         let held = repin::Held::maps(pin_dir, &names)?;
         let maps = Maps::take(&mut ebpf)?;
+        let reports = report::ReportLogs::start(&mut ebpf);
         let mut datapath = Self {
             ebpf,
             maps,
             pin_dir: pin_dir.to_owned(),
             held,
             filter_switched: None,
+            _reports: reports,
         };
         datapath.describe_key_table()?;
         // Complete for the keys of a table adopted from pins (an older

@@ -26,6 +26,9 @@ pub const PROGRAM: &str = "limiter";
 pub const DECIDE_PROGRAM: &str = "limiter_decide";
 /// The trace program's (`limiter trace`), which the limiter tail calls.
 pub const TRACE_PROGRAM: &str = "limiter_trace";
+/// The report program's, which the decision program tail calls on a rare
+/// event (`kernel::report`).
+pub const REPORT_PROGRAM: &str = "limiter_report";
 
 /// Loads `object` with its maps pinned under `pin_dir` (maps already pinned
 /// there are reused, state and all), `KEYS` sized for `max_keys` keys, and the
@@ -65,6 +68,10 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
     if ebpf.map(map_name::STAGES).is_some() {
         load_program(&mut ebpf, DECIDE_PROGRAM)?;
         enter(&mut ebpf, map_name::STAGES, DECIDE_PROGRAM)?;
+    }
+    if ebpf.map(map_name::REPORT_PROG).is_some() {
+        load_program(&mut ebpf, REPORT_PROGRAM)?;
+        enter(&mut ebpf, map_name::REPORT_PROG, REPORT_PROGRAM)?;
     }
     enter(&mut ebpf, map_name::TRACE_PROG, TRACE_PROGRAM)?;
     Ok(ebpf)
