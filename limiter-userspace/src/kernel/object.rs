@@ -59,18 +59,21 @@ pub fn load(object: &[u8], pin_dir: &Path, max_keys: u32) -> Result<Ebpf, Kernel
             }
             _ => KernelError::Load(Box::new(e)),
         })?;
-    load_program(&mut ebpf, PROGRAM)?;
-    load_program(&mut ebpf, TRACE_PROGRAM)?;
-    // The entry program tail calls the decision program, and both tail
-    // call the trace program while someone traces. (An object of a build
-    // before the split, as the bench's baseline may be, has neither the
-    // map nor the program; one with the map has the program.)
-    if ebpf.map(map_name::STAGES).is_some() {
-        load_program(&mut ebpf, DECIDE_PROGRAM)?;
+    // The entry program tail calls the decision program, which tail
+    // calls the report program on a rare event, and they tail call the
+    // trace program while someone traces. (An object of a build before
+    // the split, as the bench's baseline may be, has none of the maps nor
+    // the programs but the trace's.)
+    let staged = ebpf.map(map_name::STAGES).is_some();
+    let reports = ebpf.map(map_name::REPORT_PROG).is_some();
+    let mut wanted = vec![PROGRAM, TRACE_PROGRAM];
+    wanted.extend(staged.then_some(DECIDE_PROGRAM));
+    wanted.extend(reports.then_some(REPORT_PROGRAM));
+    load_programs(&mut ebpf, &wanted)?;
+    if staged {
         enter(&mut ebpf, map_name::STAGES, DECIDE_PROGRAM)?;
     }
-    if ebpf.map(map_name::REPORT_PROG).is_some() {
-        load_program(&mut ebpf, REPORT_PROGRAM)?;
+    if reports {
         enter(&mut ebpf, map_name::REPORT_PROG, REPORT_PROGRAM)?;
     }
     enter(&mut ebpf, map_name::TRACE_PROG, TRACE_PROGRAM)?;
@@ -125,13 +128,39 @@ fn enter(ebpf: &mut Ebpf, map: &'static str, program: &str) -> Result<(), Kernel
     array.set(0, &fd, 0).map_err(super::maps::map_error(map))
 }
 
-/// Loads the object's XDP program `name` into the kernel (not attached).
-fn load_program(ebpf: &mut Ebpf, name: &str) -> Result<(), KernelError> {
-    let program: &mut Xdp = ebpf
-        .program_mut(name)
-        .ok_or(KernelError::NoObject)?
-        .try_into()
-        .map_err(|_| KernelError::NoObject)?;
+/// Loads the object's XDP programs `names` into the kernel (not
+/// attached), each on a thread of its own: the kernel verifies programs
+/// side by side, and the daemon's start is mostly their verification.
+fn load_programs(ebpf: &mut Ebpf, names: &[&str]) -> Result<(), KernelError> {
+    let mut programs: Vec<(&str, &mut Xdp)> = Vec::new();
+    for (name, program) in ebpf.programs_mut() {
+        if names.contains(&name) {
+            let xdp: &mut Xdp = program.try_into().map_err(|_| KernelError::NoObject)?;
+            programs.push((name, xdp));
+        }
+    }
+    if programs.len() != names.len() {
+        return Err(KernelError::NoObject);
+    }
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = programs
+            .into_iter()
+            .map(|(name, program)| scope.spawn(move || load_program(name, program)))
+            .collect();
+        // The first failure, in the order of `names`' programs.
+        loads
+            .into_iter()
+            .map(|load| {
+                load.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect::<Result<Vec<()>, _>>()
+            .map(drop)
+    })
+}
+
+/// Loads one XDP program into the kernel (not attached).
+fn load_program(name: &str, program: &mut Xdp) -> Result<(), KernelError> {
     program.load().map_err(|e| match e {
         // EPERM is a missing capability; EACCES and EINVAL are the verifier.
         ProgramError::LoadError { io_error, .. }
