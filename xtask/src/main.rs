@@ -185,6 +185,9 @@ fn run() -> Result<()> {
             let trace = every || sections.iter().any(|s| s == "trace");
             let untraced = trace.then(build_without_trace).transpose()?;
             let baseline_object = baseline.as_deref().map(build_baseline).transpose()?;
+            // The daemon's start, as an operator runs it: a release build.
+            let start = every || sections.iter().any(|s| s == "start");
+            let release = start.then(|| build(true)).transpose()?;
             build(false)?;
             step("benchmark: the XDP datapath against XDP_DROP, iptables hashlimit and nftables");
             let object = root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter");
@@ -205,6 +208,9 @@ fn run() -> Result<()> {
             }
             if let Some(untraced) = &untraced {
                 xdp.env("LIMITER_NO_TRACE_OBJECT", untraced);
+            }
+            if let Some(release) = &release {
+                xdp.env("LIMITER_BIN", release);
             }
             if let (Some((object, commit)), Some(revision)) = (&baseline_object, &baseline) {
                 let short = &commit[..commit.len().min(12)];

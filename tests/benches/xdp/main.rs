@@ -15,7 +15,9 @@
 //! - `accuracy`: what the limiter passed against what its limit allows;
 //! - `dashboard`: the Grafana dashboard's kernel panels drawn from a run;
 //! - `trace`: what `limiter trace` costs when nobody traces (the program
-//!   against a build without any tracing code), and while a trace runs.
+//!   against a build without any tracing code), and while a trace runs;
+//! - `start`: `limiter daemon` from its start to enforcing, fresh and
+//!   restarted over its pins.
 //!
 //! `--quick` runs the sections of issue 14's goals ([`QUICK_SECTIONS`])
 //! with shorter floods, one round and two scale points, in about two
@@ -27,6 +29,7 @@ mod dashboard;
 mod memory;
 mod plot;
 mod receivers;
+mod start;
 
 use std::{path::Path, time::Duration};
 
@@ -290,6 +293,30 @@ fn main() -> Result<()> {
         }
         results["floods"] = Value::Array(floods);
         results["flood_full_table"] = Value::Array(full);
+    }
+
+    if wanted("start") {
+        let runs = if quick { 3 } else { 9 };
+        section(&format!(
+            "start: limiter daemon (release) to attached, examples/rules.yaml, {runs} runs each"
+        ));
+        let starts = start::measure(&lab, runs)?;
+        for (name, runs) in [
+            ("fresh (no pins)", &starts.fresh),
+            ("restart over its pins", &starts.restart),
+        ] {
+            println!(
+                "   {name:<22} median {:.3} s  (runs: {})",
+                start::median(runs),
+                runs.iter()
+                    .map(|s| format!("{s:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        results["start"] = json!({"fresh_s": starts.fresh, "restart_s": starts.restart,
+            "fresh_median_s": start::median(&starts.fresh),
+            "restart_median_s": start::median(&starts.restart)});
     }
 
     if wanted("trace") {
