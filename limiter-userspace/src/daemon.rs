@@ -226,6 +226,8 @@ pub fn run(config_path: &Path) -> Result<()> {
     let mut kept: Vec<String> = kept.iter().map(ToString::to_string).collect();
     kept.sort();
     tracing::info!("running with {} only", kept.join(", "));
+    // A thread of its own, started now: it gets what was kept, no more.
+    engine.datapath_mut().log_reports();
     let shared = Arc::new(Shared {
         engine: Mutex::new(engine),
         config,

@@ -78,6 +78,7 @@ impl Session {
         for iface in ifaces {
             attachments.push(engine.attach(iface, mode, false)?);
         }
+        engine.datapath_mut().log_reports();
         Ok(Self {
             engine,
             pins: guard,

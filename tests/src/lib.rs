@@ -219,6 +219,18 @@ impl RunningLimiter {
         Self::start_with(netns, ifaces, config, pin_dir, log, &[])
     }
 
+    /// `limiter run` on the lab's receiving interface with the rule file
+    /// `config`, logging to `run.log` in `dir`.
+    pub fn on_receiver(lab: &Lab, dir: &TempDir, config: &Path, pin_dir: &Path) -> Result<Self> {
+        Self::start(
+            lab.rx.name(),
+            &[lab::RX_IFACE],
+            config,
+            pin_dir,
+            dir.0.join("run.log"),
+        )
+    }
+
     /// [`RunningLimiter::start`] with more arguments for `limiter run`.
     pub fn start_with(
         netns: &str,

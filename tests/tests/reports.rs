@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::lab::{Lab, RX_IFACE};
+use limiter::lab::Lab;
 use limiter_tests::{
     RunningLimiter, TempDir, XDP_DROP, XDP_PASS, flood, frames, loaded_object, run_at, sources,
     test_clock_object,
@@ -92,6 +92,7 @@ fn a_full_key_table_is_reported_once_a_second_with_what_was_left_out() {
     log::set_max_level(log::LevelFilter::Warn);
     stay_on_one_cpu();
     let mut dp = loaded_object(&test_clock_object(), ONE_BUCKET);
+    dp.engine.datapath_mut().log_reports();
     let send = |dp: &mut _, n: u8, t: u64| {
         run_at(dp, &frames::udp4(Ipv4Addr::new(198, 18, 0, n), 9, 0), t)
     };
@@ -145,14 +146,7 @@ fn a_full_key_table_shows_in_the_log_of_limiter_run() {
     let dir = TempDir::new("reports");
     let config = dir.write("rules.yaml", ONE_BUCKET);
     let pin_dir = Path::new("/sys/fs/bpf/limiter-test-reports");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
+    let running = RunningLimiter::on_receiver(&lab, &dir, &config, pin_dir).expect("limiter run");
     let addrs: Vec<IpAddr> = (1..=40)
         .map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, 1, i)))
         .collect();

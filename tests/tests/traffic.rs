@@ -62,14 +62,7 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
 ",
     );
     let pin_dir = Path::new("/sys/fs/bpf/limiter-test-flood");
-    let running = RunningLimiter::start(
-        lab.rx.name(),
-        &[RX_IFACE],
-        &config,
-        pin_dir,
-        dir.0.join("run.log"),
-    )
-    .expect("limiter run");
+    let running = RunningLimiter::on_receiver(&lab, &dir, &config, pin_dir).expect("limiter run");
     assert!(xdp_attached(lab.rx.name(), RX_IFACE));
 
     let (v4, v6) = (v4_sources(16), v6_sources(8));

@@ -111,9 +111,9 @@ pub struct Datapath {
     held: repin::Held,
     /// When the key filter last switched halves (see `rebuild_key_filter`).
     filter_switched: Option<std::time::Instant>,
-    /// Drains the kernel's rare events into the logs while the datapath
-    /// is open.
-    _reports: Option<report::ReportLogs>,
+    /// The kernel's rare events, drained into the logs once
+    /// [`Datapath::log_reports`] starts it, while the datapath is open.
+    reports: Option<report::ReportLogs>,
 }
 
 impl Datapath {
@@ -135,14 +135,14 @@ impl Datapath {
             .collect();
         let held = repin::Held::maps(pin_dir, &names)?;
         let maps = Maps::take(&mut ebpf)?;
-        let reports = report::ReportLogs::start(&mut ebpf);
+        let reports = report::ReportLogs::new(&mut ebpf);
         let mut datapath = Self {
             ebpf,
             maps,
             pin_dir: pin_dir.to_owned(),
             held,
             filter_switched: None,
-            _reports: reports,
+            reports,
         };
         datapath.describe_key_table()?;
         // Complete for the keys of a table adopted from pins (an older
@@ -150,6 +150,15 @@ impl Datapath {
         datapath.rebuild_key_filter()?;
         datapath.write_v4_coverage()?;
         Ok(datapath)
+    }
+
+    /// Starts draining the kernel's rare events (`kernel::report`) into
+    /// this process's logs, on a thread that gets this thread's
+    /// capabilities: call it once those are what the process keeps.
+    pub fn log_reports(&mut self) {
+        if let Some(reports) = &mut self.reports {
+            reports.start();
+        }
     }
 
     /// Tells the program the key table's size, and gives a new table its

@@ -1,8 +1,10 @@
 //! The kernel's rare events (a key table with no slot for a new key, a
-//! meter update that lost every retry, a first fragment not kept): the
-//! report program logs them with aya-log, and a thread of this process
-//! drains its records into this process's logs (through `log`, which the
-//! `tracing` subscriber forwards).
+//! packet whose meter updates lost every retry): the report program logs
+//! them with aya-log, and a thread of this process drains its records into
+//! this process's logs (through `log`, which the `tracing` subscriber
+//! forwards). The thread starts when asked ([`ReportLogs::start`]), not at
+//! load: capabilities belong to threads, and the daemon starts it once it
+//! has dropped all it does not need, so the thread holds no more.
 
 use std::{
     os::fd::AsFd,
@@ -21,26 +23,38 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 /// datapath is gone.
 const WAKE_MS: u16 = 250;
 
-/// Drains the report program's records while it lives.
+/// The report program's records: drained by a thread once started,
+/// while this lives.
 pub struct ReportLogs {
+    logger: Option<EbpfLogger<&'static dyn log::Log>>,
     stop: Arc<AtomicBool>,
 }
 
 impl ReportLogs {
-    /// Starts draining the records of `ebpf`'s report program; `None` for
-    /// an object without one (a build before it, as the bench's baseline
-    /// may be).
-    pub fn start(ebpf: &mut Ebpf) -> Option<Self> {
-        let mut logger = match EbpfLogger::init(ebpf) {
-            Ok(logger) => logger,
-            Err(aya_log::Error::MapNotFound) => return None,
+    /// Takes the report program's records from `ebpf`; `None` for an
+    /// object without one (a build before it, as the bench's baseline may
+    /// be).
+    pub fn new(ebpf: &mut Ebpf) -> Option<Self> {
+        match EbpfLogger::init(ebpf) {
+            Ok(logger) => Some(Self {
+                logger: Some(logger),
+                stop: Arc::new(AtomicBool::new(false)),
+            }),
+            Err(aya_log::Error::MapNotFound) => None,
             Err(e) => {
                 tracing::warn!("the kernel's rare events will not be logged: {e}");
-                return None;
+                None
             }
+        }
+    }
+
+    /// Starts draining them on a thread of their own (once; later calls
+    /// do nothing).
+    pub fn start(&mut self) {
+        let Some(mut logger) = self.logger.take() else {
+            return;
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
+        let stopped = Arc::clone(&self.stop);
         let spawned = thread::Builder::new()
             .name("kernel-reports".into())
             .spawn(move || {
@@ -53,9 +67,7 @@ impl ReportLogs {
             });
         if let Err(e) = spawned {
             tracing::warn!("the kernel's rare events will not be logged: {e}");
-            return None;
         }
-        Some(Self { stop })
     }
 }
 
