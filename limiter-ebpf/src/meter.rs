@@ -397,64 +397,60 @@ fn meter_windows(
     // copied back, through raw pointers: a reference into the key's slot
     // or the aggregate would claim memory other CPUs touch meanwhile (the
     // lock word they spin on, the key's plain counts).
-    // SAFETY: `scratch` is this CPU's `WINDOW_SCRATCH` value, its own.
-    let [key_packets, key_bytes, aggregate_packets, aggregate_bytes] = unsafe { &mut *scratch };
     // SAFETY: words of the key's slot and of the aggregate, aligned u64s of
     // map values; the key's window lock, held, keeps other writers off the
     // key's meters, and the aggregate's lock (taken when `has_aggregate`)
     // off its meters; unlocked (a rule without aggregate meters), the
     // aggregate's copies are neither charged (`present` leaves them out)
-    // nor written back.
+    // nor written back. `scratch` is this CPU's `WINDOW_SCRATCH` value,
+    // its own.
     unsafe {
         let start = (&raw const (*state).meters[0]).read();
-        *key_packets = window_of(start, held);
-        *key_bytes = window_of(start, (&raw const (*state).meters[2]).read());
+        (*scratch)[0] = window_of(start, held);
+        (*scratch)[1] = window_of(start, (&raw const (*state).meters[2]).read());
         if has_aggregate {
-            *aggregate_packets = (&raw const (*aggregate).meters[0])
+            (*scratch)[2] = (&raw const (*aggregate).meters[0])
                 .cast::<WindowState>()
                 .read();
-            *aggregate_bytes = (&raw const (*aggregate).meters[1])
+            (*scratch)[3] = (&raw const (*aggregate).meters[1])
                 .cast::<WindowState>()
                 .read();
         }
     }
-    let charges = PresentWindows {
-        states: [
-            &mut *key_packets,
-            &mut *key_bytes,
-            &mut *aggregate_packets,
-            &mut *aggregate_bytes,
-        ],
-        windows: [
-            &rule.packets.window,
-            &rule.bytes.window,
-            aggregate_packets_window,
-            &rule.aggregate_bytes.window,
-        ],
-        costs: costs(rule.flags, len, credits),
-        mask: present(rule.flags),
+    // SAFETY: as above; the references end with the check.
+    let verdict = unsafe {
+        let [key_packets, key_bytes, aggregate_packets, aggregate_bytes] = &mut *scratch;
+        let charges = PresentWindows {
+            states: [key_packets, key_bytes, aggregate_packets, aggregate_bytes],
+            windows: [
+                &rule.packets.window,
+                &rule.bytes.window,
+                aggregate_packets_window,
+                &rule.aggregate_bytes.window,
+            ],
+            costs: costs(rule.flags, len, credits),
+            mask: present(rule.flags),
+        };
+        windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW)
     };
-    let verdict = windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW);
     // Written back whatever the verdict (a refusal changed nothing, so this
     // rewrites what was there): fewer values live across the check. The
     // meters in force rolled from one start alike; one not in force kept
     // the start it had, never a later one.
     // SAFETY: as above, under the same locks, released after.
-    unsafe {
+    let packets_counts = unsafe {
         if has_aggregate {
-            (&raw mut (*aggregate).meters[0])
-                .cast::<WindowState>()
-                .write(*aggregate_packets);
-            (&raw mut (*aggregate).meters[1])
-                .cast::<WindowState>()
-                .write(*aggregate_bytes);
+            let from = (&raw const (*scratch)[2]).cast::<[u64; 3]>();
+            core::ptr::copy_nonoverlapping(from, &raw mut (*aggregate).meters[0], 2);
         }
+        let (key_packets, key_bytes) = (&(*scratch)[0], &(*scratch)[1]);
         (&raw mut (*state).meters[0]).write(key_packets.start.max(key_bytes.start));
         (&raw mut (*state).meters[2]).write(pack_counts(key_bytes));
-    }
+        pack_counts(key_packets)
+    };
     if has_aggregate {
         unlock(aggregate_lock);
     }
-    unlock_window(key_lock, pack_counts(key_packets));
+    unlock_window(key_lock, packets_counts);
     verdict
 }

@@ -7,7 +7,7 @@
 //! Under TCG a guest verifies about a hundred times slower than the host,
 //! so each guest runs a chosen set: every build's verifier budget, the
 //! BPF_PROG_TEST_RUN tests of each header layout, the conformance replay,
-//! an IPv6 flood on a veth pair counted at the receiver (native XDP), and
+//! the rare events' report through aya-log, an IPv6 flood on a veth pair counted at the receiver (native XDP), and
 //! `limiter daemon` killed with -9 under an IPv4 flood and restarted from
 //! its pins.
 
@@ -31,7 +31,7 @@ const PASSING: [&str; 2] = ["6.1", "6.12"];
 const TOO_OLD: &str = "5.10";
 
 /// The tests each guest runs: (test binary, test name filters).
-const TESTS: [(&str, &[&str]); 5] = [
+const TESTS: [(&str, &[&str]); 6] = [
     ("verifier_budget", &[]),
     (
         "prog_test_run",
@@ -42,6 +42,11 @@ const TESTS: [(&str, &[&str]); 5] = [
         ],
     ),
     ("conformance", &["the_xdp_program_matches_the_reference"]),
+    // The report program's aya-log records, drained and rate limited.
+    (
+        "reports",
+        &["a_full_key_table_is_reported_once_a_second_with_what_was_left_out"],
+    ),
     // Three sources at 1,000 pps (the 26 of the host's flood test are
     // more than an emulated sender keeps up with).
     ("traffic", &["addresses_of_one_64_share_one_budget"]),
