@@ -233,11 +233,6 @@ fn wrk(addr: &str, duration: Duration) -> Result<Run> {
     Ok(run)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let (rounds, duration) = if quick {
@@ -318,9 +313,13 @@ fn main() -> Result<()> {
             // split, so that the parts add up to it.
             let (run, cpu) = by_total[by_total.len() / 2];
             (
-                median(rs.iter().map(|(r, _)| r.requests_per_sec).collect()),
-                median(rs.iter().map(|(r, _)| r.p50_ms).collect()),
-                median(rs.iter().map(|(r, _)| r.p99_ms).collect()),
+                limiter_tests::median(
+                    &rs.iter()
+                        .map(|(r, _)| r.requests_per_sec)
+                        .collect::<Vec<_>>(),
+                ),
+                limiter_tests::median(&rs.iter().map(|(r, _)| r.p50_ms).collect::<Vec<_>>()),
+                limiter_tests::median(&rs.iter().map(|(r, _)| r.p99_ms).collect::<Vec<_>>()),
                 per_response(run, cpu.total()),
                 rs.iter().map(|(r, _)| r.errors).sum(),
                 per_response(run, cpu.user),

@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::pin_to_cpu;
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
@@ -188,22 +189,6 @@ impl Generator {
 
 fn online_cpus() -> usize {
     thread::available_parallelism().map_or(1, usize::from)
-}
-
-fn pin_to_cpu(cpu: usize) -> Result<()> {
-    // SAFETY: cpu_set_t is plain data, zero is an empty set; the call only
-    // reads it.
-    let result = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    anyhow::ensure!(
-        result == 0,
-        "pinning a flood sender to CPU {cpu}: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
 }
 
 /// struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.

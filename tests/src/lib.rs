@@ -336,6 +336,31 @@ impl Drop for RunningLimiter {
     }
 }
 
+/// Pins the calling thread to CPU `cpu` (per-CPU state in the kernel,
+/// one sender per CPU).
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data, zero is an empty set; CPU_SET stays
+    // inside it and the call only reads it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    anyhow::ensure!(
+        result == 0,
+        "pinning to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// The median of runs (the upper one of an even count).
+pub fn median(runs: &[f64]) -> f64 {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// Asserts `got` is within `percent` % of `expected`.
 #[track_caller]
 pub fn assert_within(got: u64, expected: f64, percent: f64, what: &str) {

@@ -15,8 +15,8 @@ use std::{
 
 use limiter::lab::Lab;
 use limiter_tests::{
-    RunningLimiter, TempDir, XDP_DROP, XDP_PASS, flood, frames, loaded_object, run_at, sources,
-    test_clock_object,
+    RunningLimiter, TempDir, XDP_DROP, XDP_PASS, flood, frames, loaded_object, pin_to_cpu, run_at,
+    sources, test_clock_object,
 };
 
 /// One bucket of 8 slots, key creations unbounded, one packet an hour.
@@ -74,23 +74,12 @@ fn await_reports(n: usize) -> Vec<String> {
     key_table_reports()
 }
 
-/// Per-CPU state: every run of the program on one CPU.
-fn stay_on_one_cpu() {
-    // SAFETY: cpu_set_t is plain data, zero is an empty set; the call only
-    // reads it.
-    let result = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    assert_eq!(result, 0, "sched_setaffinity");
-}
-
 #[test]
 fn a_full_key_table_is_reported_once_a_second_with_what_was_left_out() {
     log::set_logger(&Capture).expect("the test's logger");
     log::set_max_level(log::LevelFilter::Warn);
-    stay_on_one_cpu();
+    // Per-CPU state: every run of the program on one CPU.
+    pin_to_cpu(0).expect("pinning to CPU 0");
     let mut dp = loaded_object(&test_clock_object(), ONE_BUCKET);
     dp.engine.datapath_mut().log_reports();
     let send = |dp: &mut _, n: u8, t: u64| {

@@ -4,23 +4,10 @@
 use std::{net::Ipv4Addr, sync::Barrier, thread};
 
 use aya::programs::{TestRun, TestRunOptions};
-use limiter_tests::{frames, loaded, snapshot};
+use limiter_tests::{frames, loaded, pin_to_cpu, snapshot};
 
 const BURST: u64 = 200_000;
 const PER_CPU: u32 = 300_000;
-
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "pinning to CPU {cpu}"
-        );
-    }
-}
 
 #[test]
 fn concurrent_packets_of_one_key_lose_no_update() {
@@ -39,7 +26,7 @@ fn concurrent_packets_of_one_key_lose_no_update() {
         for cpu in 0..2 {
             let (dp, frame, start) = (&dp, &frame, &start);
             scope.spawn(move || {
-                pin_to_cpu(cpu);
+                pin_to_cpu(cpu).expect("pinning");
                 start.wait();
                 dp.program()
                     .test_run(TestRunOptions {

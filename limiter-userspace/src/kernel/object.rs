@@ -147,7 +147,7 @@ fn load_programs(ebpf: &mut Ebpf, names: &[&str]) -> Result<(), KernelError> {
             .into_iter()
             .map(|(name, program)| scope.spawn(move || load_program(name, program)))
             .collect();
-        // The first failure, in the order of `names`' programs.
+        // The first failure, in the order the object lists the programs.
         loads
             .into_iter()
             .map(|load| {

@@ -307,7 +307,7 @@ fn main() -> Result<()> {
         ] {
             println!(
                 "   {name:<22} median {:.3} s  (runs: {})",
-                start::median(runs),
+                limiter_tests::median(runs),
                 runs.iter()
                     .map(|s| format!("{s:.3}"))
                     .collect::<Vec<_>>()
@@ -315,8 +315,8 @@ fn main() -> Result<()> {
             );
         }
         results["start"] = json!({"fresh_s": starts.fresh, "restart_s": starts.restart,
-            "fresh_median_s": start::median(&starts.fresh),
-            "restart_median_s": start::median(&starts.restart)});
+            "fresh_median_s": limiter_tests::median(&starts.fresh),
+            "restart_median_s": limiter_tests::median(&starts.restart)});
     }
 
     if wanted("trace") {

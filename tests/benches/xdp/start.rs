@@ -25,12 +25,6 @@ pub struct Starts {
     pub restart: Vec<f64>,
 }
 
-pub fn median(runs: &[f64]) -> f64 {
-    let mut sorted = runs.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 pub fn measure(lab: &Lab, runs: usize) -> Result<Starts> {
     let dir = TempDir::new("bench-start");
     let rules =
