@@ -65,13 +65,14 @@ pub fn new_key(
     let Some(budget) = ADMISSIONS.get_ptr_mut(rule_id) else {
         return refused(REFUSED_ADMISSION);
     };
-    let budget = MapCell(budget);
-    if acquire(&budget, &rule.admission, now, 1) != Outcome::Allowed {
+    // SAFETY: an `ADMISSIONS` value's aligned u64, a map lookup's pointer.
+    let budget = unsafe { MapCell::at(budget) };
+    if acquire(budget, &rule.admission, now, 1) != Outcome::Allowed {
         return refused(REFUSED_ADMISSION);
     }
     let state = keys::claim(config, generation, key, now, global);
     if state.is_null() {
-        refund(&budget, &rule.admission, now, 1);
+        refund(budget, &rule.admission, now, 1);
         return refused(KEY_ALLOC_FAILED);
     }
     counters.new_keys += 1;

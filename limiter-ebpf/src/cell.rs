@@ -1,21 +1,41 @@
 //! The kernel side of `limiter_common::meter::AtomicCell`, and counters
 //! shared between CPUs.
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
+use core::{
+    cell::UnsafeCell,
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg},
+};
 use limiter_common::{keytable::WINDOW_LOCK, meter::AtomicCell};
 
-/// A `u64` inside a map value, updated with the BPF `cmpxchg` instruction.
-pub struct MapCell(pub *mut u64);
+/// A `u64` inside a map value that other CPUs update: read with one load,
+/// changed only with the BPF `cmpxchg` instruction. Shared memory, so an
+/// `UnsafeCell` (as `AtomicU64` is) reached by shared references, never
+/// by `&mut`.
+#[repr(transparent)]
+pub struct MapCell(UnsafeCell<u64>);
+
+impl MapCell {
+    /// The cell at `word`.
+    ///
+    /// # Safety
+    /// `word` is a map lookup's pointer to an aligned u64 of an array or
+    /// hash map value (an `ADMISSIONS` TAT, a key's or an aggregate's
+    /// meter), which stays allocated while the program runs: the
+    /// reference must not outlive the run.
+    #[inline(always)]
+    pub unsafe fn at<'a>(word: *mut u64) -> &'a MapCell {
+        // SAFETY: as the caller vouches; `MapCell` is a transparent u64.
+        unsafe { &*word.cast::<MapCell>() }
+    }
+}
 
 impl AtomicCell for MapCell {
     #[inline(always)]
     fn load(&self) -> u64 {
-        // An aligned 64-bit load is atomic on BPF.
-        // SAFETY: every `MapCell` holds a map lookup's pointer to an aligned u64
-        // of an array map value (an `ADMISSIONS` TAT, a key's or an aggregate's
-        // meter), allocated while the program runs; a volatile read of it is one
-        // 8-byte BPF load, atomic against other CPUs' compare-and-swap.
-        unsafe { core::ptr::read_volatile(self.0) }
+        // SAFETY: an aligned u64 of a map value (`MapCell::at`); a volatile
+        // read of it is one 8-byte BPF load, atomic against other CPUs'
+        // compare-and-swap.
+        unsafe { core::ptr::read_volatile(self.0.get()) }
     }
 
     #[inline(always)]
@@ -24,7 +44,9 @@ impl AtomicCell for MapCell {
         // CPUs update too: changed only by this atomic BPF_CMPXCHG (cpu v3).
         let (seen, swapped) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                self.0, current, new,
+                self.0.get(),
+                current,
+                new,
             )
         };
         if swapped { Ok(()) } else { Err(seen) }

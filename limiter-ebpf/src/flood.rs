@@ -186,7 +186,8 @@ pub fn floor_gcra(ctx: XdpContext) -> u32 {
         let _ = FLOOR_KEYS.insert(key, now + FLOOR_LIMIT.emission_ns, 0);
         return xdp_action::XDP_PASS;
     };
-    let cell = MapCell(tat);
+    // SAFETY: a `FLOOR_KEYS` value, a map lookup's pointer to a u64.
+    let cell = unsafe { MapCell::at(tat) };
     let seen = cell.load();
     match FLOOR_LIMIT.check(seen, now, 1) {
         Decision::Allow { new_tat } if cell.compare_exchange(seen, new_tat).is_ok() => {

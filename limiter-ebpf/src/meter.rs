@@ -10,10 +10,11 @@ use limiter_common::{
     gcra::Gcra,
     keytable::{Slot, pack_counts, window_of},
     meter::{
-        Outcome, Present, PresentWindows, Verdict, acquire, acquire_all_after, order, windows_all,
+        Charge, Meters, Outcome, Verdict, WindowMeters, acquire, acquire_all_after, order,
+        windows_all,
     },
     trace::reason,
-    window::WindowState,
+    window::{Window, WindowState},
 };
 
 use crate::{
@@ -108,8 +109,8 @@ fn over_soft(
     // SAFETY: `state` is a `KEYS` slot's (`charge_key`), a map value other
     // CPUs update: only the third word's address is taken, and `MapCell`
     // reads and swaps that aligned u64 atomically.
-    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
-    if acquire(&cell, soft, now, credits) == Outcome::Denied
+    let cell = unsafe { MapCell::at(&raw mut (*state).meters[2]) };
+    if acquire(cell, soft, now, credits) == Outcome::Denied
         && let Some(over) = SOFT_STATS.get_ptr_mut(counter_slot(iface, rule_id))
     {
         // SAFETY: this CPU's `SOFT_STATS` counter, which only this CPU's running
@@ -190,14 +191,6 @@ fn present(flags: u32) -> u32 {
         | bit(rule_flag::LIMIT_BYTES, order::KEY_BYTES)
         | bit(rule_flag::AGGREGATE_PACKETS, order::AGGREGATE_PACKETS)
         | bit(rule_flag::AGGREGATE_BYTES, order::AGGREGATE_BYTES)
-}
-
-/// What a packet costs each meter, in `order`: its credits to packet
-/// meters, its length to byte meters (the key's byte meter counts credits
-/// when it is a second packet limit).
-#[inline(always)]
-fn costs(flags: u32, len: u64, credits: u64) -> [u64; order::METERS] {
-    [credits, key_bytes_cost(flags, len, credits), credits, len]
 }
 
 /// What the key's byte meter charges: the frame's length, or its
@@ -287,34 +280,13 @@ fn meter_gcra(
     third: &Gcra,
 ) -> Verdict {
     let Charged { len, credits } = charged;
-    // A key's state and its rule's aggregate each keep a packet meter
-    // (pair index 0) and a byte meter (1); `cells` lists them in `order`.
-    const _: () = assert!(
-        order::KEY_PACKETS == 0
-            && order::KEY_BYTES == 1
-            && order::AGGREGATE_PACKETS == 2
-            && order::AGGREGATE_BYTES == 3
-    );
-    // SAFETY: `state` (a `KEYS` slot's) and `aggregate` (an `AGGREGATES`
-    // value) point into map values other CPUs update: only the meters'
-    // addresses are taken; `MapCell` reads and swaps them atomically.
-    let cells = unsafe {
-        [
-            MapCell(&raw mut (*state).meters[0]),
-            MapCell(&raw mut (*state).meters[1]),
-            MapCell(&raw mut (*aggregate).meters[0][0]),
-            MapCell(&raw mut (*aggregate).meters[1][0]),
-        ]
-    };
-    let charges = Present {
-        cells: [&cells[0], &cells[1], &cells[2], &cells[3]],
-        limits: [
-            &rule.packets.gcra,
-            &rule.bytes.gcra,
-            &rule.aggregate_packets_at(now).gcra,
-            &rule.aggregate_bytes.gcra,
-        ],
-        costs: costs(rule.flags, len, credits),
+    let charges = KeyMeters {
+        state,
+        aggregate,
+        rule,
+        aggregate_packets: &rule.aggregate_packets_at(now).gcra,
+        len,
+        credits,
         mask: present(rule.flags),
     };
     // The third limit, if any, in the key's third word: charged always
@@ -324,11 +296,70 @@ fn meter_gcra(
     // subprogram for the rules with one) has the verifier explore every
     // meter after it twice, past its budget.
     // SAFETY: as for `cells`: only the address of the key's third word.
-    let cell = MapCell(unsafe { &raw mut (*state).meters[2] });
+    let cell = unsafe { MapCell::at(&raw mut (*state).meters[2]) };
     let has_third = flag_bit(rule.flags, rule_flag::THIRD_LIMIT);
     let third = third_meter(rule.flags, third);
     let cost = third_cost(rule.flags, len, credits);
-    acquire_all_after((&cell, &third, cost), pick(has_third, now, 0), charges, now)
+    acquire_all_after((cell, &third, cost), pick(has_third, now, 0), charges, now)
+}
+
+/// The GCRA meters [`meter_gcra`] charges, in `order`: a key's state and
+/// its rule's aggregate each keep a packet meter (pair index 0) and a byte
+/// meter (1). Each one's cell, limit and cost is picked by its index when
+/// asked: `Present`'s arrays of them lived on the stack, in the frame
+/// Linux 6.1 adds to `limiter_decide`'s against 512 bytes.
+#[derive(Clone, Copy)]
+struct KeyMeters<'a> {
+    /// A `KEYS` slot's value and an `AGGREGATES` value: map values other
+    /// CPUs update, reached only through [`MapCell`].
+    state: *mut KeyState,
+    aggregate: *mut AggregateState,
+    rule: &'a RuleConfig,
+    /// `rule.aggregate_packets_at(now)`'s.
+    aggregate_packets: &'a Gcra,
+    len: u64,
+    credits: u64,
+    mask: u32,
+}
+
+impl<'a> Meters<'a, MapCell> for KeyMeters<'a> {
+    const COUNT: usize = order::METERS;
+
+    #[inline(always)]
+    fn meter(&self, i: usize) -> Charge<'a, MapCell> {
+        if self.mask & (1 << i) == 0 {
+            return None;
+        }
+        let rule = self.rule;
+        // SAFETY: addresses only, of aligned u64 meters in the key's slot and
+        // the aggregate (map lookups' pointers, allocated while the program
+        // runs, which is as long as the cells are used).
+        unsafe {
+            let (word, limit, cost) = match i {
+                order::KEY_PACKETS => (
+                    &raw mut (*self.state).meters[0],
+                    &rule.packets.gcra,
+                    self.credits,
+                ),
+                order::KEY_BYTES => (
+                    &raw mut (*self.state).meters[1],
+                    &rule.bytes.gcra,
+                    key_bytes_cost(rule.flags, self.len, self.credits),
+                ),
+                order::AGGREGATE_PACKETS => (
+                    &raw mut (*self.aggregate).meters[0][0],
+                    self.aggregate_packets,
+                    self.credits,
+                ),
+                _ => (
+                    &raw mut (*self.aggregate).meters[1][0],
+                    &rule.aggregate_bytes.gcra,
+                    self.len,
+                ),
+            };
+            Some((MapCell::at(word), limit, cost))
+        }
+    }
 }
 
 /// The meter of a key's third word as its third limit: `stored` when the
@@ -353,6 +384,59 @@ fn third_meter(flags: u32, stored: &Gcra) -> Gcra {
 fn third_cost(flags: u32, len: u64, credits: u64) -> u64 {
     let cost = pick(flag_bit(flags, rule_flag::THIRD_COUNTS_BYTES), len, credits);
     flag_bit(flags, rule_flag::THIRD_LIMIT) * cost
+}
+
+/// The window meters `meter_windows` checks: their states in this CPU's
+/// scratch, each one's window and cost picked by its index when asked.
+/// `PresentWindows`' arrays of references and costs, indexed in the
+/// check's loop, lived on the stack: 104 bytes of `meter_windows_call`'s
+/// frame, which Linux 6.1 adds to `limiter_decide`'s against 512.
+struct ScratchWindows<'a> {
+    states: &'a mut [WindowState; order::METERS],
+    rule: &'a RuleConfig,
+    aggregate_packets: &'a Window,
+    len: u64,
+    credits: u64,
+    mask: u32,
+}
+
+impl WindowMeters for ScratchWindows<'_> {
+    const COUNT: usize = order::METERS;
+
+    #[inline(always)]
+    fn meter(&mut self, i: usize) -> Option<(&mut WindowState, &Window, u64)> {
+        if self.mask & (1 << i) == 0 {
+            return None;
+        }
+        let rule = self.rule;
+        let (window, cost) = match i {
+            order::KEY_PACKETS => (&rule.packets.window, self.credits),
+            order::KEY_BYTES => (
+                &rule.bytes.window,
+                key_bytes_cost(rule.flags, self.len, self.credits),
+            ),
+            order::AGGREGATE_PACKETS => (self.aggregate_packets, self.credits),
+            _ => (&rule.aggregate_bytes.window, self.len),
+        };
+        Some((self.states.get_mut(i)?, window, cost))
+    }
+}
+
+/// Copies the aggregate's two windows (six words) between its map value
+/// and the scratch, word by word: a block copy compiles to a call of
+/// `memmove`, a frame of its own, and `limiter_decide`'s chain of frames
+/// through `meter_windows_call` and it measured 544 bytes on Linux 6.1,
+/// which refuses more than 512 (each frame rounded up to 32 bytes).
+/// Volatile so that the compiler cannot fold the words back into one.
+///
+/// # Safety
+/// Both point to six aligned `u64`s the caller may read and write.
+#[inline(always)]
+unsafe fn copy_words(from: *const u64, to: *mut u64) {
+    for i in 0..6 {
+        // SAFETY: within the six words the caller vouches for.
+        unsafe { to.add(i).write_volatile(from.add(i).read_volatile()) };
+    }
 }
 
 /// Windows: a window's fields change together, so the key's state (then
@@ -409,26 +493,20 @@ fn meter_windows(
         (*scratch)[0] = window_of(start, held);
         (*scratch)[1] = window_of(start, (&raw const (*state).meters[2]).read());
         if has_aggregate {
-            (*scratch)[2] = (&raw const (*aggregate).meters[0])
-                .cast::<WindowState>()
-                .read();
-            (*scratch)[3] = (&raw const (*aggregate).meters[1])
-                .cast::<WindowState>()
-                .read();
+            copy_words(
+                (&raw const (*aggregate).meters).cast(),
+                (&raw mut (*scratch)[2]).cast(),
+            );
         }
     }
-    // SAFETY: as above; the references end with the check.
+    // SAFETY: as above; the reference ends with the check.
     let verdict = unsafe {
-        let [key_packets, key_bytes, aggregate_packets, aggregate_bytes] = &mut *scratch;
-        let charges = PresentWindows {
-            states: [key_packets, key_bytes, aggregate_packets, aggregate_bytes],
-            windows: [
-                &rule.packets.window,
-                &rule.bytes.window,
-                aggregate_packets_window,
-                &rule.aggregate_bytes.window,
-            ],
-            costs: costs(rule.flags, len, credits),
+        let charges = ScratchWindows {
+            states: &mut *scratch,
+            rule,
+            aggregate_packets: aggregate_packets_window,
+            len,
+            credits,
             mask: present(rule.flags),
         };
         windows_all(charges, now, rule.algorithm == algorithm::SLIDING_WINDOW)
@@ -440,8 +518,10 @@ fn meter_windows(
     // SAFETY: as above, under the same locks, released after.
     let packets_counts = unsafe {
         if has_aggregate {
-            let from = (&raw const (*scratch)[2]).cast::<[u64; 3]>();
-            core::ptr::copy_nonoverlapping(from, &raw mut (*aggregate).meters[0], 2);
+            copy_words(
+                (&raw const (*scratch)[2]).cast(),
+                (&raw mut (*aggregate).meters).cast(),
+            );
         }
         let (key_packets, key_bytes) = (&(*scratch)[0], &(*scratch)[1]);
         (&raw mut (*state).meters[0]).write(key_packets.start.max(key_bytes.start));

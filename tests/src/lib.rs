@@ -4,6 +4,7 @@
 
 pub mod frames;
 pub mod generator;
+pub mod stack;
 
 pub use limiter_conformance::{reference, traces};
 

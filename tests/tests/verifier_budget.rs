@@ -78,3 +78,35 @@ fn every_program_of_every_build_verifies_within_the_budget() {
         over.join(", ")
     );
 }
+
+/// Linux 6.1 refuses a program whose chain of calls takes more than 512
+/// bytes of stack, each frame rounded up to 32; the host's kernel rounds
+/// to 16 and takes it. Read from each build's object, so a frame that
+/// grew shows here before the kernel matrix boots 6.1.
+#[test]
+fn every_chain_of_calls_fits_linux_6_1s_stack() {
+    let mut over = Vec::new();
+    for (build, object) in builds() {
+        let chains = limiter_tests::stack::deepest_chains(&object)
+            .unwrap_or_else(|e| panic!("{build}: {e}"));
+        assert_eq!(chains.len(), 4, "{build}: the programs read");
+        for chain in chains {
+            let frames: Vec<String> = chain.frames.iter().map(u32::to_string).collect();
+            println!(
+                "stack: build {build} program {}: {} bytes ({})",
+                chain.program,
+                chain.total(),
+                frames.join(" + ")
+            );
+            if chain.total() > limiter_tests::stack::MAX_STACK {
+                over.push(format!("{build}/{}: {}", chain.program, frames.join(" + ")));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "chains of calls over Linux 6.1's {} bytes of stack: {}",
+        limiter_tests::stack::MAX_STACK,
+        over.join(", ")
+    );
+}
