@@ -36,6 +36,7 @@ pub mod map_name {
     pub const STAGES: &str = "STAGES";
     pub const HANDOFF: &str = "HANDOFF";
     pub const REPORT_PROG: &str = "REPORT_PROG";
+    pub const PENDING_DROPS: &str = "PENDING_DROPS";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -645,6 +646,44 @@ pub struct KeyState {
     pub dropped_packets: u32,
 }
 
+/// A CPU's refusals of one key not yet added to the key's
+/// [`KeyState::dropped_packets`] (the `PENDING_DROPS` map, one per CPU).
+/// A flood from one source spread over CPUs would otherwise write its
+/// key's slot with every refused frame, and the slot's cache line, which
+/// every CPU reads for the key's meters, would move between them with
+/// each: the entry keeps the key this CPU refuses most, counted here,
+/// and other keys' refusals go to their slots as before. When another key
+/// takes the entry, the former one's count waits in `old_*` until the
+/// report program, reached by a tail call after the decision, adds it to
+/// that key's slot (the lookup of a slot by key is verified there, once,
+/// not on the decision's every path). Readers of the key table add
+/// `count` and `old_count` to their keys'; `flushes`, odd while the entry
+/// changes hands or a count moves to a slot, tells them to read again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingDrops {
+    pub key: FlowKey,
+    /// Refusals of `key` held here (0: the entry holds no key).
+    pub count: u32,
+    /// Refusals of other keys since `key`'s last one: past
+    /// `PendingDrops::TAKE_OVER_AFTER`, the next key refused takes the
+    /// entry.
+    pub others: u32,
+    /// Twice the number of changes of hands and moves to slots, plus one
+    /// during one.
+    pub flushes: u32,
+    /// The key that held the entry before, and its refusals not yet on its
+    /// slot (0: none).
+    pub old_key: FlowKey,
+    pub old_count: u32,
+}
+
+impl PendingDrops {
+    /// Refusals of other keys after which a key no longer holds the
+    /// entry: a key refused at least once in so many keeps it.
+    pub const TAKE_OVER_AFTER: u32 = 64;
+}
+
 /// Per-rule counters, one per CPU: each CPU only writes its own copy, so
 /// plain increments are exact without atomics; readers sum the CPUs.
 #[repr(C)]
@@ -736,6 +775,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowKey>() == 20);
     assert!(core::mem::size_of::<FragmentKey>() == 32);
     assert!(core::mem::size_of::<KeyState>() == 32);
+    assert!(core::mem::size_of::<PendingDrops>() == 56);
     assert!(core::mem::size_of::<AggregateState>() == 56);
     assert!(core::mem::size_of::<RuleCounters>() == 80);
     assert!(core::mem::size_of::<GlobalCounters>() == 88);
@@ -753,6 +793,7 @@ mod pod {
     unsafe impl aya::Pod for super::Block {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::KeyState {}
+    unsafe impl aya::Pod for super::PendingDrops {}
     unsafe impl aya::Pod for super::AggregateState {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}

@@ -16,6 +16,7 @@ mod blocks;
 mod cell;
 mod clock;
 mod decide;
+mod drops;
 mod entry;
 mod fragments;
 mod handoff;

@@ -11,8 +11,8 @@ use limiter_common::{
     abi::{
         AggregateState, BLOCKED_V4_WORDS, Block, Candidates, Costs, DEFAULT_MAX_KEYS,
         FirstFragment, FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, Handoff, MAX_BLOCKS,
-        MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PrefixKey,
-        RuleConfig, RuleCounters, v4_table,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PendingDrops,
+        PrefixKey, RuleConfig, RuleCounters, v4_table,
     },
     gcra::Gcra,
     keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
@@ -102,6 +102,12 @@ pub static RULE_STATS: PerCpuArray<RuleCounters> = PerCpuArray::pinned(MAX_IFACE
 
 #[map]
 pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0);
+
+/// Per CPU: the refusals of the key this CPU refuses most, not yet on its
+/// slot (`PendingDrops`). Pinned: a restarted daemon's program carries
+/// them on, and readers find them.
+#[map]
+pub static PENDING_DROPS: PerCpuArray<PendingDrops> = PerCpuArray::pinned(1, 0);
 
 /// Test builds only: the clock, set by the test before each run.
 #[cfg(feature = "test-clock")]

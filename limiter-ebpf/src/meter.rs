@@ -19,6 +19,7 @@ use limiter_common::{
 
 use crate::{
     cell::{MapCell, lock, lock_window, unlock, unlock_window},
+    drops,
     maps::{AGGREGATES, SOFT_LIMITS, SOFT_STATS, WINDOW_SCRATCH},
 };
 
@@ -76,17 +77,18 @@ pub fn charge_key(
             charged.credits,
         );
     }
-    // For `limiter top`; see `KeyState::passed_packets`. Plain writes:
-    // these counts may lose an increment to another CPU, as documented.
-    // SAFETY: fields of the slot above.
-    unsafe {
-        if verdict.outcome == Outcome::Allowed {
+    // For `limiter top`; see `KeyState::passed_packets`. A pass writes the
+    // slot's line anyway (its meters); a refusal mostly does not
+    // (`drops::count`).
+    if verdict.outcome == Outcome::Allowed {
+        // SAFETY: a field of the slot above; a plain write, which may lose an
+        // increment to another CPU, as documented.
+        unsafe {
             let passed = &raw mut (*key_state).passed_packets;
             passed.write(passed.read().wrapping_add(1));
-        } else {
-            let dropped = &raw mut (*key_state).dropped_packets;
-            dropped.write(dropped.read().wrapping_add(1));
         }
+    } else {
+        drops::count(slot);
     }
     verdict
 }

@@ -1,6 +1,7 @@
 //! Rare events, logged through aya-log into the daemon's logs: a new key
 //! the key table had no slot for, a packet whose meter updates lost every
-//! retry to other CPUs. The decision program hands a packet refused for
+//! retry to other CPUs. And the rare work of the refusal counts: a key's
+//! count held per CPU moved to its slot (`drops::move_old`). The decision program hands a packet refused for
 //! one of these reasons to the report program by a tail call, so the
 //! logging code is verified on its own and every other packet pays a
 //! comparison of the reason it has anyway. Each CPU reports each kind at
@@ -12,8 +13,8 @@ use aya_log_ebpf::warn;
 use limiter_common::trace::reason;
 
 use crate::{
-    clock, handoff,
-    maps::{REPORT_PROG, REPORT_SCRATCH, REPORT_STATE},
+    clock, drops, handoff,
+    maps::{CONFIG, REPORT_PROG, REPORT_SCRATCH, REPORT_STATE},
     parse::Source,
     trace::{self, Decided},
 };
@@ -49,7 +50,8 @@ pub struct ReportState {
 /// met a rare event, else as `trace::finish` does.
 #[inline(always)]
 pub fn finish(ctx: &XdpContext, decided: &Decided) -> u32 {
-    if kind(decided.reason()).is_some()
+    let refused = decided.reason() != reason::NONE;
+    if (kind(decided.reason()).is_some() || refused && drops::old_waiting())
         && let Some(scratch) = REPORT_SCRATCH.get_ptr_mut(0)
     {
         // SAFETY: this CPU's `REPORT_SCRATCH` value, which only this CPU's
@@ -73,6 +75,9 @@ pub fn limiter_report(ctx: XdpContext) -> u32 {
         return aya_ebpf::bindings::xdp_action::XDP_PASS;
     };
     let decided = Decided::unpacked(packed);
+    if let Some(config) = CONFIG.get(0) {
+        drops::move_old(config);
+    }
     if let Some(kind) = kind(decided.reason()).filter(|&k| k < KINDS)
         && let Some(state) = REPORT_STATE.get_ptr_mut(0)
     {

@@ -132,6 +132,54 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
             "{name}: one key per source"
         );
     }
+    // Each key's own counts (`limiter top`, from the key table and the
+    // refusals each CPU still holds for its key) agree with them too.
+    let out = limiter_command(
+        None,
+        &[
+            "top",
+            "--once",
+            "--json",
+            "--interval",
+            "100ms",
+            "--count",
+            "100",
+            "--pin-dir",
+            &pin_dir.to_string_lossy(),
+        ],
+    )
+    .output()
+    .expect("limiter top");
+    assert!(
+        out.status.success(),
+        "limiter top: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let top: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+    let rows = top["top"].as_array().expect("rows");
+    assert_eq!(rows.len(), all.len(), "a key per source: {top}");
+    let total = |field: &str| rows.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(total("passed_total"), arrived(&all), "passed, all keys");
+    assert_eq!(
+        total("dropped_total"),
+        sent(&all) - arrived(&all),
+        "refused, all keys"
+    );
+    for addr in &v4 {
+        let row = top["top"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["source"] == addr.to_string())
+            .unwrap_or_else(|| panic!("{addr} not in limiter top: {top}"));
+        let (sent, arrived) = (sent(&[*addr]), arrived(&[*addr]));
+        assert_eq!(row["passed_total"].as_u64(), Some(arrived), "{addr}: {row}");
+        assert_eq!(
+            row["dropped_total"].as_u64(),
+            Some(sent - arrived),
+            "{addr}: refused = sent - arrived: {row}"
+        );
+    }
 
     // SIGINT detaches and removes every pin.
     let output = running.stop().expect("clean exit");

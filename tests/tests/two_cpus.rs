@@ -40,6 +40,16 @@ fn concurrent_packets_of_one_key_lose_no_update() {
     });
     let hot = *snapshot(&dp).rule("hot").expect("rule");
     assert_eq!(hot.new_keys, 1, "one key");
+    // The key's own count of refusals, which both CPUs hold for it
+    // (`PENDING_DROPS`) rather than writing its slot with each, is exact
+    // once the table's reader adds them.
+    let keys = dp.maps().keys.dump();
+    assert_eq!(keys.len(), 1, "one key");
+    assert_eq!(
+        u64::from(keys[0].1.dropped_packets),
+        hot.dropped_packets,
+        "the key's refusals against the rule's"
+    );
     assert_eq!(
         hot.passed_packets + hot.dropped_packets,
         2 * u64::from(PER_CPU)

@@ -11,10 +11,10 @@ use std::{
     sync::atomic::{AtomicU32, AtomicU64, Ordering, fence},
 };
 
-use aya::maps::{Map, MapData, MapError};
+use aya::maps::{Map, MapData, MapError, PerCpuArray};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::{
-    abi::{FlowKey, KeyState, RuleConfig},
+    abi::{FlowKey, KeyState, PendingDrops, RuleConfig},
     gcra::Gcra,
     keytable::{self, Slot, Tags, WAYS, filter_words, slot_index, tag},
     meter::{self, CarriedTat},
@@ -28,7 +28,14 @@ pub struct KeyTable {
     slots: Mapped<Slot>,
     /// Both halves of the presence filter, one after the other.
     filter: Mapped<u64>,
+    /// Each CPU's refusals not yet on their key's slot (`PENDING_DROPS`;
+    /// absent from pins of builds before it).
+    pending: Option<PerCpuArray<MapData, PendingDrops>>,
 }
+
+/// How many times [`KeyTable::visit`] reads the keys held in
+/// `PENDING_DROPS` again when a count moved to a slot while it read.
+const PENDING_READS: usize = 4;
 
 impl KeyTable {
     /// The table of the maps `KEY_TAGS`, `KEYS` and `KEY_FILTER`.
@@ -37,6 +44,7 @@ impl KeyTable {
             tags: Mapped::new(tags)?,
             slots: Mapped::new(slots)?,
             filter: Mapped::new(filter)?,
+            pending: None,
         };
         let sized = |size: usize, expected: usize| {
             if size == expected {
@@ -49,6 +57,23 @@ impl KeyTable {
         sized(table.slots.len(), table.tags.len() * WAYS)?;
         sized(table.filter.len(), 2 * table.filter_words())?;
         Ok(table)
+    }
+
+    /// The table with `PENDING_DROPS`, whose counts its readers add.
+    pub fn with_pending(self, pending: Option<Map>) -> Result<Self, MapError> {
+        Ok(Self {
+            pending: pending.map(PerCpuArray::try_from).transpose()?,
+            ..self
+        })
+    }
+
+    /// Every CPU's pending refusals, and whether a move was under way on
+    /// any (an odd `flushes`).
+    fn pending_drops(&self) -> Option<(Vec<PendingDrops>, bool)> {
+        let values = self.pending.as_ref()?.get(&0, 0).ok()?;
+        let entries: Vec<PendingDrops> = values.iter().copied().collect();
+        let moving = entries.iter().any(|e| e.flushes % 2 != 0);
+        Some((entries, moving))
     }
 
     /// The table's maps, tags, slots and filter (for their kernel
@@ -168,12 +193,60 @@ impl KeyTable {
     }
 
     /// Calls `f` with every key and a copy of its state, without
-    /// collecting them.
+    /// collecting them. A key's refusals include those still held for it
+    /// in `PENDING_DROPS`: the keys held there are read last, their slots
+    /// between two readings of the entries with no move of a count in
+    /// between (read again until so, a few times), so that no count is
+    /// seen on both.
     pub fn visit(&self, mut f: impl FnMut(&FlowKey, &KeyState)) {
+        let Some((mut before, _)) = self.pending_drops() else {
+            self.for_each_key(|bucket, way, _| {
+                let slot = self.slot(bucket, way);
+                f(&slot.key, &slot.state);
+            });
+            return;
+        };
+        // The refusals entries hold for `key`, as its own or as their
+        // former key's.
+        let held = |entries: &[PendingDrops], key: &FlowKey| -> Option<u32> {
+            let mut counts = entries.iter().flat_map(|e| {
+                [(e.key, e.count), (e.old_key, e.old_count)]
+                    .into_iter()
+                    .filter(|&(k, n)| n != 0 && k == *key)
+                    .map(|(_, n)| n)
+            });
+            let first = counts.next()?;
+            Some(counts.fold(first, u32::wrapping_add))
+        };
+        let mut deferred = Vec::new();
         self.for_each_key(|bucket, way, _| {
             let slot = self.slot(bucket, way);
-            f(&slot.key, &slot.state);
+            if held(&before, &slot.key).is_some() {
+                deferred.push((bucket, way));
+            } else {
+                f(&slot.key, &slot.state);
+            }
         });
+        for read in 1..=PENDING_READS {
+            let slots: Vec<Slot> = deferred.iter().map(|&(b, w)| self.slot(b, w)).collect();
+            let (after, moving) = self
+                .pending_drops()
+                .unwrap_or_else(|| (before.clone(), false));
+            let moved = before
+                .iter()
+                .zip(&after)
+                .any(|(b, a)| b.flushes != a.flushes || b.flushes % 2 != 0)
+                || moving;
+            if !moved || read == PENDING_READS {
+                for mut slot in slots {
+                    let pending = held(&before, &slot.key).unwrap_or(0);
+                    slot.state.dropped_packets = slot.state.dropped_packets.wrapping_add(pending);
+                    f(&slot.key, &slot.state);
+                }
+                return;
+            }
+            before = after;
+        }
     }
 
     /// The addresses a key stands for, as a prefix: its address, masked
