@@ -659,15 +659,17 @@ pub struct KeyState {
 /// not on the decision's every path). Readers of the key table add
 /// `count` and `old_count` to their keys'; `flushes`, odd while the entry
 /// changes hands or a count moves to a slot, tells them to read again.
+/// Counts held for a key whose slot was taken by another stay the key's:
+/// if it is tracked again, they are added to its new slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingDrops {
     pub key: FlowKey,
     /// Refusals of `key` held here (0: the entry holds no key).
     pub count: u32,
-    /// Refusals of other keys since `key`'s last one: past
-    /// `PendingDrops::TAKE_OVER_AFTER`, the next key refused takes the
-    /// entry.
+    /// Refusals of other keys since `key`'s last one: once it reaches
+    /// `PendingDrops::TAKE_OVER_AFTER`, the next key refused (other than
+    /// `key`) takes the entry.
     pub others: u32,
     /// Twice the number of changes of hands and moves to slots, plus one
     /// during one.
@@ -680,7 +682,7 @@ pub struct PendingDrops {
 
 impl PendingDrops {
     /// Refusals of other keys after which a key no longer holds the
-    /// entry: a key refused at least once in so many keeps it.
+    /// entry: a key refused again before so many keeps it.
     pub const TAKE_OVER_AFTER: u32 = 64;
 }
 

@@ -4,10 +4,13 @@
 //! the key it refuses most (see `PendingDrops`).
 //!
 //! Each change of the entry other than a count going up is bracketed by
-//! two increments of its `flushes` (odd meanwhile): a reader of the
-//! entries and the slots (`KeyTable::visit`) reads the entries before and
-//! after the slots and reads again if it saw one, so a count is never seen
-//! both on the entry and on a slot, or on neither.
+//! two atomic increments of its `flushes` (odd meanwhile): a reader of the
+//! entries and the slots (`KeyTable::visit`) reads the entries' `flushes`,
+//! then the entries, then the slots, then `flushes` again, and reads again
+//! if it saw a change, so that a count moved meanwhile is not seen both on
+//! the entry and on a slot.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use limiter_common::{
     abi::{FlowKey, GlobalConfig, PendingDrops},
@@ -49,8 +52,9 @@ pub fn count(slot: *mut Slot) {
             return;
         }
         // Kept by a key refused here lately, or the former key's count not
-        // yet moved: this refusal goes to its slot.
-        if holds & ((others < PendingDrops::TAKE_OVER_AFTER) | ((*pending).old_count != 0)) {
+        // yet moved (the entry taken only with no count waiting, even when
+        // its own count wrapped to 0): this refusal goes to its slot.
+        if (holds & (others < PendingDrops::TAKE_OVER_AFTER)) | ((*pending).old_count != 0) {
             (*pending).others = others.saturating_add(1);
             add(dropped, 1);
             return;
@@ -102,13 +106,12 @@ pub fn move_old(config: &GlobalConfig) {
 /// `pending` is this CPU's `PENDING_DROPS` value.
 #[inline(always)]
 unsafe fn changing(pending: *mut PendingDrops) {
-    // SAFETY: as the caller vouches. Volatile, as every store of a change,
-    // so that the compiler keeps them in order (BPF has no compiler fence;
-    // the CPU keeps stores in order on x86, and the reader reads again on
-    // a change it sees).
+    // SAFETY: as the caller vouches. An atomic add (a fully ordered BPF
+    // atomic, as `flushes` is read by userspace meanwhile); the change's
+    // other stores are volatile, so that the compiler keeps them between
+    // the two (BPF has no compiler fence).
     unsafe {
-        let flushes = &raw mut (*pending).flushes;
-        flushes.write_volatile(flushes.read().wrapping_add(1));
+        atomic_xadd::<u32, u32, { AtomicOrdering::SeqCst }>(&raw mut (*pending).flushes, 1);
     }
 }
 

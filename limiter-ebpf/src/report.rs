@@ -1,10 +1,12 @@
 //! Rare events, logged through aya-log into the daemon's logs: a new key
 //! the key table had no slot for, a packet whose meter updates lost every
-//! retry to other CPUs. And the rare work of the refusal counts: a key's
-//! count held per CPU moved to its slot (`drops::move_old`). The decision program hands a packet refused for
-//! one of these reasons to the report program by a tail call, so the
-//! logging code is verified on its own and every other packet pays a
-//! comparison of the reason it has anyway. Each CPU reports each kind at
+//! retry to other CPUs; and the rare work of the refusal counts, a count
+//! a CPU held for a key moved to the key's slot (`drops::move_old`). The
+//! decision program hands a packet refused for one of these reasons, or
+//! refused while a count waits, to the report program by a tail call, so
+//! this code is verified on its own and every other packet pays a
+//! comparison of the reason it has anyway (a refused one, a look at its
+//! CPU's `PENDING_DROPS` entry too). Each CPU reports each kind at
 //! most once a second, with how many it left out since, as a flood can
 //! make either happen at every packet.
 

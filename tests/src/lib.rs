@@ -68,6 +68,13 @@ impl Drop for PinDir {
     }
 }
 
+impl Loaded {
+    /// Where its maps are pinned.
+    pub fn pin_dir(&self) -> &Path {
+        &self._pins.0
+    }
+}
+
 impl std::ops::Deref for Loaded {
     type Target = Datapath;
     fn deref(&self) -> &Datapath {

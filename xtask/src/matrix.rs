@@ -31,7 +31,7 @@ const PASSING: [&str; 2] = ["6.1", "6.12"];
 const TOO_OLD: &str = "5.10";
 
 /// The tests each guest runs: (test binary, test name filters).
-const TESTS: [(&str, &[&str]); 6] = [
+const TESTS: [(&str, &[&str]); 7] = [
     ("verifier_budget", &[]),
     (
         "prog_test_run",
@@ -47,6 +47,8 @@ const TESTS: [(&str, &[&str]); 6] = [
         "reports",
         &["a_full_key_table_is_reported_once_a_second_with_what_was_left_out"],
     ),
+    // Refusal counts held per CPU, moved by the report program.
+    ("drops", &[]),
     // Three sources at 1,000 pps (the 26 of the host's flood test are
     // more than an emulated sender keeps up with).
     ("traffic", &["addresses_of_one_64_share_one_budget"]),

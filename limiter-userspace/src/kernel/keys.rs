@@ -34,8 +34,23 @@ pub struct KeyTable {
 }
 
 /// How many times [`KeyTable::visit`] reads the keys held in
-/// `PENDING_DROPS` again when a count moved to a slot while it read.
-const PENDING_READS: usize = 4;
+/// `PENDING_DROPS` when entries changed while it read. (An entry changes
+/// hands at most once in 65 refusals on its CPU, and a reading takes
+/// microseconds.)
+const PENDING_READS: usize = 8;
+
+/// The refusals `entries` hold for `key`, as their key's or as their
+/// former key's.
+fn held_for(entries: &[PendingDrops], key: &FlowKey) -> Option<u32> {
+    let mut counts = entries.iter().flat_map(|e| {
+        [(e.key, e.count), (e.old_key, e.old_count)]
+            .into_iter()
+            .filter(|&(k, n)| n != 0 && k == *key)
+            .map(|(_, n)| n)
+    });
+    let first = counts.next()?;
+    Some(counts.fold(first, u32::wrapping_add))
+}
 
 impl KeyTable {
     /// The table of the maps `KEY_TAGS`, `KEYS` and `KEY_FILTER`.
@@ -59,21 +74,20 @@ impl KeyTable {
         Ok(table)
     }
 
-    /// The table with `PENDING_DROPS`, whose counts its readers add.
-    pub fn with_pending(self, pending: Option<Map>) -> Result<Self, MapError> {
-        Ok(Self {
-            pending: pending.map(PerCpuArray::try_from).transpose()?,
+    /// The table with `PENDING_DROPS`, whose counts its readers add (a
+    /// map of another layout is left out, as pins of a build before it
+    /// have none).
+    pub fn with_pending(self, pending: Option<Map>) -> Self {
+        Self {
+            pending: pending.and_then(|map| PerCpuArray::try_from(map).ok()),
             ..self
-        })
+        }
     }
 
-    /// Every CPU's pending refusals, and whether a move was under way on
-    /// any (an odd `flushes`).
-    fn pending_drops(&self) -> Option<(Vec<PendingDrops>, bool)> {
+    /// Every CPU's `PENDING_DROPS` entry.
+    fn pending_drops(&self) -> Option<Vec<PendingDrops>> {
         let values = self.pending.as_ref()?.get(&0, 0).ok()?;
-        let entries: Vec<PendingDrops> = values.iter().copied().collect();
-        let moving = entries.iter().any(|e| e.flushes % 2 != 0);
-        Some((entries, moving))
+        Some(values.iter().copied().collect())
     }
 
     /// The table's maps, tags, slots and filter (for their kernel
@@ -193,59 +207,63 @@ impl KeyTable {
     }
 
     /// Calls `f` with every key and a copy of its state, without
-    /// collecting them. A key's refusals include those still held for it
-    /// in `PENDING_DROPS`: the keys held there are read last, their slots
-    /// between two readings of the entries with no move of a count in
+    /// collecting them. A key's refusals include those the CPUs still hold
+    /// for it in `PENDING_DROPS` (see `PendingDrops`): the keys held there
+    /// are read last, their slots and the entries between two readings of
+    /// the entries' `flushes` with no change of hands or move to a slot in
     /// between (read again until so, a few times), so that no count is
-    /// seen on both.
+    /// seen both on an entry and on a slot. A key that takes an entry
+    /// while the slots are read is given without its new count, which the
+    /// next reading has.
     pub fn visit(&self, mut f: impl FnMut(&FlowKey, &KeyState)) {
-        let Some((mut before, _)) = self.pending_drops() else {
+        let Some(entries) = self.pending_drops() else {
             self.for_each_key(|bucket, way, _| {
                 let slot = self.slot(bucket, way);
                 f(&slot.key, &slot.state);
             });
             return;
         };
-        // The refusals entries hold for `key`, as its own or as their
-        // former key's.
-        let held = |entries: &[PendingDrops], key: &FlowKey| -> Option<u32> {
-            let mut counts = entries.iter().flat_map(|e| {
-                [(e.key, e.count), (e.old_key, e.old_count)]
-                    .into_iter()
-                    .filter(|&(k, n)| n != 0 && k == *key)
-                    .map(|(_, n)| n)
-            });
-            let first = counts.next()?;
-            Some(counts.fold(first, u32::wrapping_add))
-        };
         let mut deferred = Vec::new();
         self.for_each_key(|bucket, way, _| {
             let slot = self.slot(bucket, way);
-            if held(&before, &slot.key).is_some() {
+            if held_for(&entries, &slot.key).is_some() {
                 deferred.push((bucket, way));
             } else {
                 f(&slot.key, &slot.state);
             }
         });
-        for read in 1..=PENDING_READS {
+        let mut read = 0;
+        loop {
+            read += 1;
+            let Some(first) = self.pending_drops() else {
+                break;
+            };
+            let Some(entries) = self.pending_drops() else {
+                break;
+            };
+            fence(Ordering::SeqCst);
             let slots: Vec<Slot> = deferred.iter().map(|&(b, w)| self.slot(b, w)).collect();
-            let (after, moving) = self
-                .pending_drops()
-                .unwrap_or_else(|| (before.clone(), false));
-            let moved = before
+            fence(Ordering::SeqCst);
+            let Some(last) = self.pending_drops() else {
+                break;
+            };
+            let settled = first
                 .iter()
-                .zip(&after)
-                .any(|(b, a)| b.flushes != a.flushes || b.flushes % 2 != 0)
-                || moving;
-            if !moved || read == PENDING_READS {
+                .zip(&last)
+                .all(|(a, b)| a.flushes == b.flushes && a.flushes % 2 == 0);
+            if settled || read == PENDING_READS {
                 for mut slot in slots {
-                    let pending = held(&before, &slot.key).unwrap_or(0);
-                    slot.state.dropped_packets = slot.state.dropped_packets.wrapping_add(pending);
+                    let held = held_for(&entries, &slot.key).unwrap_or(0);
+                    slot.state.dropped_packets = slot.state.dropped_packets.wrapping_add(held);
                     f(&slot.key, &slot.state);
                 }
                 return;
             }
-            before = after;
+        }
+        // `PENDING_DROPS` could not be read again: the slots alone.
+        for (bucket, way) in deferred {
+            let slot = self.slot(bucket, way);
+            f(&slot.key, &slot.state);
         }
     }
 

@@ -110,7 +110,7 @@ impl Maps {
                 open(map_name::KEYS)?,
                 open(map_name::KEY_FILTER)?,
             )
-            .and_then(|table| table.with_pending(open(map_name::PENDING_DROPS).ok()))
+            .map(|table| table.with_pending(open(map_name::PENDING_DROPS).ok()))
             .map_err(|source| KernelError::Map {
                 name: map_name::KEYS.to_owned(),
                 source,
