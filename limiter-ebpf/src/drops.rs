@@ -38,7 +38,7 @@ pub fn count(slot: *mut Slot) {
     // slot's key is only read (a claim racing it makes this refusal count on
     // the entry's key or the slot's, as a refusal an instant earlier would).
     unsafe {
-        let key = (&raw const (*slot).key).read();
+        let key = &raw const (*slot).key;
         let held = (*pending).count;
         let others = (*pending).others;
         // Without short-circuits: each branch here doubles the paths the
@@ -46,9 +46,11 @@ pub fn count(slot: *mut Slot) {
         // the slots' do: readers add them modulo 2^32, so none is moved for
         // its size.)
         let holds = held != 0;
-        if holds & keys::same_key(&(*pending).key, &key) {
+        if holds & same_words(&raw const (*pending).key, key) {
             (*pending).count = held.wrapping_add(1);
-            (*pending).others = 0;
+            if others != 0 {
+                (*pending).others = 0;
+            }
             return;
         }
         // Kept by a key refused here lately, or the former key's count not
@@ -64,10 +66,43 @@ pub fn count(slot: *mut Slot) {
         changing(pending);
         (&raw mut (*pending).old_key).write_volatile((*pending).key);
         (&raw mut (*pending).old_count).write_volatile(held);
-        (&raw mut (*pending).key).write_volatile(key);
+        copy_words(key, &raw mut (*pending).key);
         (&raw mut (*pending).count).write_volatile(1);
         (*pending).others = 0;
         changing(pending);
+    }
+}
+
+/// Whether two keys are the same, word by word: `FlowKey` is five
+/// aligned u32s (a comparison of its fields read the address byte by
+/// byte, and the key was first copied to the stack).
+///
+/// # Safety
+/// Both point to readable keys.
+#[inline(always)]
+unsafe fn same_words(a: *const FlowKey, b: *const FlowKey) -> bool {
+    let (a, b) = (a.cast::<u32>(), b.cast::<u32>());
+    // SAFETY: as the caller vouches; a `FlowKey` is five u32s, 4-aligned.
+    unsafe {
+        (a.read() ^ b.read())
+            | (a.add(1).read() ^ b.add(1).read())
+            | (a.add(2).read() ^ b.add(2).read())
+            | (a.add(3).read() ^ b.add(3).read())
+            | (a.add(4).read() ^ b.add(4).read())
+            == 0
+    }
+}
+
+/// Copies a key word by word, with volatile stores (see `changing`).
+///
+/// # Safety
+/// `from` is readable, `to` writable.
+#[inline(always)]
+unsafe fn copy_words(from: *const FlowKey, to: *mut FlowKey) {
+    let (from, to) = (from.cast::<u32>(), to.cast::<u32>());
+    for i in 0..5 {
+        // SAFETY: as the caller vouches, within the key's five words.
+        unsafe { to.add(i).write_volatile(from.add(i).read()) };
     }
 }
 
