@@ -537,6 +537,7 @@ async fn scrape(
                 pins_missing: shared.pins_missing.load(Ordering::Relaxed),
                 fleet: fleet_status(&shared),
                 escalations: engine.escalations(),
+                escalations_left_out: engine.escalations_left_out(),
                 rule_file_rejections: shared.rule_file_rejections.load(Ordering::Relaxed),
             },
         )))

@@ -181,3 +181,79 @@ async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
     .await
     .unwrap();
 }
+
+/// The rule file's `escalation` bounds what forged refusals can block:
+/// 198.18.0.1, in `never_block`, floods as hard as the others and is
+/// never blocked (logged, counted); of three more flooding sources only
+/// `max_per_minute` (2) are blocked, the third left out (logged once,
+/// counted). Arrivals counted at the receiver.
+#[test]
+fn never_block_and_the_cap_bound_what_escalation_blocks() {
+    let rules = "escalation: { never_block: [198.18.0.0/24], max_per_minute: 2 }
+rules:
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s } }
+";
+    let lab = Lab::create("lt-escbound").expect("lab");
+    let daemon = Daemon::start(&lab, "escbound", &[RX_IFACE], rules).expect("daemon");
+    let spared = v4(198, 18, 0, 1);
+    let abusive = [v4(198, 18, 1, 1), v4(198, 18, 1, 2), v4(198, 18, 1, 3)];
+    let mut all = vec![spared];
+    all.extend(abusive);
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &all, 400, 32),
+        Duration::from_secs(6),
+    );
+    let arrived = |s: &IpAddr| received.get(s).copied().unwrap_or(0);
+    // Never blocked: its burst and 6 s of its rate (610), give or take a
+    // look's timing.
+    let unblocked = 10.0 + 100.0 * report.elapsed.as_secs_f64();
+    let got = arrived(&spared) as f64;
+    assert!(
+        (got - unblocked).abs() <= 30.0,
+        "198.18.0.1 got {got}, unblocked {unblocked}"
+    );
+    let blocked: Vec<&IpAddr> = abusive
+        .iter()
+        .filter(|s| (200..=450).contains(&arrived(s)))
+        .collect();
+    let free: Vec<&IpAddr> = abusive
+        .iter()
+        .filter(|s| (arrived(s) as f64 - unblocked).abs() <= 30.0)
+        .collect();
+    assert_eq!(
+        (blocked.len(), free.len()),
+        (2, 1),
+        "two blocked, one left out by the cap: {:?}",
+        abusive.map(|s| (s, arrived(&s)))
+    );
+    let listed = blocks(&daemon);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(
+        !listed.iter().any(|b| b["prefix"] == "198.18.0.1/32"),
+        "{listed:?}"
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("198.18.0.1/32 stayed over rule \"held\"'s limit: not blocked, escalation.never_block has 198.18.0.0/24"),
+        "{log}"
+    );
+    assert!(
+        log.contains("left unblocked: 1 this look; escalation.max_per_minute (2) reached"),
+        "{log}"
+    );
+    let (_, scrape) =
+        limiter_tests::http_request(&lab.rx, daemon.metrics_port, "/metrics", "").expect("scrape");
+    for reason in ["never_block", "max_per_minute"] {
+        let prefix =
+            format!("limiter_escalations_left_out_total{{layer=\"xdp\",reason=\"{reason}\"}} ");
+        let n: u64 = scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{prefix} in {scrape}"))
+            .trim()
+            .parse()
+            .expect("a count");
+        assert!(n >= 1, "{prefix}{n}");
+    }
+}

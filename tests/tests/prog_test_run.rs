@@ -711,3 +711,30 @@ fn blocks_apply_to_sources_already_tracked() {
     assert!(dp.engine.unblock("198.18.0.1/32".parse().unwrap()).unwrap());
     assert_eq!(verdict(&dp), XDP_PASS, "unblocked");
 }
+
+/// `key: all` at layer 3/4: one bucket for every IPv4 source the rule
+/// matches (and one for IPv6), as `source/0` was before `limiter check`
+/// asked for the word.
+#[test]
+fn key_all_is_one_bucket_for_every_source() {
+    let dp = loaded(
+        "rules:
+  - { name: world, match: { source: 198.18.0.0/15 }, key: all, limit: { rate: 1, unit: day, burst: 3 } }
+",
+    );
+    for i in 1..=3 {
+        let source = Ipv4Addr::new(198, 18, 0, i);
+        assert_eq!(
+            run(&dp, &frames::udp4(source, 9, 0)).0,
+            XDP_PASS,
+            "{source}"
+        );
+    }
+    let other = Ipv4Addr::new(198, 19, 7, 7);
+    assert_eq!(
+        run(&dp, &frames::udp4(other, 9, 0)).0,
+        XDP_DROP,
+        "the bucket is shared"
+    );
+    assert_eq!(counters(&dp, "world").new_keys, 1);
+}

@@ -7,7 +7,7 @@
 //! watch (`limiter_common::escalation`) is layer 7's too.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     time::Duration,
 };
 
@@ -39,7 +39,16 @@ pub struct Watch {
     /// Escalations per rule name, since the process started.
     counts: HashMap<String, u64>,
     made: HashMap<IpNet, String>,
+    /// When each block of the last minute was made (`max_per_minute`).
+    recent: VecDeque<u64>,
+    /// Escalations left out, by why (`never_block`, `max_per_minute`).
+    left_out: HashMap<&'static str, u64>,
+    /// When the last escalation left out for the cap was logged.
+    cap_logged: u64,
 }
+
+/// A minute, in ns of the clock escalation looks by.
+const MINUTE_NS: u64 = 60_000_000_000;
 
 impl Watch {
     /// The rule whose escalation made the block of `net`, if one did.
@@ -174,6 +183,7 @@ impl Engine {
                 .iter()
                 .any(|(net, expired)| !expired && *net == e.prefix)
         });
+        let due = self.bounded(due, now);
         for escalated in &due {
             if escalated.enforced {
                 self.block(escalated.prefix, Some(escalated.block))?;
@@ -184,6 +194,70 @@ impl Engine {
             *self.watch.counts.entry(escalated.rule.clone()).or_default() += 1;
         }
         Ok(due)
+    }
+
+    /// `due` within the rule file's `escalation`: none of a never-block
+    /// prefix, and at most `max_per_minute` blocks in any minute (dry runs,
+    /// which block nothing, are not held to it). What it leaves out is
+    /// counted and logged (the cap once a minute at most).
+    fn bounded(&mut self, due: Vec<Escalated>, now: u64) -> Vec<Escalated> {
+        let Some((set, _)) = &self.applied else {
+            return due;
+        };
+        let policy = &set.escalation;
+        let watch = &mut self.watch;
+        while watch
+            .recent
+            .front()
+            .is_some_and(|&at| now.saturating_sub(at) >= MINUTE_NS)
+        {
+            watch.recent.pop_front();
+        }
+        let mut kept = Vec::with_capacity(due.len());
+        let mut capped = 0;
+        for escalated in due {
+            if let Some(spared) = policy.spares(&escalated.prefix) {
+                *watch.left_out.entry("never_block").or_default() += 1;
+                tracing::warn!(event = "escalation_left_out", prefix = %escalated.prefix, rule = %escalated.rule, reason = "never_block",
+                    "{} stayed over rule {:?}'s limit: not blocked, escalation.never_block has {spared}", escalated.prefix, escalated.rule);
+                continue;
+            }
+            if escalated.enforced {
+                if watch.recent.len() >= policy.max_per_minute as usize {
+                    capped += 1;
+                    continue;
+                }
+                watch.recent.push_back(now);
+            }
+            kept.push(escalated);
+        }
+        if capped > 0 {
+            *watch.left_out.entry("max_per_minute").or_default() += capped;
+            if watch.cap_logged == 0 || now.saturating_sub(watch.cap_logged) >= MINUTE_NS {
+                watch.cap_logged = now;
+                tracing::warn!(
+                    event = "escalation_left_out",
+                    reason = "max_per_minute",
+                    left_out = capped,
+                    "keys over their limits left unblocked: {capped} this look; escalation.max_per_minute ({}) reached",
+                    policy.max_per_minute
+                );
+            }
+        }
+        kept
+    }
+
+    /// Escalations left out by the rule file's `escalation`, by why
+    /// (`never_block`, `max_per_minute`), since this process started.
+    pub fn escalations_left_out(&self) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = self
+            .watch
+            .left_out
+            .iter()
+            .map(|(why, n)| ((*why).to_owned(), *n))
+            .collect();
+        counts.sort();
+        counts
     }
 
     /// Escalations per rule name since this process started.

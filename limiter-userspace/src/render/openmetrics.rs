@@ -30,6 +30,8 @@ pub struct DaemonGauges {
     pub fleet: Vec<ShareStatus>,
     /// Escalations (`escalate`) per rule name since the daemon started.
     pub escalations: Vec<(String, u64)>,
+    /// Escalations left out by the rule file's `escalation`, by reason.
+    pub escalations_left_out: Vec<(String, u64)>,
     /// Rule files re-read (SIGHUP, `--watch`) and refused since start.
     pub rule_file_rejections: u64,
 }
@@ -122,6 +124,17 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         "limiter_escalations",
         "Keys blocked (or, under a dry run, counted) for staying over their rule's limit longer than its `escalate.after`",
         escalations,
+    );
+    let left_out = Family::<Labels, Counter>::default();
+    for (reason, n) in &facts.escalations_left_out {
+        left_out
+            .get_or_create(&vec![layer(), ("reason".to_owned(), reason.clone())])
+            .inc_by(*n);
+    }
+    registry.register(
+        "limiter_escalations_left_out",
+        "Escalations not made: the prefix is in escalation.never_block, or escalation.max_per_minute was reached",
+        left_out,
     );
     registry.register(
         "limiter_unadmitted_packets",

@@ -40,7 +40,40 @@ pub struct RuleSet {
     /// not yet tracked are dropped (and counted as `unadmitted`). By
     /// default `max_keys` per minute, with a burst of a second's worth.
     pub new_keys: Rate,
+    /// What bounds the blocks escalation makes.
+    pub escalation: EscalationPolicy,
     pub rules: Vec<Rule>,
+}
+
+/// The rule file's `escalation`: a key's refusals are evidence a forger
+/// can produce, so escalation never blocks these prefixes (the operator's
+/// own networks, its resolvers, its monitoring) and makes at most so many
+/// blocks a minute; the escalations it leaves out are counted and logged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EscalationPolicy {
+    pub never_block: Vec<IpNet>,
+    pub max_per_minute: u32,
+}
+
+impl Default for EscalationPolicy {
+    fn default() -> Self {
+        Self {
+            never_block: Vec::new(),
+            max_per_minute: Self::DEFAULT_MAX_PER_MINUTE,
+        }
+    }
+}
+
+impl EscalationPolicy {
+    /// Blocks escalation makes a minute unless the rule file says.
+    pub const DEFAULT_MAX_PER_MINUTE: u32 = 60;
+
+    /// The never-block prefix that overlaps `prefix`, if any.
+    pub fn spares(&self, prefix: &IpNet) -> Option<&IpNet> {
+        self.never_block
+            .iter()
+            .find(|n| n.contains(prefix) || prefix.contains(*n))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,7 +147,10 @@ impl Rule {
     pub fn layer7_field(&self) -> Option<&'static str> {
         self.request
             .first_field()
-            .or_else(|| (self.keyed_by != [KeyPart::Source]).then_some("key"))
+            .or_else(|| {
+                // `key: all` is one bucket at either layer.
+                (!self.keyed_by.is_empty() && self.keyed_by != [KeyPart::Source]).then_some("key")
+            })
             .or_else(|| self.concurrent.is_some().then_some("concurrent"))
             .or_else(|| {
                 self.costs

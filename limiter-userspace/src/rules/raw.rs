@@ -20,8 +20,18 @@ pub struct RuleFile {
     pub max_keys: Option<u32>,
     /// Each rule's budget of key creations, `{ rate, unit, burst }`.
     pub new_keys: Option<RateFields>,
+    /// What bounds the blocks rules' `escalate` makes.
+    pub escalation: Option<EscalationPolicyFields>,
     #[serde(default)]
     pub rules: Vec<RuleEntry>,
+}
+
+/// `escalation: { never_block: [prefix, ...], max_per_minute: N }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationPolicyFields {
+    pub never_block: Option<Vec<String>>,
+    pub max_per_minute: Option<u32>,
 }
 
 /// What happens to traffic no rule matches (`default`) and to frames the

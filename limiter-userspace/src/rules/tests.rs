@@ -707,6 +707,59 @@ fn soft_limits_are_packet_rates_below_the_hard_one() {
     );
 }
 
+/// Escalation blocks a key's whole prefix on refusals a forger can cause:
+/// `limiter check` refuses it on keys wider than a /24 or a /48 and on
+/// `key: all`; and `source/0` (one bucket of the world, unannounced) is
+/// refused for `key: all`, which now means one bucket at layer 3/4 too.
+#[test]
+fn escalation_needs_narrow_keys_and_source_0_is_spelled_all() {
+    let rule = |fields: &str| {
+        format!(
+            "rules:\n  - {{ name: e, {fields}, limit: {{ rate: 10, unit: second }}, escalate: {{ after: 2s, block: 60s }} }}\n"
+        )
+    };
+    for ok in [
+        "match: { source: 10.0.0.0/8 }",
+        "match: { source: 10.0.0.0/8 }, key: source",
+        "match: { source: 10.0.0.0/8 }, key: source/24",
+        "match: { source: \"2001:db8::/32\" }, key: source/48",
+    ] {
+        parse(&rule(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    for (fields, expected) in [
+        (
+            "match: { source: 10.9.0.0/16 }, key: source/23",
+            "rules[0].escalate: not with keys of /23",
+        ),
+        (
+            "match: { source: \"2001:db8::/32\" }, key: source/40",
+            "rules[0].escalate: not with keys of /40",
+        ),
+        (
+            "match: { source: 10.9.0.0/16 }, key: all",
+            "rules[0].escalate: not with `key: all`",
+        ),
+    ] {
+        let e = error(&rule(fields));
+        assert!(e.contains(expected), "{fields}: {e}");
+    }
+    let e = error(
+        "rules:\n  - { name: w, match: { source: 0.0.0.0/0 }, key: source/0, limit: { rate: 10, unit: second } }\n",
+    );
+    assert!(
+        e.contains("rules[0].key: source/0 makes one bucket of every source: write `key: all`"),
+        "{e}"
+    );
+    let all = parse("rules:\n  - { name: w, match: { source: 0.0.0.0/0 }, key: all, limit: { rate: 10, unit: second } }\n")
+        .expect("key: all");
+    assert_eq!(all.rules[0].key, KeyPrefix { v4: 0, v6: 0 });
+    assert_eq!(
+        all.rules[0].layer7_field(),
+        None,
+        "enforced at layer 3/4 too"
+    );
+}
+
 #[test]
 fn escalation_takes_two_durations_of_a_second_or_more() {
     let rule = |escalate: &str| {

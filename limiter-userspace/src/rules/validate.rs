@@ -14,8 +14,9 @@ use limiter_common::{
 };
 
 use super::{
-    Algorithm, CostClass, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate, Rates, RequestMatch,
-    Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request, request::HeaderCondition,
+    Algorithm, CostClass, EscalationPolicy, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate,
+    Rates, RequestMatch, Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request,
+    request::HeaderCondition,
 };
 use crate::yaml::quoted;
 
@@ -76,11 +77,16 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         Some(fields) => new_keys(fields).map_err(|(field, m)| (format!("new_keys.{field}"), m))?,
         None => default_new_keys(max_keys),
     };
+    let escalation = match &file.escalation {
+        Some(fields) => escalation_policy(fields)?,
+        None => EscalationPolicy::default(),
+    };
     let rule_set = RuleSet {
         default: file.default,
         malformed: file.malformed,
         max_keys,
         new_keys,
+        escalation,
         rules,
     };
     // The kernel's limit: a rule file with layer-7 rules is not for it.
@@ -278,6 +284,15 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
             "has no effect with limit.delay (pacing holds requests instead of refusing them)",
         ));
     }
+    let key = if keyed_by.is_empty() {
+        // `key: all`: one bucket for every packet (request) the rule matches.
+        KeyPrefix { v4: 0, v6: 0 }
+    } else {
+        parse_key(source_key, source).map_err(|m| invalid("key", m))?
+    };
+    if escalate.is_some() {
+        escalation_key(&keyed_by, key)?;
+    }
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
             fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
@@ -288,7 +303,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         name: raw.name.clone(),
         matches,
         request,
-        key: parse_key(source_key, source).map_err(|m| invalid("key", m))?,
+        key,
         keyed_by,
         limit,
         aggregate,
@@ -587,6 +602,60 @@ fn cost_classes(
     Ok(classes)
 }
 
+/// `escalation: { never_block, max_per_minute }`.
+fn escalation_policy(fields: &raw::EscalationPolicyFields) -> Result<EscalationPolicy, Invalid> {
+    let mut policy = EscalationPolicy::default();
+    for (i, text) in fields.never_block.iter().flatten().enumerate() {
+        let net =
+            parse_net(text).map_err(|m| invalid(format!("escalation.never_block[{i}]"), m))?;
+        policy.never_block.push(net.trunc());
+    }
+    match fields.max_per_minute {
+        Some(0) => {
+            return Err(invalid(
+                "escalation.max_per_minute",
+                "must be at least 1 (a rule without `escalate` blocks nothing)",
+            ));
+        }
+        Some(n) => policy.max_per_minute = n,
+        None => {}
+    }
+    Ok(policy)
+}
+
+/// The widest source prefix escalation blocks: a key's refusals are
+/// evidence any forger can produce (a spoofed UDP packet, a SYN), so a
+/// wider key would let one forged address block its neighbours.
+const ESCALATE_WIDEST_V4: u8 = 24;
+const ESCALATE_WIDEST_V6: u8 = 48;
+
+/// Refuses `escalate` on a key that blocks more than a /24 (IPv4) or a
+/// /48 (IPv6): `key: all`, or a `source/N` that wide.
+fn escalation_key(keyed_by: &[KeyPart], key: KeyPrefix) -> Result<(), Invalid> {
+    if keyed_by.is_empty() {
+        return Err(invalid(
+            "escalate",
+            "not with `key: all`: one source over the limit would block every source",
+        ));
+    }
+    if keyed_by.contains(&KeyPart::Source)
+        && (key.v4 < ESCALATE_WIDEST_V4 || key.v6 < ESCALATE_WIDEST_V6)
+    {
+        let (bits, widest) = if key.v4 < ESCALATE_WIDEST_V4 {
+            (key.v4, format!("/{ESCALATE_WIDEST_V4} for IPv4"))
+        } else {
+            (key.v6, format!("/{ESCALATE_WIDEST_V6} for IPv6"))
+        };
+        return Err(invalid(
+            "escalate",
+            format!(
+                "not with keys of /{bits}: a block covers the whole key, and one forged address would block its neighbours; escalation needs keys of {widest} or longer"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `escalate: { after, block }`: both at least a second (the daemon looks
 /// at every key once a second), on a rule with a limit.
 fn escalation(
@@ -860,6 +929,11 @@ fn parse_key(key: Option<&str>, source: Option<IpNet>) -> Result<KeyPrefix, Stri
         .strip_prefix("source/")
         .and_then(|n| n.parse::<u8>().ok())
         .ok_or_else(|| format!("{}: expected `source` or `source/N`", quoted(key)))?;
+    if bits == 0 {
+        return Err(
+            "source/0 makes one bucket of every source: write `key: all` if that is meant".into(),
+        );
+    }
     match source.map(|net| net.addr()) {
         Some(IpAddr::V4(_)) if bits <= 32 => Ok(KeyPrefix {
             v4: bits,
