@@ -326,7 +326,10 @@ async fn serve(
 pub fn log_escalations(escalated: &[crate::engine::escalate::Escalated]) {
     for e in escalated {
         let for_secs = e.block.as_secs_f64();
-        if e.enforced {
+        if e.enforced && e.hold.is_some() {
+            tracing::warn!(event = "escalated", prefix = %e.prefix, rule = %e.rule, for_secs, enforced = true, scope = "key",
+                "{} stayed over rule {:?}'s limit: held by the rule for {} (its other traffic passes)", e.prefix, e.rule, humantime::format_duration(e.block));
+        } else if e.enforced {
             tracing::warn!(event = "escalated", prefix = %e.prefix, rule = %e.rule, for_secs, enforced = true,
                 "{} stayed over rule {:?}'s limit: blocked for {}", e.prefix, e.rule, humantime::format_duration(e.block));
         } else {

@@ -9,12 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::lab::{Lab, RX_IFACE};
+use limiter::lab::{FloodSource, Lab, RX_IFACE};
 use limiter_tests::{Daemon, TempDir, exchange, flood, sources, status};
 use serde_json::Value;
 
 const RULES: &str = "rules:
-  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s } }
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s, scope: source } }
   - { name: dry, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, action: shadow, escalate: { after: 1s, block: 10m } }
 ";
 
@@ -191,7 +191,7 @@ async fn the_proxy_blocks_a_key_over_its_limit_too_long() {
 fn never_block_and_the_cap_bound_what_escalation_blocks() {
     let rules = "escalation: { never_block: [198.18.0.0/24], max_per_minute: 2 }
 rules:
-  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s } }
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 2s, block: 8s, scope: source } }
 ";
     let lab = Lab::create("lt-escbound").expect("lab");
     let daemon = Daemon::start(&lab, "escbound", &[RX_IFACE], rules).expect("daemon");
@@ -256,4 +256,64 @@ rules:
             .expect("a count");
         assert!(n >= 1, "{prefix}{n}");
     }
+}
+
+/// The issue's reproduction: UDP to port 9 forged from 198.18.0.3 (the
+/// victim), over a per-source limit with `escalate` (scope `key`, the
+/// default). The escalation holds the victim's key under this rule only:
+/// afterwards its UDP to port 9 is refused (its bucket would have
+/// refilled), its traffic to port 10 (no rule) all arrives, and no block
+/// is listed. Arrivals counted at the receiver.
+#[test]
+fn forged_refusals_hold_the_key_not_the_source() {
+    let rules = "rules:
+  - { name: udp9, match: { source: 198.18.0.0/16, protocol: udp, dest_port: 9 }, key: source, limit: { rate: 100, unit: second, burst: 100 }, escalate: { after: 2s, block: 60s } }
+";
+    let lab = Lab::create("lt-eschold").expect("lab");
+    let daemon = Daemon::start(&lab, "eschold", &[RX_IFACE], rules).expect("daemon");
+    let victim = v4(198, 18, 0, 3);
+    // 300 pps of forged UDP/9 for 5 s: over the limit at every look.
+    let (_, forged) = flood(
+        &lab,
+        &sources(&lab, 0, &[victim], 300, 32),
+        Duration::from_secs(5),
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("198.18.0.3/32 stayed over rule \"udp9\"'s limit: held by the rule for 1m"),
+        "{log}"
+    );
+    // Two seconds later its bucket would hold 200 tokens (a burst of 100).
+    std::thread::sleep(Duration::from_secs(2));
+    let mut port10 = sources(&lab, 0, &[victim], 50, 32);
+    for source in &mut port10 {
+        to_port_10(source);
+    }
+    let (report, after) = flood(&lab, &port10, Duration::from_secs(1));
+    let before = forged.get(&victim).copied().unwrap_or(0);
+    let got = after.get(&victim).copied().unwrap_or(0) - before;
+    assert_eq!(
+        got, report.sent[0],
+        "the victim's traffic to port 10 passes"
+    );
+    let (report, after9) = flood(
+        &lab,
+        &sources(&lab, 0, &[victim], 5, 32),
+        Duration::from_secs(1),
+    );
+    assert!(report.sent[0] >= 4);
+    assert_eq!(
+        after9.get(&victim).copied().unwrap_or(0),
+        after.get(&victim).copied().unwrap_or(0),
+        "its UDP to port 9 is held by the rule"
+    );
+    assert!(blocks(&daemon).is_empty(), "no source blocked");
+}
+
+/// A flood source's frame sent to UDP port 10 instead of 9 (IPv4, no
+/// options; the UDP checksum cleared, which IPv4 allows).
+fn to_port_10(source: &mut FloodSource) {
+    let udp = 14 + 20;
+    source.frame[udp + 2..udp + 4].copy_from_slice(&10u16.to_be_bytes());
+    source.frame[udp + 6..udp + 8].copy_from_slice(&[0, 0]);
 }

@@ -1,8 +1,10 @@
 //! Escalation for the kernel's keys (`escalate` in the rule file): once a
 //! second the daemon, or `limiter run`, looks at every key of the rules
 //! that escalate; a key over its limit at every look for the rule's
-//! `after` has its source prefix blocked for the rule's `block`, as
-//! `limiter block` would (before any rule; expiring by itself). Under a
+//! `after` is held by its rule's meter for the rule's `block` (`scope:
+//! key`, the default: its meters' TATs set past the block), or has its
+//! source prefix blocked for `block`, as `limiter block` would (`scope:
+//! source`: before any rule; expiring by itself). Under a
 //! dry run (`action: shadow`) it is counted and logged, not blocked. The
 //! watch (`limiter_common::escalation`) is layer 7's too.
 
@@ -20,7 +22,7 @@ use limiter_common::{
 };
 
 use super::Engine;
-use crate::kernel::keys::KeyTable;
+use crate::{kernel::keys::KeyTable, rules::EscalateScope};
 
 /// Keys over their limit since when, escalations per rule, and the blocks
 /// they made.
@@ -33,8 +35,9 @@ pub struct Watch {
     /// The rules (by id) the last look looked at: a key of another has no
     /// count to compare with yet (its refusals may be old).
     looked: HashSet<u32>,
-    /// Keys a dry run would have blocked, until when: not counted again
-    /// meanwhile, as a block would have stopped them.
+    /// Keys a dry run would have blocked, or held by their rule, until
+    /// when: not counted again meanwhile (a held key is over its limit
+    /// at every look), as a block would have stopped them.
     dry_until: HashMap<FlowKey, u64>,
     /// Escalations per rule name, since the process started.
     counts: HashMap<String, u64>,
@@ -45,6 +48,32 @@ pub struct Watch {
     left_out: HashMap<&'static str, u64>,
     /// When the last escalation left out for the cap was logged.
     cap_logged: u64,
+}
+
+/// A rule that escalates, as a look needs it: its name, escalation, dry
+/// run, kernel config, third limit and scope.
+type Watched = (
+    String,
+    Escalation,
+    bool,
+    RuleConfig,
+    Option<Gcra>,
+    EscalateScope,
+);
+
+/// The TATs that hold a key of `rule` (GCRA) until `block` from `now`
+/// ends: each of its meters a whole capacity past the block's end, so
+/// that it refuses every packet until then.
+fn held_tats(rule: &RuleConfig, escalation: &Escalation, now: u64) -> [Option<u64>; 2] {
+    use limiter_common::abi::rule_flag;
+    let end = now.saturating_add(escalation.block_ns);
+    let tat = |flag: u32, gcra: &Gcra| {
+        (rule.flags & flag != 0).then(|| end.saturating_add(gcra.capacity_ns))
+    };
+    [
+        tat(rule_flag::LIMIT_PACKETS, &rule.packets.gcra),
+        tat(rule_flag::LIMIT_BYTES, &rule.bytes.gcra),
+    ]
 }
 
 /// A minute, in ns of the clock escalation looks by.
@@ -72,6 +101,10 @@ pub struct Escalated {
     pub block: Duration,
     /// False under a dry run: counted, not blocked.
     pub enforced: bool,
+    /// `scope: key`: the key, and the TAT each of its GCRA meters (packets,
+    /// bytes) is set to, so that it refuses everything until the block
+    /// ends. `None`: the source prefix is blocked.
+    pub hold: Option<(FlowKey, [Option<u64>; 2])>,
 }
 
 impl Engine {
@@ -82,8 +115,7 @@ impl Engine {
             return Ok(Vec::new());
         };
         let config = self.datapath.config()?;
-        let mut rules: HashMap<u32, (String, Escalation, bool, RuleConfig, Option<Gcra>)> =
-            HashMap::new();
+        let mut rules: HashMap<u32, Watched> = HashMap::new();
         for (rule, &id) in set.rules.iter().zip(ids) {
             let Some(escalation) = rule.escalate else {
                 continue;
@@ -99,7 +131,11 @@ impl Engine {
             let dry_run = kernel.flags & limiter_common::abi::rule_flag::SHADOW != 0
                 || config.flags & limiter_common::abi::global_flag::SHADOW != 0;
             let third = rule.third.map(|t| t.rate.gcra);
-            rules.insert(id, (rule.name.clone(), escalation, dry_run, kernel, third));
+            let scope = rule.escalate_scope;
+            rules.insert(
+                id,
+                (rule.name.clone(), escalation, dry_run, kernel, third, scope),
+            );
         }
         if rules.is_empty() {
             self.watch.over_since.clear();
@@ -113,7 +149,8 @@ impl Engine {
         let mut due = Vec::new();
         let mut dry_until = Vec::new();
         self.datapath.maps().keys.visit(|key, state| {
-            let Some((name, escalation, dry_run, kernel, third)) = rules.get(&key.rule_id()) else {
+            let Some((name, escalation, dry_run, kernel, third, scope)) = rules.get(&key.rule_id())
+            else {
                 return;
             };
             if self.watch.dry_until.contains_key(key) {
@@ -149,7 +186,9 @@ impl Engine {
                 over_since.insert(*key, since);
             }
             if block {
-                if *dry_run {
+                let hold = (*scope == EscalateScope::Key)
+                    .then(|| (*key, held_tats(kernel, escalation, now)));
+                if *dry_run || hold.is_some() {
                     dry_until.push((*key, now.saturating_add(escalation.block_ns)));
                 }
                 due.push(Escalated {
@@ -157,6 +196,7 @@ impl Engine {
                     rule: name.clone(),
                     block: Duration::from_nanos(escalation.block_ns),
                     enforced: !dry_run,
+                    hold,
                 });
             }
         });
@@ -179,19 +219,29 @@ impl Engine {
             .retain(|net, _| listed.iter().any(|(listed, _)| listed == net));
         // A prefix blocked already (by hand, for ever maybe) keeps its block.
         due.retain(|e| {
-            !listed
-                .iter()
-                .any(|(net, expired)| !expired && *net == e.prefix)
+            e.hold.is_some()
+                || !listed
+                    .iter()
+                    .any(|(net, expired)| !expired && *net == e.prefix)
         });
         let due = self.bounded(due, now);
+        let mut holds = Vec::new();
         for escalated in &due {
             if escalated.enforced {
-                self.block(escalated.prefix, Some(escalated.block))?;
-                self.watch
-                    .made
-                    .insert(escalated.prefix, escalated.rule.clone());
+                match escalated.hold {
+                    Some(hold) => holds.push(hold),
+                    None => {
+                        self.block(escalated.prefix, Some(escalated.block))?;
+                        self.watch
+                            .made
+                            .insert(escalated.prefix, escalated.rule.clone());
+                    }
+                }
             }
             *self.watch.counts.entry(escalated.rule.clone()).or_default() += 1;
+        }
+        if !holds.is_empty() {
+            self.datapath.maps().keys.hold(&holds);
         }
         Ok(due)
     }
@@ -222,7 +272,8 @@ impl Engine {
                     "{} stayed over rule {:?}'s limit: not blocked, escalation.never_block has {spared}", escalated.prefix, escalated.rule);
                 continue;
             }
-            if escalated.enforced {
+            // Holds block only what the rule limits already: not capped.
+            if escalated.enforced && escalated.hold.is_none() {
                 if watch.recent.len() >= policy.max_per_minute as usize {
                     capped += 1;
                     continue;

@@ -267,6 +267,28 @@ impl KeyTable {
         }
     }
 
+    /// Holds keys (escalation's `scope: key`): each meter given a TAT is
+    /// moved to it, or kept if already later (an atomic maximum, as the
+    /// kernel swaps the same words); a key the table no longer holds is
+    /// left out. How many keys it held.
+    pub fn hold(&self, holds: &[(FlowKey, [Option<u64>; 2])]) -> usize {
+        let mut n = 0;
+        self.for_each_key(|bucket, way, _| {
+            let index = slot_index(bucket as u32, way) as usize;
+            let key = self.slots.get(index).key;
+            if let Some((_, tats)) = holds.iter().find(|(k, _)| *k == key) {
+                for (meter, tat) in tats.iter().enumerate() {
+                    if let Some(tat) = tat {
+                        self.meter_word(index, meter)
+                            .fetch_max(*tat, Ordering::AcqRel);
+                    }
+                }
+                n += 1;
+            }
+        });
+        n
+    }
+
     /// The addresses a key stands for, as a prefix: its address, masked
     /// by its rule (`rule`'s key masks; a whole address without one).
     pub fn prefix_of(key: &FlowKey, rule: Option<&RuleConfig>) -> IpNet {

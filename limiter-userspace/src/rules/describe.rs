@@ -120,8 +120,12 @@ pub fn describe(rule: &Rule) -> Description {
             };
             let limit = match rule.escalate {
                 Some(e) => format!(
-                    "{limit}; over it {} blocks {}",
+                    "{limit}; over it {} {} {}",
                     humantime::format_duration(std::time::Duration::from_nanos(e.after_ns)),
+                    match rule.escalate_scope {
+                        super::EscalateScope::Key => "holds the key",
+                        super::EscalateScope::Source => "blocks the source",
+                    },
                     humantime::format_duration(std::time::Duration::from_nanos(e.block_ns))
                 ),
                 None => limit,

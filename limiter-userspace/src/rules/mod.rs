@@ -20,7 +20,7 @@ pub use crate::yaml::InvalidFile;
 pub use fingerprint::same_name_first;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
-pub use raw::{Algorithm, Fallback, Scope};
+pub use raw::{Algorithm, EscalateScope, Fallback, Scope};
 pub use request::{HttpRequest, KeyPart, RequestMatch};
 pub use validate::{parse_net, parse_unit};
 
@@ -109,6 +109,8 @@ pub struct Rule {
     /// (the kernel: its source prefix, by the daemon or `limiter run`;
     /// layer 7: the key, for this rule).
     pub escalate: Option<limiter_common::escalation::Escalation>,
+    /// What an escalation blocks at layer 3/4 (layer 7 holds the key).
+    pub escalate_scope: EscalateScope,
     /// How every meter of the rule counts.
     pub algorithm: Algorithm,
     /// Pacing (layer 7 only): how long a request may be held until it

@@ -213,6 +213,23 @@ pub struct CostEntry {
 pub struct EscalateFields {
     pub after: String,
     pub block: String,
+    /// `key` (the default: the rule's own limit holds the key) or
+    /// `source` (every packet of the key's source prefix is dropped).
+    pub scope: Option<EscalateScope>,
+}
+
+/// What an escalation blocks at layer 3/4.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum EscalateScope {
+    /// The key under this rule only: its meter refuses everything for
+    /// `block`. Evidence a forger can produce then costs the victim no
+    /// more than the forgery already did.
+    #[default]
+    Key,
+    /// Every packet of the key's source prefix, before any rule, as
+    /// `limiter block` does: forged refusals can block a victim.
+    Source,
 }
 
 /// The fields of a `limit` or `aggregate` mapping.

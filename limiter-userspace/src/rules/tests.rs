@@ -758,6 +758,22 @@ fn escalation_needs_narrow_keys_and_source_0_is_spelled_all() {
         None,
         "enforced at layer 3/4 too"
     );
+    // The scope: the key under its rule by default, the source on request;
+    // a window rule's key cannot be held by a TAT.
+    let set = parse(&rule("match: { source: 10.0.0.0/8 }")).unwrap();
+    assert_eq!(set.rules[0].escalate_scope, EscalateScope::Key);
+    let set = parse(
+        &rule("match: { source: 10.0.0.0/8 }").replace("block: 60s", "block: 60s, scope: source"),
+    )
+    .unwrap();
+    assert_eq!(set.rules[0].escalate_scope, EscalateScope::Source);
+    let e = error(&rule(
+        "match: { source: 10.0.0.0/8 }, algorithm: fixed_window",
+    ));
+    assert!(
+        e.contains("rules[0].escalate.scope: `key` (the default: the rule's own meter holds the key) needs algorithm gcra"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -772,7 +788,7 @@ fn escalation_takes_two_durations_of_a_second_or_more() {
     assert_eq!((e.after_ns, e.block_ns), (10_000_000_000, 600_000_000_000));
     assert_eq!(
         describe::describe(&set.rules[0]).limit,
-        "10 pkts/s, burst 10; over it 10s blocks 10m"
+        "10 pkts/s, burst 10; over it 10s holds the key 10m"
     );
     // Not what the buckets mean: the fingerprint is the rule's without it.
     let plain = parse("rules:\n  - { name: e, limit: { rate: 10, unit: second } }\n").unwrap();

@@ -14,8 +14,8 @@ use limiter_common::{
 };
 
 use super::{
-    Algorithm, CostClass, EscalationPolicy, FleetShare, KeyPart, KeyPrefix, Limit, Match, Rate,
-    Rates, RequestMatch, Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request,
+    Algorithm, CostClass, EscalateScope, EscalationPolicy, FleetShare, KeyPart, KeyPrefix, Limit,
+    Match, Rate, Rates, RequestMatch, Rule, RuleSet, TcpFlags, ThirdLimit, matching, raw, request,
     request::HeaderCondition,
 };
 use crate::yaml::quoted;
@@ -293,6 +293,17 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     if escalate.is_some() {
         escalation_key(&keyed_by, key)?;
     }
+    let escalate_scope = raw
+        .escalate
+        .as_ref()
+        .and_then(|e| e.scope)
+        .unwrap_or_default();
+    if escalate.is_some() && escalate_scope == EscalateScope::Key && algorithm != Algorithm::Gcra {
+        return Err(invalid(
+            "escalate.scope",
+            "`key` (the default: the rule's own meter holds the key) needs algorithm gcra; `scope: source` blocks the whole source, which forged packets can make happen",
+        ));
+    }
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
             fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
@@ -312,6 +323,7 @@ fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         third,
         costs,
         escalate,
+        escalate_scope,
         algorithm,
         delay,
         shadow: raw.action == Some(raw::Excess::Shadow),
