@@ -41,6 +41,18 @@ fn v6_sources(n: u16) -> Vec<IpAddr> {
         .collect()
 }
 
+/// `limiter ARGS`' JSON output, the command having succeeded.
+fn cli_json(args: &[&str]) -> serde_json::Value {
+    let out = limiter_command(None, args).output().expect("limiter");
+    assert!(
+        out.status.success(),
+        "limiter {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 fn sum_of(addrs: &[IpAddr], counts: impl Fn(&IpAddr) -> u64) -> u64 {
     addrs.iter().map(counts).sum()
 }
@@ -95,18 +107,8 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
 
     // The program's counters, read by `limiter stats --json` from another
     // process, agree exactly with the receiver and the sender.
-    let out = limiter_command(
-        None,
-        &["stats", "--json", "--pin-dir", &pin_dir.to_string_lossy()],
-    )
-    .output()
-    .expect("limiter stats");
-    assert!(
-        out.status.success(),
-        "limiter stats: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let pins = pin_dir.to_string_lossy();
+    let stats = cli_json(&["stats", "--json", "--pin-dir", &pins]);
     let rule = |name: &str| limiter_tests::stats_rule(&stats, name);
     let sent = |addrs: &[IpAddr]| {
         sum_of(addrs, |a| {
@@ -134,28 +136,17 @@ fn flood_from_many_sources_is_held_to_burst_plus_rate() {
     }
     // Each key's own counts (`limiter top`, from the key table and the
     // refusals each CPU still holds for its key) agree with them too.
-    let out = limiter_command(
-        None,
-        &[
-            "top",
-            "--once",
-            "--json",
-            "--interval",
-            "100ms",
-            "--count",
-            "100",
-            "--pin-dir",
-            &pin_dir.to_string_lossy(),
-        ],
-    )
-    .output()
-    .expect("limiter top");
-    assert!(
-        out.status.success(),
-        "limiter top: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let top: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+    let top = cli_json(&[
+        "top",
+        "--once",
+        "--json",
+        "--interval",
+        "100ms",
+        "--count",
+        "100",
+        "--pin-dir",
+        &pins,
+    ]);
     let rows = top["top"].as_array().expect("rows");
     assert_eq!(rows.len(), all.len(), "a key per source: {top}");
     let total = |field: &str| rows.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>();
