@@ -792,6 +792,18 @@ pub fn proxy_printing(
     proxy_logging(config, upstream, extra, Stdio::from(out), Stdio::null())
 }
 
+/// [`proxy`], its stdout a pipe nobody reads (a `--trace` reader that
+/// stalls), its log (stderr) written to `log`.
+pub fn proxy_unread(
+    config: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+    log: &std::path::Path,
+) -> Proxy {
+    let log = fs::File::create(log).expect("creating the proxy's log");
+    proxy_logging(config, upstream, extra, Stdio::piped(), Stdio::from(log))
+}
+
 /// [`proxy`], its log (stderr) written to `log`.
 pub fn proxy_logged(
     config: &std::path::Path,

@@ -493,6 +493,59 @@ async fn the_client_behind_a_trusted_proxy_is_the_one_it_names() {
     .unwrap();
 }
 
+/// `limiter proxy --trace` whose stdout nobody reads (a pipe that fills
+/// after a few hundred lines): every request is still answered, the
+/// lines it could not write are dropped, counted in the metrics and
+/// warned of. (Before, every worker blocked in a write of stdout after
+/// 559 requests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_trace_reader_never_holds_a_request_up() {
+    const REQUESTS: usize = 6_000;
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let metrics = limiter_tests::free_loopback_addr();
+    let dir = TempDir::new("proxy-trace-stall");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: all, match: { source: 127.0.0.0/8 }, limit: unlimited }\n",
+    );
+    let log = dir.0.join("proxy.log");
+    let p = limiter_tests::proxy_unread(
+        &config,
+        &upstream,
+        &["--trace", "--trace-json", "--metrics", &metrics],
+        &log,
+    );
+    tokio::task::spawn_blocking(move || {
+        let get = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        for i in 0..REQUESTS {
+            let answer = exchange(p.addr, get);
+            assert_eq!(status(&answer), "200", "request {i}: {answer}");
+        }
+        let scrape = exchange(metrics.parse().unwrap(), b"GET /metrics HTTP/1.0\r\n\r\n");
+        let dropped: u64 = scrape
+            .lines()
+            .find_map(|l| l.strip_prefix("limiter_trace_lines_dropped_total "))
+            .unwrap_or_else(|| panic!("no trace drop count: {scrape}"))
+            .trim()
+            .parse()
+            .expect("a count");
+        println!("trace lines dropped: {dropped} of {REQUESTS}");
+        // The pipe and the queue (4,096 lines) hold the rest.
+        assert!(
+            dropped >= (REQUESTS - 4_096 - 1_000) as u64 && dropped < REQUESTS as u64,
+            "{dropped} of {REQUESTS} lines dropped"
+        );
+        let logged = std::fs::read_to_string(&log).expect("the proxy's log");
+        assert!(
+            logged.contains("--trace: 1 lines dropped so far"),
+            "{logged}"
+        );
+        drop(p);
+    })
+    .await
+    .unwrap();
+}
+
 /// `limiter proxy --trace`: the same lines as `limiter trace`, for the
 /// clients and verdicts asked for, agreeing with the statuses the clients
 /// got: a burst of 3 passes with 2, 1, 0 left, then 429s by the key's

@@ -225,6 +225,7 @@ pub fn proxy(
             let status = fleet.status();
             tokio::spawn(reload_rules(config, Arc::clone(&limiter), fleet, watch));
             let reloads = Arc::clone(&limiter);
+            let tracer = options.trace.clone();
             let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter| {
                 let shares: Vec<_> = status
                     .lock()
@@ -232,7 +233,12 @@ pub fn proxy(
                     .values()
                     .cloned()
                     .collect();
-                openmetrics::render_http(limiter, &shares, reloads.refusals())
+                openmetrics::render_http(
+                    limiter,
+                    &shares,
+                    reloads.refusals(),
+                    tracer.as_ref().map(|t| t.dropped()),
+                )
             });
             limiter::http::proxy::serve(options, limiter, render, |addr| {
                 println!("limiter proxy: listening on {addr}, forwarding to {upstream}")

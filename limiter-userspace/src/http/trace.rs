@@ -1,12 +1,20 @@
 //! `limiter proxy --trace`: layer 7's decisions as `limiter trace` shows
 //! the kernel's, with the same filter and the same line (the interface is
 //! the proxy's listening address, the protocol `http`, and a request is
-//! what a packet is to the kernel).
+//! what a packet is to the kernel). Lines go to stdout through a bounded
+//! queue and a thread of their own: a reader that stalls (a full pipe)
+//! never holds a request up; lines it could not take are dropped and
+//! counted (`limiter_trace_lines_dropped_total`, and a warning on the
+//! first and every 10,000th).
 
 use std::{
     io::Write,
     net::IpAddr,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+        mpsc::{SyncSender, TrySendError, sync_channel},
+    },
 };
 
 use anyhow::Result;
@@ -23,7 +31,14 @@ pub struct HttpTracer {
     json: bool,
     /// Decisions that matched, for sampling one in N.
     matched: AtomicU32,
+    /// Lines for the writer thread.
+    lines: SyncSender<String>,
+    /// Lines dropped because the queue was full.
+    dropped: Arc<AtomicU64>,
 }
+
+/// Lines queued for stdout at most: beyond, they are dropped.
+const QUEUE: usize = 4096;
 
 impl HttpTracer {
     pub fn new(filter: &TraceFilter, interface: String, json: bool) -> Result<Self> {
@@ -32,13 +47,32 @@ impl HttpTracer {
         if !json {
             println!("{}", header());
         }
+        let (lines, queue) = sync_channel::<String>(QUEUE);
+        std::thread::Builder::new()
+            .name("trace-writer".into())
+            .spawn(move || {
+                let mut out = std::io::stdout();
+                for line in queue {
+                    // A reader gone: nothing more to write to.
+                    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                        break;
+                    }
+                }
+            })?;
         Ok(Self {
             config,
             rule: filter.rule.clone(),
             interface,
             json,
             matched: AtomicU32::new(0),
+            lines,
+            dropped: Arc::default(),
         })
+    }
+
+    /// Lines dropped because stdout was not read fast enough.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Prints the decision if the filter wants it (and the sample keeps it).
@@ -115,8 +149,15 @@ impl HttpTracer {
         } else {
             line.text()
         };
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
+        if let Err(TrySendError::Full(_)) = self.lines.try_send(text) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n == 1 || n.is_multiple_of(10_000) {
+                tracing::warn!(
+                    event = "trace_lines_dropped",
+                    dropped = n,
+                    "--trace: {n} lines dropped so far: stdout is not read as fast as requests are traced"
+                );
+            }
+        }
     }
 }

@@ -321,11 +321,13 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
 
 /// The exposition of a layer-7 limiter (`limiter proxy --metrics`): the
 /// kernel's names, with `layer="http"`.
-/// `rule_file_rejections`: rule files re-read and refused since start.
+/// `rule_file_rejections`: rule files re-read and refused since start;
+/// `trace_lines_dropped`: with `--trace`, its lines dropped.
 pub fn render_http(
     limiter: &crate::http::Limiter,
     fleet: &[ShareStatus],
     rule_file_rejections: u64,
+    trace_lines_dropped: Option<u64>,
 ) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let mut registry = Registry::default();
@@ -427,6 +429,15 @@ pub fn render_http(
     );
     register_fleet(&mut registry, fleet, "http");
     register_rule_file_rejections(&mut registry, "http", rule_file_rejections);
+    if let Some(dropped) = trace_lines_dropped {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(dropped);
+        registry.register(
+            "limiter_trace_lines_dropped",
+            "Lines of `limiter proxy --trace` dropped because stdout was not read fast enough",
+            counter,
+        );
+    }
     register_build_info(&mut registry);
     let mut out = String::new();
     encode(&mut out, &registry).expect("writing to a String cannot fail");
