@@ -273,7 +273,8 @@ async fn serve(
     *shared.fleet.lock().expect("fleet lock") = Some(fleet);
     sync_fleet(&shared, &shared.engine().fleet_rules());
     let control = shared.config.control_listener;
-    let slots = Slots::new(control.max_connections);
+    // A unix socket: root's, one kind of client; no per-source share.
+    let slots = Slots::new(control.max_connections, control.max_connections);
     let mut accept_errors = AcceptErrors::new("control socket");
     let mut hangup = signal(SignalKind::hangup())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -282,7 +283,7 @@ async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Some(slot) = slots.take() else {
+                    let Some(slot) = slots.take(None) else {
                         tokio::spawn(control::server::refuse(stream, control.max_connections));
                         continue;
                     };

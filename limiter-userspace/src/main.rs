@@ -228,6 +228,15 @@ struct ProxyArgs {
     /// Connections served at once; one more gets 503.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Connections served at once from one client address (trusted
+    /// proxies excepted); one more gets 503. Default: a quarter of
+    /// --max-connections.
+    #[arg(long)]
+    max_connections_per_source: Option<usize>,
+    /// Longest a request body may take in all before the client gets 408
+    /// (a body that trickles in never pauses for --body-timeout).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    body_deadline: Duration,
     /// Largest request body (bytes); larger gets 413.
     #[arg(long, default_value_t = 10 << 20)]
     max_body_bytes: u64,
@@ -326,6 +335,10 @@ impl ProxyArgs {
                 header_timeout: self.header_timeout,
                 max_header_bytes: self.max_header_bytes,
                 max_connections: self.max_connections,
+                max_connections_per_source: self
+                    .max_connections_per_source
+                    .unwrap_or((self.max_connections / 4).max(1)),
+                body_deadline: self.body_deadline,
                 max_body_bytes: self.max_body_bytes,
                 body_timeout: self.body_timeout,
                 upstream_timeout: self.upstream_timeout,

@@ -157,6 +157,100 @@ fn closed_within(stream: &mut TcpStream, wait: Duration) -> std::io::Result<Stri
 
 const OPEN: &str = "rules:\n  - { name: open, limit: { rate: 100000, unit: second } }\n";
 
+/// A connection from `source` (a loopback address) to `to`.
+fn connect_from(source: [u8; 4], to: std::net::SocketAddr) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let from = std::net::SocketAddr::from((source, 0));
+    socket.bind(&from.into()).unwrap();
+    socket.connect(&to.into()).unwrap();
+    socket.into()
+}
+
+/// One client cannot hold every slot: with 8 connections and 2 per
+/// source, 127.0.0.1's two idle connections fill its share, its third is
+/// answered 503 at once, and 127.0.0.2 is served meanwhile.
+#[test]
+fn one_client_holds_at_most_its_share_of_connections() {
+    let rt = runtime();
+    let (up, _) = upstream(&rt);
+    let dir = TempDir::new("proxy-per-source");
+    let p = Proxy::start(
+        &dir,
+        OPEN,
+        up,
+        &[
+            "--max-connections",
+            "8",
+            "--max-connections-per-source",
+            "2",
+            "--header-timeout",
+            "5s",
+        ],
+        &[],
+    );
+    // The readiness probe's connection ends first.
+    std::thread::sleep(Duration::from_millis(300));
+    let _idle: Vec<TcpStream> = (0..2)
+        .map(|_| connect_from([127, 0, 0, 1], p.addr))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = connect_from([127, 0, 0, 1], p.addr);
+    let refused = closed_within(&mut third, Duration::from_secs(3)).expect("answered and closed");
+    assert_eq!(status(&refused), "503", "{refused}; {}", p.log());
+    let mut other = connect_from([127, 0, 0, 2], p.addr);
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let served = closed_within(&mut other, Duration::from_secs(3)).expect("answered");
+    assert_eq!(status(&served), "200", "another client: {served}");
+}
+
+/// A body that trickles in, never pausing for the body timeout, is cut at
+/// the body deadline: one byte every 300 ms of a 1,000-byte body, with a
+/// 2 s body timeout and a 3 s deadline, gets 408 after about 3 s.
+#[test]
+fn a_trickling_body_is_cut_at_the_body_deadline() {
+    let rt = runtime();
+    let (up, _) = upstream(&rt);
+    let dir = TempDir::new("proxy-trickle");
+    let p = Proxy::start(
+        &dir,
+        OPEN,
+        up,
+        &["--body-timeout", "2s", "--body-deadline", "3s"],
+        &[],
+    );
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    stream
+        .write_all(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        let _ = stream.write_all(b"a");
+        let mut buf = [0u8; 4096];
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if !answer.is_empty() && answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    let took = started.elapsed();
+    assert_eq!(status(&answer), "408", "{answer} after {took:?}");
+    assert!(answer.contains("took longer than allowed"), "{answer}");
+    assert!(
+        took >= Duration::from_millis(2_500) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+}
+
 /// Guards the connection cap and the header deadline: two idle clients
 /// (one with half a request line) fill a proxy capped at two; a third is
 /// answered 503 at once; the idle two are closed at the deadline; then
@@ -170,7 +264,14 @@ fn connections_are_capped_and_idle_ones_closed() {
         &dir,
         OPEN,
         up,
-        &["--max-connections", "2", "--header-timeout", "3s"],
+        &[
+            "--max-connections",
+            "2",
+            "--max-connections-per-source",
+            "2",
+            "--header-timeout",
+            "3s",
+        ],
         &[],
     );
     // The readiness probe's connection ends first.

@@ -58,10 +58,15 @@ pub struct Options {
     pub max_header_bytes: usize,
     /// Connections served at once (the metrics listener allows 64).
     pub max_connections: usize,
+    /// Connections served at once from one client address (trusted
+    /// proxies excepted); one more gets 503.
+    pub max_connections_per_source: usize,
     /// The largest request body, in bytes.
     pub max_body_bytes: u64,
     /// How long a request body may pause between two chunks.
     pub body_timeout: Duration,
+    /// Longest a request body may take in all (`--body-deadline`).
+    pub body_deadline: Duration,
     /// How long the upstream may take to answer, once it has the request.
     pub upstream_timeout: Duration,
     /// Where to serve `/metrics` (loopback unless configured otherwise).
@@ -150,7 +155,8 @@ pub async fn serve(
     }
     ready(local);
     let options = Arc::new(options);
-    let slots = Slots::new(options.max_connections);
+    let slots = Slots::new(options.max_connections, options.max_connections_per_source)
+        .exempt(&options.trusted_proxies);
     let (ended, mut first_end) = tokio::sync::mpsc::unbounded_channel();
     for (n, listener) in listeners.into_iter().enumerate() {
         let (options, limiter, slots, ended) = (
@@ -213,6 +219,7 @@ async fn worker(
         timeout: options.upstream_timeout,
         max_body_bytes: options.max_body_bytes,
         body_timeout: options.body_timeout,
+        body_deadline: options.body_deadline,
         forwarded_for: None,
     };
     let layer = RateLimitLayer::reloadable(limiter)
@@ -394,6 +401,7 @@ struct Forward {
     timeout: Duration,
     max_body_bytes: u64,
     body_timeout: Duration,
+    body_deadline: Duration,
 }
 
 impl Service<Request<Incoming>> for Forward {
@@ -454,15 +462,16 @@ impl Forward {
         // reading stops polling it): a body may pause up to the body
         // timeout; the upstream's time starts when it has the whole request,
         // so a slow upload is the body timeout's business.
+        // And the whole body within the body deadline, however it trickles.
+        let deadline = tokio::time::Instant::now() + self.body_deadline;
         let watchdog = async {
             loop {
                 let (moved, whole) = progress.get();
-                let due = moved
-                    + if whole {
-                        self.timeout
-                    } else {
-                        self.body_timeout
-                    };
+                let due = if whole {
+                    moved + self.timeout
+                } else {
+                    (moved + self.body_timeout).min(deadline)
+                };
                 if tokio::time::Instant::now() >= due {
                     return whole;
                 }
@@ -485,14 +494,19 @@ impl Forward {
                     // connect or to take it, the client is not at fault.
                     anyhow::bail!("the upstream did not take the request in time");
                 }
-                progress.cut_short(Cut::Stalled);
-                return Ok(cut_short(Cut::Stalled, self.max_body_bytes));
+                let cut = if tokio::time::Instant::now() >= deadline {
+                    Cut::TooSlow
+                } else {
+                    Cut::Stalled
+                };
+                progress.cut_short(cut);
+                return Ok(cut_short(cut, self.max_body_bytes));
             }
         };
         // Answered before the body is whole: hyper goes on sending it, and
         // it must keep arriving.
         if !progress.get().1 {
-            tokio::spawn(Arc::clone(&progress).watch(self.body_timeout));
+            tokio::spawn(Arc::clone(&progress).watch(self.body_timeout, deadline));
         }
         let response = match (response, progress.cut()) {
             (_, Some(cut)) => return Ok(cut_short(cut, self.max_body_bytes)),
@@ -538,6 +552,10 @@ fn cut_short(cut: Cut, max_body_bytes: u64) -> Response<Body> {
         Cut::Stalled => plain(
             StatusCode::REQUEST_TIMEOUT,
             "408 Request Timeout: the request body stopped arriving\n",
+        ),
+        Cut::TooSlow => plain(
+            StatusCode::REQUEST_TIMEOUT,
+            "408 Request Timeout: the request body took longer than allowed\n",
         ),
     };
     response

@@ -31,6 +31,8 @@ pub enum Cut {
     TooLarge,
     OverLimit,
     Stalled,
+    /// Not whole by the body deadline.
+    TooSlow,
 }
 
 impl std::fmt::Display for Cut {
@@ -39,6 +41,7 @@ impl std::fmt::Display for Cut {
             Self::TooLarge => "the request body is over the size cap",
             Self::OverLimit => "the request body is over its byte limit",
             Self::Stalled => "the request body stopped arriving",
+            Self::TooSlow => "the request body took longer than allowed",
         })
     }
 }
@@ -97,17 +100,21 @@ impl Progress {
     }
 
     /// Watches a body that is still arriving after the upstream answered:
-    /// cut once it pauses longer than `idle` (hyper goes on sending a body
-    /// after the answer's head).
-    pub async fn watch(self: Arc<Self>, idle: std::time::Duration) {
+    /// cut once it pauses longer than `idle`, or at `deadline` (hyper goes
+    /// on sending a body after the answer's head).
+    pub async fn watch(self: Arc<Self>, idle: std::time::Duration, deadline: Instant) {
         loop {
             let (moved, whole) = self.get();
             if whole || self.cut().is_some() {
                 return;
             }
-            let due = moved + idle;
+            let due = (moved + idle).min(deadline);
             if Instant::now() >= due {
-                self.cut_short(Cut::Stalled);
+                self.cut_short(if Instant::now() >= deadline {
+                    Cut::TooSlow
+                } else {
+                    Cut::Stalled
+                });
                 return;
             }
             tokio::select! {
