@@ -800,8 +800,7 @@ pub fn proxy_unread(
     extra: &[&str],
     log: &std::path::Path,
 ) -> Proxy {
-    let log = fs::File::create(log).expect("creating the proxy's log");
-    proxy_logging(config, upstream, extra, Stdio::piped(), Stdio::from(log))
+    proxy_logging_to(config, upstream, extra, Stdio::piped(), log)
 }
 
 /// [`proxy`], its log (stderr) written to `log`.
@@ -811,8 +810,18 @@ pub fn proxy_logged(
     extra: &[&str],
     log: &std::path::Path,
 ) -> Proxy {
+    proxy_logging_to(config, upstream, extra, Stdio::null(), log)
+}
+
+fn proxy_logging_to(
+    config: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+    stdout: Stdio,
+    log: &std::path::Path,
+) -> Proxy {
     let log = fs::File::create(log).expect("creating the proxy's log");
-    proxy_logging(config, upstream, extra, Stdio::null(), Stdio::from(log))
+    proxy_logging(config, upstream, extra, stdout, Stdio::from(log))
 }
 
 fn proxy_logging(
