@@ -530,3 +530,55 @@ fn a_kernel_share_lapses_by_itself_and_never_outlives_its_rule() {
         "the reserve admits one"
     );
 }
+
+/// The reproduction: one malformed entry in the store's list of
+/// nodes (`HSET limiter:{fleet-udp}:nodes evil garbage`, another writer's
+/// or a typo). Before, the report script failed on every host, and every
+/// host enforced its fallback while the store answered. Now the first
+/// report deletes the entry and counts it: host 1, flooded alone, takes
+/// every partition and admits the whole budget, and the fleet counted the
+/// entry once.
+#[test]
+fn a_malformed_entry_in_the_store_is_deleted_and_counted() {
+    let fleet = Fleet::start("fm");
+    let mut store = fleet.lab.store_connection().expect("the store");
+    let added: i64 = redis::cmd("HSET")
+        .arg("limiter:{fleet-udp}:nodes")
+        .arg("evil")
+        .arg("garbage")
+        .query(&mut store)
+        .expect("HSET");
+    assert_eq!(added, 1);
+    let (followed, rates) = fleet.flood(&[1], Duration::from_secs(8), || {
+        let followed = wait_for(Duration::from_secs(5), || fleet.held(1) == PARTITIONS);
+        thread::sleep(Duration::from_millis(500));
+        (followed, measure(&fleet, Duration::from_secs(3)))
+    });
+    let followed = followed.expect("host 1 did not get every partition within 5 s");
+    println!(
+        "with a malformed entry: every partition on host 1 in {followed:?}: {rates:.0?} pkts/s"
+    );
+    assert_rate(
+        rates[1],
+        GLOBAL + RESERVE,
+        5.0,
+        "host 1 holding the whole budget",
+    );
+    let counted: u64 = (0..3)
+        .map(|n| {
+            fleet.share(n)["store_malformed_entries"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(
+        counted, 1,
+        "the entry counted once, by the report that deleted it"
+    );
+    let left: bool = redis::cmd("HEXISTS")
+        .arg("limiter:{fleet-udp}:nodes")
+        .arg("evil")
+        .query(&mut store)
+        .expect("HEXISTS");
+    assert!(!left, "the malformed entry was deleted");
+}

@@ -63,8 +63,10 @@ return 0
 /// `expiry:held:hungry`, the expiry `ARGV[2]` ms after the report by
 /// Redis's clock): records this one's, forgets the expired, and returns how
 /// many nodes want more than they hold, how many partitions the others
-/// hold, and how long ago (ms) this store's memory of the rule began
-/// (`KEYS[2]`, set by the first report after the store started empty).
+/// hold, how long ago (ms) this store's memory of the rule began
+/// (`KEYS[2]`, set by the first report after the store started empty),
+/// and how many entries it found malformed (another writer's, a typo):
+/// those are deleted and counted, never a failure of every host's report.
 const REPORT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -73,9 +75,13 @@ redis.call('HSET', KEYS[1], ARGV[1], (now + ttl) .. ':' .. ARGV[3] .. ':' .. ARG
 redis.call('PEXPIRE', KEYS[1], 2 * ttl)
 local entries = redis.call('HGETALL', KEYS[1])
 local hungry, satisfied = 0, 0
+local malformed = 0
 for i = 1, #entries, 2 do
-  local expiry, held, wants = string.match(entries[i + 1], '(%d+):(%d+):(%d)')
-  if tonumber(expiry) <= now then
+  local expiry, held, wants = string.match(entries[i + 1], '^(%d+):(%d+):([01])$')
+  if not expiry then
+    malformed = malformed + 1
+    redis.call('HDEL', KEYS[1], entries[i])
+  elseif tonumber(expiry) <= now then
     redis.call('HDEL', KEYS[1], entries[i])
   elseif wants == '1' then
     hungry = hungry + 1
@@ -89,7 +95,7 @@ if not born or born > now then
   born = now
   redis.call('SET', KEYS[2], tostring(now))
 end
-return {hungry, satisfied, now - born}
+return {hungry, satisfied, now - born, malformed}
 ";
 
 /// The fleet's nodes on a rule, as the last report counted them.
@@ -103,6 +109,8 @@ pub struct Peers {
     /// it started empty (restarted, failed over), nodes may still enforce
     /// leases it forgot, so none are handed out yet.
     pub memory: Duration,
+    /// Malformed entries this report found (and deleted) in the store.
+    pub malformed: u32,
 }
 
 /// One node's leases on one rule's partitions.
@@ -197,6 +205,7 @@ impl Leases {
             hungry: count(0) as u32,
             satisfied_held: count(1) as u32,
             memory: Duration::from_millis(count(2)),
+            malformed: count(3) as u32,
         })
     }
 

@@ -80,6 +80,9 @@ pub struct ShareStatus {
     pub leases_released: u64,
     /// The last round trip to the store (a renewal or a ping).
     pub store_rtt_seconds: f64,
+    /// Malformed entries found (and deleted) in the store's list of nodes.
+    #[serde(default)]
+    pub store_malformed_entries: u64,
 }
 
 pub struct Node {
@@ -308,6 +311,17 @@ impl Node {
         let held = leases.held(Instant::now()) as u32;
         let hungry = demand.is_some_and(|d| d.refused_rate > 0);
         let peers = leases.report(hungry).await?;
+        if peers.malformed > 0 {
+            self.status.store_malformed_entries += u64::from(peers.malformed);
+            tracing::warn!(
+                event = "fleet_store_malformed",
+                rule = %self.spec.rule.name,
+                entries = peers.malformed,
+                "fleet rule {:?}: {} malformed entries in the store's list of nodes, deleted and left out",
+                self.spec.rule.name,
+                peers.malformed
+            );
+        }
         let mut target = demand.map_or(held, |d| share::target(&self.spec.budget, held, d));
         if let Some(cap) = share::fair_cap(&self.spec.budget, hungry, peers) {
             target = target.min(cap);

@@ -191,6 +191,7 @@ mod tests {
                         hungry: wants.iter().filter(|w| **w).count() as u32,
                         satisfied_held: (0..3).filter(|&o| !wants[o]).map(|o| held[o]).sum(),
                         memory: std::time::Duration::MAX,
+                        malformed: 0,
                     };
                     let demand = if wants[me] {
                         hungry
@@ -225,6 +226,7 @@ mod tests {
                     hungry: 1,
                     satisfied_held: 0,
                     memory: std::time::Duration::MAX,
+                    malformed: 0,
                 }
             ),
             None,
@@ -238,6 +240,7 @@ mod tests {
                     hungry: 3,
                     satisfied_held: 0,
                     memory: std::time::Duration::MAX,
+                    malformed: 0,
                 }
             ),
             None

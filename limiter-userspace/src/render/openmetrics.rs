@@ -280,6 +280,7 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
             ("renewed", share.leases_renewed),
             ("lost", share.leases_lost),
             ("released", share.leases_released),
+            ("malformed", share.store_malformed_entries),
         ] {
             let mut with_event = at.clone();
             with_event.push(("event".to_owned(), event.to_owned()));
@@ -314,7 +315,7 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
     );
     registry.register(
         "limiter_fleet_leases",
-        "Leases on a fleet rule's partitions: acquired, renewed, lost (expired or taken before renewal), released",
+        "Leases on a fleet rule's partitions: acquired, renewed, lost (expired or taken before renewal), released; malformed: entries of the store's list of nodes deleted as malformed",
         leases,
     );
 }
