@@ -75,7 +75,10 @@ pub fn count(slot: *mut Slot) {
 
 /// Whether two keys are the same, word by word: `FlowKey` is five
 /// aligned u32s (a comparison of its fields read the address byte by
-/// byte, and the key was first copied to the stack).
+/// byte, and the key was first copied to the stack). Not `keys::same_key`,
+/// whose form keeps the key table's lookup free of branches the verifier
+/// would walk: compiled here it has early exits, which in this subprogram
+/// cost the verifier nothing.
 ///
 /// # Safety
 /// Both point to readable keys.

@@ -315,7 +315,7 @@ fn poison(tat: *mut u64, now: u64) -> Option<u64> {
 /// word is a branch per word, and the verifier walks the rest of the
 /// lookup once for each way those branches can fall.
 #[inline(always)]
-pub fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
+fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
     let mut difference = a.rule ^ b.rule;
     for i in 0..4 {
         let word = |k: &FlowKey| {

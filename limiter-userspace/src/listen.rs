@@ -129,8 +129,14 @@ impl Limits {
     /// `max_connections_per_source`, or its default.
     pub fn per_source(&self) -> usize {
         self.max_connections_per_source
-            .unwrap_or((self.max_connections / 4).max(1))
+            .unwrap_or_else(|| default_per_source(self.max_connections))
     }
+}
+
+/// A listener's connections from one address unless configured: a
+/// quarter of all it serves at once, at least 1.
+pub fn default_per_source(max_connections: usize) -> usize {
+    (max_connections / 4).max(1)
 }
 
 /// The connections a listener may serve at once, in all and from one

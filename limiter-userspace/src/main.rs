@@ -337,7 +337,7 @@ impl ProxyArgs {
                 max_connections: self.max_connections,
                 max_connections_per_source: self
                     .max_connections_per_source
-                    .unwrap_or((self.max_connections / 4).max(1)),
+                    .unwrap_or_else(|| limiter::listen::default_per_source(self.max_connections)),
                 body_deadline: self.body_deadline,
                 max_body_bytes: self.max_body_bytes,
                 body_timeout: self.body_timeout,

@@ -494,11 +494,7 @@ impl Forward {
                     // connect or to take it, the client is not at fault.
                     anyhow::bail!("the upstream did not take the request in time");
                 }
-                let cut = if tokio::time::Instant::now() >= deadline {
-                    Cut::TooSlow
-                } else {
-                    Cut::Stalled
-                };
+                let cut = Cut::timed_out(deadline);
                 progress.cut_short(cut);
                 return Ok(cut_short(cut, self.max_body_bytes));
             }

@@ -232,9 +232,7 @@ impl KeyTable {
                 f(&slot.key, &slot.state);
             }
         });
-        let mut read = 0;
-        loop {
-            read += 1;
+        for read in 1..=PENDING_READS {
             let Some(first) = self.pending_drops() else {
                 break;
             };
@@ -274,9 +272,9 @@ impl KeyTable {
     pub fn hold(&self, holds: &[(FlowKey, [Option<u64>; 2])]) -> usize {
         let mut n = 0;
         self.for_each_key(|bucket, way, _| {
-            let index = slot_index(bucket as u32, way) as usize;
-            let key = self.slots.get(index).key;
+            let key = self.slot(bucket, way).key;
             if let Some((_, tats)) = holds.iter().find(|(k, _)| *k == key) {
+                let index = slot_index(bucket as u32, way) as usize;
                 for (meter, tat) in tats.iter().enumerate() {
                     if let Some(tat) = tat {
                         self.meter_word(index, meter)

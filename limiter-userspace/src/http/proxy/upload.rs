@@ -35,6 +35,18 @@ pub enum Cut {
     TooSlow,
 }
 
+impl Cut {
+    /// Why a body still arriving is cut once its time is up: its
+    /// whole-body `deadline` passed, or else it paused too long.
+    pub fn timed_out(deadline: Instant) -> Self {
+        if Instant::now() >= deadline {
+            Self::TooSlow
+        } else {
+            Self::Stalled
+        }
+    }
+}
+
 impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -110,11 +122,7 @@ impl Progress {
             }
             let due = (moved + idle).min(deadline);
             if Instant::now() >= due {
-                self.cut_short(if Instant::now() >= deadline {
-                    Cut::TooSlow
-                } else {
-                    Cut::Stalled
-                });
+                self.cut_short(Cut::timed_out(deadline));
                 return;
             }
             tokio::select! {
