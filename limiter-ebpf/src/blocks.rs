@@ -18,6 +18,13 @@ pub fn whole_address_key(rule: &RuleConfig, source: &Source) -> bool {
     }
 }
 
+/// The block of an IPv6 source: a subprogram, so its look-up is not
+/// merged with the IPv4 one (see `matching::candidates_v6`).
+#[inline(never)]
+fn block_v6(addr: &[u8; 16]) -> Option<&'static Block> {
+    BLOCKS_V6.get(Key::new(128, *addr))
+}
+
 /// Whether an unexpired manual block covers the packet's source.
 #[inline(always)]
 pub fn blocked(source: &Source) -> bool {
@@ -33,7 +40,7 @@ pub fn blocked(source: &Source) -> bool {
             }
             BLOCKS_V4.get(Key::new(32, addr))
         }
-        Source::V6(addr) => BLOCKS_V6.get(Key::new(128, addr)),
+        Source::V6(addr) => block_v6(&addr),
     };
     let Some(block) = block else {
         return false;

@@ -46,7 +46,7 @@ pub fn count(slot: *mut Slot) {
         // the slots' do: readers add them modulo 2^32, so none is moved for
         // its size.)
         let holds = held != 0;
-        if holds & same_words(&raw const (*pending).key, key) {
+        if holds & keys::same_key(&raw const (*pending).key, key) {
             (*pending).count = held.wrapping_add(1);
             if others != 0 {
                 (*pending).others = 0;
@@ -70,29 +70,6 @@ pub fn count(slot: *mut Slot) {
         (&raw mut (*pending).count).write_volatile(1);
         (*pending).others = 0;
         changing(pending);
-    }
-}
-
-/// Whether two keys are the same, word by word: `FlowKey` is five
-/// aligned u32s (a comparison of its fields read the address byte by
-/// byte, and the key was first copied to the stack). Not `keys::same_key`,
-/// whose form keeps the key table's lookup free of branches the verifier
-/// would walk: compiled here it has early exits, which in this subprogram
-/// cost the verifier nothing.
-///
-/// # Safety
-/// Both point to readable keys.
-#[inline(always)]
-unsafe fn same_words(a: *const FlowKey, b: *const FlowKey) -> bool {
-    let (a, b) = (a.cast::<u32>(), b.cast::<u32>());
-    // SAFETY: as the caller vouches; a `FlowKey` is five u32s, 4-aligned.
-    unsafe {
-        (a.read() ^ b.read())
-            | (a.add(1).read() ^ b.add(1).read())
-            | (a.add(2).read() ^ b.add(2).read())
-            | (a.add(3).read() ^ b.add(3).read())
-            | (a.add(4).read() ^ b.add(4).read())
-            == 0
     }
 }
 

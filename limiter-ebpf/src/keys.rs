@@ -50,7 +50,7 @@ pub fn find(config: &GlobalConfig, key: &FlowKey) -> Option<NonNull<Slot>> {
         // key is only read (aligned loads: a claim racing them makes the answer
         // stale, as a lookup an instant earlier would be, not unsound).
         if let Some(slot) = KEYS.get_ptr(slot_index(bucket, way))
-            && unsafe { same_key(&(*slot).key, key) }
+            && unsafe { same_key(&raw const (*slot).key, key) }
         {
             found = way;
             break;
@@ -310,23 +310,22 @@ fn poison(tat: *mut u64, now: u64) -> Option<u64> {
     swapped.then_some(seen)
 }
 
-/// Key equality word by word (no `memcmp` on this target), as one
-/// difference tested once: BPF has no set-on-compare, so a comparison per
-/// word is a branch per word, and the verifier walks the rest of the
-/// lookup once for each way those branches can fall.
+/// Key equality word by word (no `memcmp` on this target; `FlowKey` is
+/// five aligned u32s, where its fields would be read the address byte by
+/// byte), as one difference tested once: BPF has no set-on-compare, so a
+/// comparison per word is a branch per word, and the verifier walks the
+/// rest of the lookup once for each way those branches can fall. Raw
+/// pointers: both callers compare keys in map memory other CPUs write.
+///
+/// # Safety
+/// Both point to readable keys.
 #[inline(always)]
-fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
-    let mut difference = a.rule ^ b.rule;
-    for i in 0..4 {
-        let word = |k: &FlowKey| {
-            u32::from_ne_bytes([
-                k.addr[4 * i],
-                k.addr[4 * i + 1],
-                k.addr[4 * i + 2],
-                k.addr[4 * i + 3],
-            ])
-        };
-        difference |= word(a) ^ word(b);
+pub unsafe fn same_key(a: *const FlowKey, b: *const FlowKey) -> bool {
+    let (a, b) = (a.cast::<u32>(), b.cast::<u32>());
+    let mut difference = 0;
+    for i in 0..5 {
+        // SAFETY: as the caller vouches, within the key's five words.
+        difference |= unsafe { a.add(i).read() ^ b.add(i).read() };
     }
     difference == 0
 }

@@ -5,6 +5,7 @@
 pub mod frames;
 pub mod generator;
 pub mod stack;
+pub mod xlated;
 
 pub use limiter_conformance::{reference, traces};
 

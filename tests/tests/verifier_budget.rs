@@ -5,7 +5,7 @@
 //! program past 1,000,000; staying well below leaves room for the next
 //! feature and keeps loading fast (the daemon's start is mostly this).
 
-use limiter_tests::{loaded_object, test_clock_object};
+use limiter_tests::{loaded_object, test_clock_object, xlated};
 
 /// At most this many verified instructions for any one program.
 const BUDGET: u32 = 400_000;
@@ -108,5 +108,32 @@ fn every_chain_of_calls_fits_linux_6_1s_stack() {
         "chains of calls over Linux 6.1's {} bytes of stack: {}",
         limiter_tests::stack::MAX_STACK,
         over.join(", ")
+    );
+}
+
+/// Every map look-up of every program is one the verifier could resolve:
+/// inlined (arrays) or a direct call (tries, hashes), never the generic
+/// helper's indirect call, which the compiler causes by merging two
+/// look-ups of different maps into one call (`matching::candidates_v6`).
+/// One such call in the rule match cost about 10 ns a frame end to end.
+#[test]
+fn no_map_look_up_is_left_to_the_generic_helper() {
+    let mut generic = Vec::new();
+    for (build, object) in builds() {
+        let loaded = loaded_object(&object, RULES);
+        let ids = loaded.engine.datapath().program_ids();
+        assert_eq!(ids.len(), 4, "{build}: the programs loaded");
+        for (program, id) in ids {
+            let n = xlated::generic_map_lookups(id)
+                .unwrap_or_else(|e| panic!("{build}/{program}: reading its instructions: {e}"));
+            if n > 0 {
+                generic.push(format!("{build}/{program}: {n}"));
+            }
+        }
+    }
+    assert!(
+        generic.is_empty(),
+        "map look-ups left to the generic helper: {}",
+        generic.join(", ")
     );
 }

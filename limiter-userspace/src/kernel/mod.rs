@@ -278,6 +278,17 @@ impl Datapath {
         counts
     }
 
+    /// Each loaded program's name and kernel id.
+    pub fn program_ids(&self) -> Vec<(String, u32)> {
+        let mut ids: Vec<(String, u32)> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, program)| Some((name.to_owned(), program.info().ok()?.id())))
+            .collect();
+        ids.sort();
+        ids
+    }
+
     fn program_mut(&mut self) -> &mut Xdp {
         self.ebpf
             .program_mut(PROGRAM)
