@@ -37,6 +37,7 @@ pub mod map_name {
     pub const HANDOFF: &str = "HANDOFF";
     pub const REPORT_PROG: &str = "REPORT_PROG";
     pub const PENDING_DROPS: &str = "PENDING_DROPS";
+    pub const ORPHAN_FRAGMENTS: &str = "ORPHAN_FRAGMENTS";
 }
 
 /// Rule ids, including id 0, the default for traffic that matches no rule.
@@ -233,6 +234,19 @@ pub struct GlobalConfig {
 pub mod global_flag {
     /// Dry run for everything: every drop is counted as shadow and passed.
     pub const SHADOW: u32 = 1 << 0;
+    /// Later fragments whose first fragment was not seen are dropped (the
+    /// rule file's `fragments: drop`), not charged to the strictest rule
+    /// they may belong to.
+    pub const DROP_ORPHAN_FRAGMENTS: u32 = 1 << 1;
+}
+
+/// Indices of `ORPHAN_FRAGMENTS`, a per-CPU count of later fragments whose
+/// first fragment was not seen: charged to the strictest rule they may
+/// belong to, or dropped.
+pub mod orphan_fragments {
+    pub const CHARGED: u32 = 0;
+    pub const DROPPED: u32 = 1;
+    pub const ENTRIES: u32 = 2;
 }
 
 /// The index in `RULE_STATS` of rule `id`'s counters on interface slot `iface`.
@@ -513,8 +527,68 @@ pub const NO_PORT: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Candidates {
     pub len: u32,
-    pub _pad: u32,
+    /// The rule a packet whose port is unknown (a later fragment whose
+    /// first was not seen, an unreadable transport header) is charged to,
+    /// per [`unknown_port::class`] of its protocol: the strictest rule it
+    /// may belong to, chosen by userspace. [`unknown_port::NOT_CHOSEN`]
+    /// (pins of a build before it, or a protocol without ports) leaves the
+    /// choice to the first candidate it may belong to; else an index into
+    /// `entries` plus one, or [`unknown_port::DEFAULT`].
+    pub unknown_port: [u8; 4],
     pub entries: [Candidate; MAX_CANDIDATES],
+}
+
+impl Candidates {
+    /// The rule a packet of `protocol` whose port is unknown is charged
+    /// to, when userspace chose one (see `unknown_port`).
+    #[inline(always)]
+    pub fn unknown_port_rule(&self, protocol: u8) -> Option<u32> {
+        let choice = *self.unknown_port.get(unknown_port::class(protocol)?)?;
+        if choice == unknown_port::DEFAULT {
+            return Some(DEFAULT_RULE);
+        }
+        let index = usize::from(choice).checked_sub(1)?;
+        if index as u32 >= self.len {
+            return None;
+        }
+        self.entries.get(index).map(|c| u32::from(c.rule))
+    }
+}
+
+/// `Candidates::unknown_port`: which rule a packet whose port is unknown
+/// is charged to, by the class of its protocol. Only the protocols with
+/// ports (TCP, UDP, SCTP) and an unknown one have a choice to make: a rule
+/// of any other protocol names no port, so the first candidate it may
+/// belong to is its rule, port or not.
+pub mod unknown_port {
+    pub const TCP: usize = 0;
+    pub const UDP: usize = 1;
+    pub const SCTP: usize = 2;
+    /// Behind more IPv6 extension headers than the parser walks.
+    pub const UNKNOWN: usize = 3;
+    /// No choice made: the first candidate the packet may belong to.
+    pub const NOT_CHOSEN: u8 = 0;
+    /// The default rule (no candidate may be the packet's for sure).
+    pub const DEFAULT: u8 = 0xff;
+    /// (class, protocol number) of each class.
+    pub const CLASSES: [(usize, u8); 4] = [
+        (TCP, 6),
+        (UDP, 17),
+        (SCTP, 132),
+        (UNKNOWN, super::UNKNOWN_PROTOCOL),
+    ];
+
+    /// The class of a protocol, if it has one.
+    #[inline(always)]
+    pub fn class(protocol: u8) -> Option<usize> {
+        match protocol {
+            6 => Some(TCP),
+            17 => Some(UDP),
+            132 => Some(SCTP),
+            super::UNKNOWN_PROTOCOL => Some(UNKNOWN),
+            _ => None,
+        }
+    }
 }
 
 /// Key of an LPM trie: the generation, then the source address, so both

@@ -62,6 +62,9 @@ pub mod reason {
     /// The kernel: every update of the packet's meters (or every try of
     /// its key's window lock) lost to other CPUs; treated as excess.
     pub const CONTENDED: u8 = 13;
+    /// A later fragment whose first fragment was not seen, under the rule
+    /// file's `fragments: drop`.
+    pub const ORPHAN_FRAGMENT: u8 = 14;
     /// Nothing refused the packet (passed, or malformed).
     pub const NONE: u8 = 0xff;
 
@@ -82,6 +85,7 @@ pub mod reason {
             ESCALATED => "escalation block",
             THIRD_LIMIT => "key third limit",
             CONTENDED => "contended (lost every update to other CPUs)",
+            ORPHAN_FRAGMENT => "later fragment, first not seen (fragments: drop)",
             _ => "",
         }
     }

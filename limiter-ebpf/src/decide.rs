@@ -64,7 +64,8 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
     let source = handoff::source(handed);
     let len = u64::from(handed.len);
     // A later fragment takes its first fragment's rule, and its fate.
-    let first = if handed.flags & handoff_flag::LATER_FRAGMENT != 0 {
+    let later_fragment = handed.flags & handoff_flag::LATER_FRAGMENT != 0;
+    let first = if later_fragment {
         fragments::first_of(generation, &source, handed.datagram)
     } else {
         None
@@ -74,6 +75,20 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         None => matching::match_rule(generation, &source, handed),
     };
     handed.rule = rule_id;
+    if later_fragment && first.is_none() {
+        // Its first fragment not seen (yet: a datagram may be sent first
+        // fragment last): the rule file's `fragments` says what becomes of it.
+        let drop = config.flags & global_flag::DROP_ORPHAN_FRAGMENTS != 0;
+        fragments::count_orphan(drop);
+        if drop {
+            let (action, verdict) = if global_shadow {
+                (action::PASS, traced::SHADOW)
+            } else {
+                (action::DROP, traced::DROPPED)
+            };
+            return Decided::new(action, verdict, reason::ORPHAN_FRAGMENT);
+        }
+    }
     if handed.flags & handoff_flag::TINY_FRAGMENT != 0 {
         // RFC 1858: a first fragment too short for its transport header
         // hides its ports from every rule; no sound stack sends one.

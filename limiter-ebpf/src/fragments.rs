@@ -2,12 +2,16 @@
 //! datagram's first fragment (the one with the ports) are remembered by
 //! source and datagram, and its later fragments take the same rule, and
 //! are dropped if it was. A later fragment whose first was not seen (lost,
-//! reordered, forgotten by the LRU) is charged to its source's first rule
-//! that may apply (`match_rule`).
+//! reordered, forgotten by the LRU) is charged to the strictest rule of its
+//! source that may apply (`match_rule`), or dropped (`fragments: drop`),
+//! and counted either way.
 
-use limiter_common::abi::{FirstFragment, FlowKey, FragmentKey};
+use limiter_common::abi::{FirstFragment, FlowKey, FragmentKey, orphan_fragments};
 
-use crate::{maps::FRAGMENTS, parse::Source};
+use crate::{
+    maps::{FRAGMENTS, ORPHAN_FRAGMENTS},
+    parse::Source,
+};
 
 #[inline(always)]
 fn key(source: &Source, datagram: u64) -> FragmentKey {
@@ -46,4 +50,21 @@ pub fn remember(generation: u32, source: &Source, datagram: u64, rule: u32, drop
     // A full map evicts the least recent datagram; failing to insert only
     // means its later fragments are charged without it.
     let _ = FRAGMENTS.insert(key(source, datagram), first, 0);
+}
+
+/// Counts a later fragment whose first was not seen: charged, or dropped.
+/// A subprogram too: inlined, the branch of its look-up doubled what the
+/// verifier walks after it.
+#[inline(never)]
+pub fn count_orphan(dropped: bool) {
+    let index = if dropped {
+        orphan_fragments::DROPPED
+    } else {
+        orphan_fragments::CHARGED
+    };
+    if let Some(count) = ORPHAN_FRAGMENTS.get_ptr_mut(index) {
+        // SAFETY: this CPU's counter, which only this CPU's running program
+        // touches (XDP runs to the end on its CPU).
+        unsafe { *count += 1 };
+    }
 }

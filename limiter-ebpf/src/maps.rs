@@ -12,7 +12,7 @@ use limiter_common::{
         AggregateState, BLOCKED_V4_WORDS, Block, Candidates, Costs, DEFAULT_MAX_KEYS,
         FirstFragment, FragmentKey, GENERATIONS, GlobalConfig, GlobalCounters, Handoff, MAX_BLOCKS,
         MAX_FRAGMENTED_DATAGRAMS, MAX_IFACES, MAX_IFINDEX, MAX_PREFIXES, MAX_RULES, PendingDrops,
-        PrefixKey, RuleConfig, RuleCounters, v4_table,
+        PrefixKey, RuleConfig, RuleCounters, orphan_fragments, v4_table,
     },
     gcra::Gcra,
     keytable::{Slot, Tags, WAYS, buckets_for, filter_words},
@@ -108,6 +108,11 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalCounters> = PerCpuArray::pinned(1, 0)
 /// them on, and readers find them.
 #[map]
 pub static PENDING_DROPS: PerCpuArray<PendingDrops> = PerCpuArray::pinned(1, 0);
+
+/// Later fragments whose first fragment was not seen, per CPU
+/// (`abi::orphan_fragments`): charged to the strictest rule, or dropped.
+#[map]
+pub static ORPHAN_FRAGMENTS: PerCpuArray<u64> = PerCpuArray::pinned(orphan_fragments::ENTRIES, 0);
 
 /// Test builds only: the clock, set by the test before each run.
 #[cfg(feature = "test-clock")]

@@ -12,8 +12,10 @@ use crate::{
 
 /// The first candidate of the longest source prefix that matches the
 /// packet's protocol and port, in the active generation; or the default.
-/// A packet whose port is unknown (a later fragment, an unreadable
-/// transport header) takes the first it may belong to.
+/// A packet whose port is unknown (a later fragment whose first was not
+/// seen, an unreadable transport header) takes the strictest it may
+/// belong to (`Candidates::unknown_port`), or with tables of an older
+/// build the first.
 #[inline(always)]
 pub fn match_rule(generation: u32, source: &Source, packet: &Handoff) -> u32 {
     let port_unknown = packet.flags & handoff_flag::PORT_UNKNOWN != 0;
@@ -24,6 +26,12 @@ pub fn match_rule(generation: u32, source: &Source, packet: &Handoff) -> u32 {
     let Some(candidates) = candidates else {
         return DEFAULT_RULE;
     };
+    // Charged to the strictest rule it may belong to: the first, as below,
+    // let a datagram sent first fragment last put its bulk on a looser
+    // rule than its port's.
+    if port_unknown && let Some(rule) = candidates.unknown_port_rule(packet.protocol) {
+        return rule;
+    }
     for (i, candidate) in candidates.entries.iter().enumerate() {
         if i as u32 >= candidates.len {
             break;

@@ -10,13 +10,14 @@ use ipnet::IpNet;
 use limiter_common::{
     abi::{
         Candidate, Candidates, CostClass, Costs, DEFAULT_RULE, MAX_CANDIDATES, MeterConfig,
-        PrefixKey, RULE_NAME_LEN, RuleConfig, action, algorithm, candidate_flag, rule_flag,
+        PrefixKey, RULE_NAME_LEN, RuleConfig, UNKNOWN_PROTOCOL, action, algorithm, candidate_flag,
+        rule_flag, unknown_port,
     },
     gcra::Gcra,
 };
 
 use crate::rules::{
-    Algorithm, Fallback, Limit, Rate, Rule, RuleSet,
+    Algorithm, Fallback, FragmentPolicy, Limit, Rate, Rule, RuleSet,
     matching::{all_prefixes, covering_rules, key_masks},
 };
 
@@ -25,6 +26,9 @@ use crate::rules::{
 pub struct Tables {
     /// `action` for malformed frames.
     pub malformed_action: u32,
+    /// `fragments: drop`: later fragments whose first was not seen are
+    /// dropped (`GlobalConfig::flags`).
+    pub drop_orphan_fragments: bool,
     /// (rule id, config); id [`DEFAULT_RULE`] is the default.
     pub rules: Vec<(u32, RuleConfig)>,
     /// IPv4: (prefix, length, candidates), for [`v4_table::V4Table`].
@@ -63,6 +67,7 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
             Fallback::Pass => action::PASS,
             Fallback::Drop => action::DROP,
         },
+        drop_orphan_fragments: set.fragments == FragmentPolicy::Drop,
         rules,
         v4: Vec::new(),
         v6: Vec::new(),
@@ -207,17 +212,61 @@ fn name_bytes(name: &str) -> [u8; RULE_NAME_LEN] {
 fn prefixes(set: &RuleSet, ids: &[u32]) -> Vec<(IpNet, Candidates)> {
     let entries = all_prefixes(set).into_iter().map(|net| {
         let mut candidates = Candidates::default();
-        for (slot, &i) in covering_rules(set, net)
-            .iter()
+        let covering: Vec<usize> = covering_rules(set, net)
+            .into_iter()
             .take(MAX_CANDIDATES)
-            .enumerate()
-        {
+            .collect();
+        for (slot, &i) in covering.iter().enumerate() {
             candidates.entries[slot] = candidate(ids[i], &set.rules[i]);
             candidates.len = slot as u32 + 1;
+        }
+        for (class, protocol) in unknown_port::CLASSES {
+            candidates.unknown_port[class] = strictest(set, &covering, &candidates, protocol);
         }
         (net, candidates)
     });
     entries.collect()
+}
+
+/// The strictest rule a packet of `protocol` whose port is unknown may
+/// belong to, as `Candidates::unknown_port` encodes it: the candidates it
+/// may match up to the first it surely matches (the default rule too if
+/// none), the one of least `Rule::bytes_per_second_bound`, the most
+/// specific of equals. Charging the first it may match instead let a
+/// datagram sent first fragment last put its bulk on a looser rule than
+/// its port's.
+fn strictest(set: &RuleSet, covering: &[usize], candidates: &Candidates, protocol: u8) -> u8 {
+    let mut best: Option<(u8, f64)> = None;
+    let mut consider = |choice: u8, bound: f64| {
+        // Strictly less: the earlier (more specific) of equals stays.
+        if best.is_none_or(|(_, least)| bound < least) {
+            best = Some((choice, bound));
+        }
+    };
+    for (slot, (&i, c)) in covering.iter().zip(&candidates.entries).enumerate() {
+        if !c.may_match_unknown_port(protocol) {
+            continue;
+        }
+        consider(slot as u8 + 1, set.rules[i].bytes_per_second_bound());
+        let names = |flag| c.flags & flag != 0;
+        let protocol_matches = !names(candidate_flag::MATCH_PROTOCOL)
+            || (protocol != UNKNOWN_PROTOCOL && c.protocol == protocol);
+        if protocol_matches
+            && !names(candidate_flag::MATCH_DEST_PORT)
+            && !names(candidate_flag::MATCH_TCP_FLAGS)
+        {
+            // Surely this one's, if no earlier one's: the rest never apply.
+            return best.map_or(unknown_port::DEFAULT, |(choice, _)| choice);
+        }
+    }
+    consider(
+        unknown_port::DEFAULT,
+        match set.default {
+            Fallback::Pass => f64::INFINITY,
+            Fallback::Drop => 0.0,
+        },
+    );
+    best.map_or(unknown_port::DEFAULT, |(choice, _)| choice)
 }
 
 fn candidate(id: u32, rule: &Rule) -> Candidate {
@@ -282,6 +331,56 @@ mod tests {
         assert_eq!(t.rules[5].0, 14);
         assert_eq!(t.rules[5].1.flags, rule_flag::UNLIMITED);
         assert_eq!(t.rules[0].1.flags, rule_flag::UNLIMITED);
+    }
+
+    /// A packet whose port is unknown is charged to the strictest rule it
+    /// may belong to: not past the first it surely matches, never to an
+    /// exemption on a guess, the default when no candidate surely applies.
+    #[test]
+    fn unknown_ports_go_to_the_strictest_candidate() {
+        let text = |default: &str| {
+            format!(
+                "default: {default}
+rules:
+  - {{ name: web, match: {{ source: 10.0.0.0/8, protocol: tcp, dest_port: 443 }}, limit: unlimited }}
+  - {{ name: dns, match: {{ source: 10.0.0.0/8, protocol: udp, dest_port: 53 }}, limit: {{ rate: 1000, unit: second }} }}
+  - {{ name: ssh, match: {{ source: 10.0.0.0/8, protocol: tcp, dest_port: 22 }}, limit: {{ rate: 10, unit: minute }} }}
+  - {{ name: discard, match: {{ source: 10.0.0.0/8, protocol: udp, dest_port: 9 }}, limit: {{ bytes: 20000, unit: second }} }}
+  - {{ name: udp, match: {{ source: 10.0.0.0/8, protocol: udp }}, limit: {{ rate: 100, unit: second }} }}
+  - {{ name: tcp, match: {{ source: 10.0.0.0/8, protocol: tcp }}, limit: {{ rate: 5000, unit: second }} }}
+"
+            )
+        };
+        let t = tables(&text("pass"));
+        let (_, _, list) = t.v4.iter().find(|e| e.1 == 8).unwrap();
+        let rule_of = |choice: u8| match choice {
+            unknown_port::DEFAULT => "default".to_owned(),
+            0 => "none".to_owned(),
+            i => {
+                let id = u32::from(list.entries[usize::from(i) - 1].rule);
+                let (_, config) = t.rules.iter().find(|(rid, _)| *rid == id).unwrap();
+                String::from_utf8_lossy(config.name())
+                    .trim_end_matches('\0')
+                    .to_owned()
+            }
+        };
+        let chosen: Vec<String> = list.unknown_port.iter().map(|&c| rule_of(c)).collect();
+        // TCP: ssh (250 B/s), not web (an exemption by port) nor tcp (where
+        // the search ends). UDP: discard (20 kB/s) over dns and udp (150
+        // kB/s). SCTP: no rule names it and none surely matches: the
+        // default. An unknown protocol: every candidate but the exemption
+        // may be its, none surely: ssh.
+        assert_eq!(chosen, ["ssh", "discard", "default", "ssh"]);
+        // A default that drops is the strictest of all where it may apply.
+        let t = tables(&text("drop"));
+        let (_, _, list) = t.v4.iter().find(|e| e.1 == 8).unwrap();
+        assert_eq!(
+            list.unknown_port,
+            [3, 4, unknown_port::DEFAULT, unknown_port::DEFAULT]
+        );
+        // Orphans follow the rule file's `fragments`.
+        assert!(!t.drop_orphan_fragments);
+        assert!(tables("fragments: drop\nrules: []\n").drop_orphan_fragments);
     }
 
     #[test]

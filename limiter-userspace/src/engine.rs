@@ -221,6 +221,11 @@ impl Engine {
         faults::crash_point("written");
         config.generation = next;
         config.malformed_action = tables.malformed_action;
+        if tables.drop_orphan_fragments {
+            config.flags |= global_flag::DROP_ORPHAN_FRAGMENTS;
+        } else {
+            config.flags &= !global_flag::DROP_ORPHAN_FRAGMENTS;
+        }
         config.next_rule_id = cursor;
         config.realtime_offset_ns = realtime_offset_ns();
         self.datapath.set_config(config)?;

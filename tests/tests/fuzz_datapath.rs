@@ -30,7 +30,9 @@ use limiter_tests::{
 };
 
 /// Every rule metered with a budget no frame spends: which rule matched is
-/// what the counters show, never a limit.
+/// what the counters show, never a limit. The catch-alls' budgets are the
+/// smaller, so a packet whose port is unknown goes to them, not to the
+/// first rule it may belong to (the strictest rule it may belong to).
 const RULES: &str = r#"
 malformed: pass
 default: pass
@@ -39,14 +41,14 @@ rules:
   - { name: v4-https, match: { source: 198.18.0.0/15, protocol: tcp, dest_port: 443 }, limit: { rate: 1000000000, unit: second } }
   - { name: v4-tcp, match: { source: 198.18.0.0/15, protocol: tcp }, limit: { rate: 1000000000, unit: second } }
   - { name: v4-icmp, match: { source: 198.18.0.0/15, protocol: icmp }, limit: { rate: 1000000000, unit: second } }
-  - { name: v4-any, match: { source: 198.18.0.0/15 }, limit: { rate: 1000000000, unit: second } }
+  - { name: v4-any, match: { source: 198.18.0.0/15 }, limit: { rate: 100000000, unit: second } }
   - { name: v4-host, match: { source: 198.18.0.1/32 }, limit: { rate: 1000000000, unit: second } }
   - { name: any-udp, match: { protocol: udp }, limit: { rate: 1000000000, unit: second } }
   - { name: any-sctp-9, match: { protocol: sctp, dest_port: 9 }, limit: { rate: 1000000000, unit: second } }
   - { name: v6-dns, match: { source: "2001:db8::/32", protocol: udp, dest_port: 53 }, limit: { rate: 1000000000, unit: second } }
   - { name: v6-tcp, match: { source: "2001:db8::/32", protocol: tcp }, limit: { rate: 1000000000, unit: second } }
   - { name: v6-icmp, match: { source: "2001:db8:1::/48", protocol: icmpv6 }, limit: { rate: 1000000000, unit: second } }
-  - { name: v6-any, match: { source: "2001:db8::/32" }, limit: { rate: 1000000000, unit: second } }
+  - { name: v6-any, match: { source: "2001:db8::/32" }, limit: { rate: 100000000, unit: second } }
 "#;
 
 /// Blocked prefixes (manual blocks, checked before any rule applies).
@@ -327,15 +329,20 @@ impl Reference {
     }
 
     /// The first rule, most specific first, whose source covers the packet
-    /// and that matches its protocol and port; when the port is unknown,
-    /// the first that could apply whatever the port (every rule here is
-    /// metered, so none is an exemption not to apply on a guess).
+    /// and that matches its protocol and port. When the port is unknown
+    /// and the protocol has ports (TCP, UDP, SCTP) or is unknown: of the
+    /// rules that could apply whatever the port, up to the first that
+    /// surely does (the default too if none does), the one of least
+    /// `bytes_per_second_bound`, the first of equals; for other protocols
+    /// the first that could apply. (Every rule here is metered, so none is
+    /// an exemption not to apply on a guess.)
     fn rule(&self, p: &Packet) -> String {
-        let found = self.order.iter().copied().find(|&i| {
+        let covers = |i: usize| {
             let m = &self.set.rules[i].matches;
-            if !m.source.is_none_or(|s| s.contains(&p.source)) {
-                return false;
-            }
+            m.source.is_none_or(|s| s.contains(&p.source))
+        };
+        let may = |i: usize| {
+            let m = &self.set.rules[i].matches;
             let protocol_ok = m.protocol.is_none_or(|x| x == p.protocol);
             let port_ok = m.dest_port.is_none_or(|x| p.port == Port::Known(x));
             let unknown_ok = p.port == Port::Unknown
@@ -343,8 +350,34 @@ impl Reference {
                     || p.protocol == UNKNOWN_PROTOCOL
                     || m.protocol == Some(p.protocol));
             (protocol_ok && port_ok) || unknown_ok
-        });
-        found.map_or_else(|| "default".to_owned(), |i| self.set.rules[i].name.clone())
+        };
+        let name = |i: Option<usize>| {
+            i.map_or_else(|| "default".to_owned(), |i| self.set.rules[i].name.clone())
+        };
+        let candidates = self.order.iter().copied().filter(|&i| covers(i));
+        if p.port != Port::Unknown || ![6, 17, 132, UNKNOWN_PROTOCOL].contains(&p.protocol) {
+            return name(candidates.clone().find(|&i| may(i)));
+        }
+        let mut best: Option<(Option<usize>, f64)> = None;
+        let mut surely = false;
+        for i in candidates.filter(|&i| may(i)) {
+            let bound = self.set.rules[i].bytes_per_second_bound();
+            if best.is_none_or(|(_, least)| bound < least) {
+                best = Some((Some(i), bound));
+            }
+            let m = &self.set.rules[i].matches;
+            let protocol_sure = m.protocol.is_none()
+                || (p.protocol != UNKNOWN_PROTOCOL && m.protocol == Some(p.protocol));
+            if protocol_sure && m.dest_port.is_none() {
+                surely = true;
+                break;
+            }
+        }
+        if !surely && best.is_none_or(|(_, least)| f64::INFINITY < least) {
+            // The default passes: no bound, so only when nothing else may apply.
+            best = Some((None, f64::INFINITY));
+        }
+        name(best.and_then(|(i, _)| i))
     }
 
     fn judge(&mut self, frame: &[u8]) -> Outcome {

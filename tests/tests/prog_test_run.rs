@@ -369,6 +369,75 @@ fn later_fragments_follow_their_first() {
     );
 }
 
+/// A later fragment whose first was not seen (lost, or sent last) is
+/// charged to the strictest rule it may belong to, not the first: sent
+/// first fragment last, a datagram to a byte-limited port put its bulk
+/// on a looser rule of its protocol (issue 35). With `fragments: drop`
+/// it is dropped. Counted either way.
+#[test]
+fn orphan_fragments_go_to_the_strictest_rule_or_are_dropped() {
+    let rules = |policy: &str| {
+        format!(
+            "fragments: {policy}
+rules:
+  - {{ name: loose, match: {{ source: 198.18.0.0/16, protocol: udp, dest_port: 80 }}, limit: {{ rate: 1000, unit: second }} }}
+  - {{ name: strict, match: {{ source: 198.18.0.0/16, protocol: udp, dest_port: 9 }}, limit: {{ bytes: 20000, unit: second }} }}
+  - {{ name: rest, match: {{ source: 198.18.0.0/16 }}, limit: unlimited }}
+"
+        )
+    };
+    let mut dp = loaded_object(&test_clock_object(), &rules("strictest"));
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(7, 9, false), 1_000_000_000),
+        XDP_PASS
+    );
+    let after = snapshot(&dp);
+    let passed = |name| after.rule(name).expect(name).passed_packets;
+    assert_eq!(
+        (passed("loose"), passed("strict"), passed("rest")),
+        (0, 1, 0)
+    );
+    assert_eq!(
+        (
+            after.orphan_fragments.charged,
+            after.orphan_fragments.dropped
+        ),
+        (1, 0)
+    );
+    // Its first fragment, seen, still takes the later ones to its rule.
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(8, 80, true), 1_000_000_000),
+        XDP_PASS
+    );
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(8, 80, false), 1_000_000_000),
+        XDP_PASS
+    );
+    let after = snapshot(&dp);
+    assert_eq!(after.rule("loose").expect("loose").passed_packets, 2);
+    assert_eq!(after.orphan_fragments.charged, 1);
+
+    let mut dp = loaded_object(&test_clock_object(), &rules("drop"));
+    assert_eq!(
+        run_at(&mut dp, &fragment_of(7, 9, false), 1_000_000_000),
+        XDP_DROP
+    );
+    let after = snapshot(&dp);
+    assert!(
+        after
+            .rules
+            .iter()
+            .all(|r| r.counters == RuleCounters::default())
+    );
+    assert_eq!(
+        (
+            after.orphan_fragments.charged,
+            after.orphan_fragments.dropped
+        ),
+        (0, 1)
+    );
+}
+
 #[test]
 fn non_ip_passes_untouched() {
     let dp = loaded(RULES);

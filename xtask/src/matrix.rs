@@ -39,6 +39,7 @@ const TESTS: [(&str, &[&str]); 7] = [
             "ipv4_rules_by_protocol_port_and_prefix",
             "ipv6_extension_headers",
             "later_fragments_follow_their_first",
+            "orphan_fragments_go_to_the_strictest_rule_or_are_dropped",
         ],
     ),
     ("conformance", &["the_xdp_program_matches_the_reference"]),

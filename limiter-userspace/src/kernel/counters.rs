@@ -3,7 +3,9 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use limiter_common::abi::{GlobalCounters, RuleCounters, counter_slot, global_flag, map_name};
+use limiter_common::abi::{
+    GlobalCounters, RuleCounters, counter_slot, global_flag, map_name, orphan_fragments,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{KernelError, Maps, keys::KeyTable, maps::map_error};
@@ -16,6 +18,10 @@ pub struct Snapshot {
     /// Whether global dry-run is on.
     pub shadow: bool,
     pub global: GlobalCounters,
+    /// Later fragments whose first fragment was not seen (the rule file's
+    /// `fragments`).
+    #[serde(default)]
+    pub orphan_fragments: OrphanFragments,
     /// Every rule of the active generation, summed over interfaces.
     pub rules: Vec<RuleStats>,
     /// The same per registered interface (slot 0: any other, e.g. test runs).
@@ -39,6 +45,15 @@ pub struct InterfaceStats {
     pub ifindex: u32,
     pub name: String,
     pub rules: Vec<RuleStats>,
+}
+
+/// Later fragments whose first fragment was not seen, summed over CPUs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OrphanFragments {
+    /// Charged to the strictest rule they may belong to.
+    pub charged: u64,
+    /// Dropped (`fragments: drop`).
+    pub dropped: u64,
 }
 
 /// The per-key state map, as the kernel accounts for it.
@@ -93,6 +108,19 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
         .iter()
     {
         snapshot.global.add(cpu);
+    }
+    if let Some(orphans) = &maps.orphan_fragments {
+        let sum = |index| -> Result<u64, KernelError> {
+            Ok(orphans
+                .get(&index, 0)
+                .map_err(map_error(map_name::ORPHAN_FRAGMENTS))?
+                .iter()
+                .sum())
+        };
+        snapshot.orphan_fragments = OrphanFragments {
+            charged: sum(orphan_fragments::CHARGED)?,
+            dropped: sum(orphan_fragments::DROPPED)?,
+        };
     }
     let names: Vec<(u32, String)> = super::maps::named_rules(&maps.rules, config.generation)?
         .into_iter()

@@ -55,6 +55,8 @@ pub struct Maps {
     /// had none.
     pub soft_limits: Option<Array<MapData, Gcra>>,
     pub soft_stats: Option<PerCpuArray<MapData, u64>>,
+    /// `abi::orphan_fragments` (absent from pins of a build before it).
+    pub orphan_fragments: Option<PerCpuArray<MapData, u64>>,
     /// Packet costs by class, by rule slot (absent from older pins).
     pub costs: Option<Array<MapData, Costs>>,
     /// The test build's clock (`--features test-clock`); absent otherwise.
@@ -125,6 +127,7 @@ impl Maps {
             global_stats: handle(open, map_name::GLOBAL_STATS)?,
             soft_limits: handle(open, map_name::SOFT_LIMITS).ok(),
             soft_stats: handle(open, map_name::SOFT_STATS).ok(),
+            orphan_fragments: handle(open, map_name::ORPHAN_FRAGMENTS).ok(),
             costs: handle(open, map_name::COSTS).ok(),
             test_clock: None,
         })

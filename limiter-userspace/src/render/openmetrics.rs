@@ -190,6 +190,19 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         registry.register(name, help, family);
     }
 
+    let orphans = Family::<Labels, Counter>::default();
+    let o = &snapshot.orphan_fragments;
+    for (fate, value) in [("charged", o.charged), ("dropped", o.dropped)] {
+        orphans
+            .get_or_create(&vec![layer(), ("fate".to_owned(), fate.to_owned())])
+            .inc_by(value);
+    }
+    registry.register(
+        "limiter_orphan_fragments",
+        "Later fragments whose first fragment was not seen: charged to the strictest rule they may belong to, or dropped (the rule file's fragments)",
+        orphans,
+    );
+
     for (name, help, value, unit) in [
         (
             "limiter_tracked_keys",

@@ -72,7 +72,7 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
     );
     let _ = writeln!(
         out,
-        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  tiny-fragments {}  unreadable-transport {}  key-alloc-failed {}  key-evictions {}",
+        "\npackets {}  ipv4 {}  ipv6 {}  non-ip {}  malformed {}  fragments {}  tiny-fragments {}  orphan-fragments {} charged, {} dropped  unreadable-transport {}  key-alloc-failed {}  key-evictions {}",
         count(g.packets),
         count(g.ipv4),
         count(g.ipv6),
@@ -80,6 +80,8 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
         count(g.malformed),
         count(g.fragments),
         count(g.tiny_fragments),
+        count(snapshot.orphan_fragments.charged),
+        count(snapshot.orphan_fragments.dropped),
         count(g.unreadable_transport),
         count(g.key_alloc_failed),
         count(g.key_evictions),

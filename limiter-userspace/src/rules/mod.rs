@@ -20,12 +20,16 @@ pub use crate::yaml::InvalidFile;
 pub use fingerprint::same_name_first;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
-pub use raw::{Algorithm, EscalateScope, Fallback, Scope};
+pub use raw::{Algorithm, EscalateScope, Fallback, FragmentPolicy, Scope};
 pub use request::{HttpRequest, KeyPart, RequestMatch};
 pub use validate::{parse_net, parse_unit};
 
 /// The default rule file, used by the lab and shown in the README.
 pub const EXAMPLE: &str = include_str!("../../../examples/rules.yaml");
+
+/// Bytes a packet counts as when rules of packets and of bytes are
+/// compared (`Rule::bytes_per_second_bound`): an Ethernet MTU's frame.
+pub const FULL_FRAME: f64 = 1500.0;
 
 /// A validated rule file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub struct RuleSet {
     pub new_keys: Rate,
     /// What bounds the blocks escalation makes.
     pub escalation: EscalationPolicy,
+    /// Later fragments whose first fragment was not seen.
+    pub fragments: FragmentPolicy,
     pub rules: Vec<Rule>,
 }
 
@@ -182,6 +188,42 @@ impl Rule {
             ],
             Limit::Unlimited => [None; 3],
         }
+    }
+
+    /// The most bytes a second one source may put through the rule, a
+    /// packet counted as a full frame of [`FULL_FRAME`] bytes (what a
+    /// later fragment is): the kernel charges a packet whose port is
+    /// unknown to the rule of least (`compile`). A shadow rule refuses
+    /// nothing, an exemption neither: unbounded.
+    pub fn bytes_per_second_bound(&self) -> f64 {
+        if self.shadow {
+            return f64::INFINITY;
+        }
+        let Limit::Metered { packets, bytes } = self.limit else {
+            return f64::INFINITY;
+        };
+        let per_second = |r: &Rate| r.rate as f64 / r.period.as_secs_f64();
+        let frames = |r: &Rate| per_second(r) * FULL_FRAME;
+        [
+            packets.as_ref().map(frames),
+            bytes.as_ref().map(per_second),
+            self.second_packets.as_ref().map(frames),
+            self.third.as_ref().map(|t| {
+                if t.counts_bytes {
+                    per_second(&t.rate)
+                } else {
+                    frames(&t.rate)
+                }
+            }),
+            self.aggregate.and_then(|a| a.packets).as_ref().map(frames),
+            self.aggregate
+                .and_then(|a| a.bytes)
+                .as_ref()
+                .map(per_second),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min)
     }
 
     /// A fleet-wide rule's whole budget: its aggregate packet rate

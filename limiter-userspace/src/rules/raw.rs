@@ -22,8 +22,22 @@ pub struct RuleFile {
     pub new_keys: Option<RateFields>,
     /// What bounds the blocks rules' `escalate` makes.
     pub escalation: Option<EscalationPolicyFields>,
+    /// Later fragments whose first fragment was not seen.
+    #[serde(default)]
+    pub fragments: FragmentPolicy,
     #[serde(default)]
     pub rules: Vec<RuleEntry>,
+}
+
+/// What becomes of a later fragment whose first fragment was not seen
+/// (lost, or sent last: its port, and so its rule, is unknown): charged
+/// to the strictest rule of its source it may belong to, or dropped.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FragmentPolicy {
+    #[default]
+    Strictest,
+    Drop,
 }
 
 /// `escalation: { never_block: [prefix, ...], max_per_minute: N }`.

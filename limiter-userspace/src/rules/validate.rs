@@ -87,6 +87,7 @@ pub(super) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
         max_keys,
         new_keys,
         escalation,
+        fragments: file.fragments,
         rules,
     };
     // The kernel's limit: a rule file with layer-7 rules is not for it.
