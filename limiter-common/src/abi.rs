@@ -22,6 +22,7 @@ pub mod map_name {
     pub const BLOCKED_V4: &str = "BLOCKED_V4";
     pub const BLOCKS_V6: &str = "BLOCKS_V6";
     pub const IFACES: &str = "IFACES";
+    pub const IFACE_MTU: &str = "IFACE_MTU";
     pub const RULE_STATS: &str = "RULE_STATS";
     pub const GLOBAL_STATS: &str = "GLOBAL_STATS";
     pub const ADMISSIONS: &str = "ADMISSIONS";

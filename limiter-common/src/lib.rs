@@ -9,5 +9,6 @@ pub mod keytable;
 #[cfg(feature = "user")]
 pub mod log;
 pub mod meter;
+pub mod segments;
 pub mod trace;
 pub mod window;

@@ -86,6 +86,12 @@ pub static BLOCKS_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 #[map]
 pub static IFACES: Array<u32> = Array::pinned(MAX_IFINDEX, 0);
 
+/// Counter slot -> the interface's MTU (0: unknown), so a buffer longer
+/// than any of its frames (skb mode: GSO, GRO) is charged the frames it
+/// carries (`limiter_common::segments`).
+#[map]
+pub static IFACE_MTU: Array<u32> = Array::pinned(MAX_IFACES, 0);
+
 /// Source and fragmented datagram -> what became of its first fragment
 /// (`crate::fragments`).
 #[map]

@@ -44,6 +44,11 @@ pub struct RuleStats {
 pub struct InterfaceStats {
     pub ifindex: u32,
     pub name: String,
+    /// How the program is attached here, as the kernel says (`None`: not
+    /// attached, or not an interface of this network namespace). Skb mode
+    /// is what `auto` falls back to where native XDP fails.
+    #[serde(default)]
+    pub xdp_mode: Option<super::Mode>,
     pub rules: Vec<RuleStats>,
 }
 
@@ -170,6 +175,9 @@ pub fn read(maps: &Maps) -> Result<Snapshot, KernelError> {
         snapshot.interfaces.push(InterfaceStats {
             ifindex,
             name: iface_name(ifindex),
+            xdp_mode: (ifindex != 0)
+                .then(|| super::netlink::xdp_mode(ifindex).ok().flatten())
+                .flatten(),
             rules,
         });
     }

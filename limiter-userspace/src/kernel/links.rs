@@ -66,6 +66,21 @@ impl Datapath {
         Ok(slot)
     }
 
+    /// Tells the program `iface`'s MTU (in its counter slot), by which it
+    /// charges a buffer longer than any frame (skb mode: GSO, GRO) the
+    /// frames it carries.
+    fn set_mtu(&mut self, iface: &str, slot: u32) -> Result<(), KernelError> {
+        let mtu = super::offloads::mtu(iface).map_err(|source| KernelError::Io {
+            path: format!("the MTU of {iface}").into(),
+            source,
+        })?;
+        if let Some(map) = self.maps.iface_mtu.as_mut() {
+            map.set(slot, mtu, 0)
+                .map_err(map_error(map_name::IFACE_MTU))?;
+        }
+        Ok(())
+    }
+
     /// Attaches to `iface`; `auto` falls back from native to skb mode.
     ///
     /// With `pin_link`, the link is pinned under `<pin dir>/links/<iface>`
@@ -79,7 +94,8 @@ impl Datapath {
         pin_link: bool,
     ) -> Result<Attachment, KernelError> {
         let ifindex = if_index(iface)?;
-        self.iface_slot(ifindex)?;
+        let slot = self.iface_slot(ifindex)?;
+        self.set_mtu(iface, slot)?;
         let link_path = self.pin_dir.join(LINKS_DIR).join(iface);
         if pin_link && link_path.exists() {
             return self.adopt(iface, &link_path);
@@ -107,6 +123,9 @@ impl Datapath {
                         })?;
                         pin(link, &link_path)?;
                         self.held.link(&link_path)?;
+                    }
+                    if attempt == Mode::Skb {
+                        skb_mode_without_merging(iface, mode == Mode::Auto);
                     }
                     return Ok(Attachment {
                         iface: iface.to_owned(),
@@ -153,11 +172,48 @@ impl Datapath {
                 .map_err(|e| adopt_error(e.to_string()))?,
         );
         self.held.link(path)?;
+        // The mode the link was made in, as the kernel says.
+        let mode = super::netlink::xdp_mode(if_index(iface)?)
+            .ok()
+            .flatten()
+            .unwrap_or(Mode::Auto);
+        if mode == Mode::Skb {
+            skb_mode_without_merging(iface, false);
+        }
         Ok(Attachment {
             iface: iface.to_owned(),
-            mode: Mode::Auto,
+            mode,
             adopted: true,
         })
+    }
+}
+
+/// In skb (generic) mode the program runs after GRO: a buffer GRO merged
+/// from many frames would be one packet to a packet limit. So GRO and LRO
+/// go off on the interface, and the operator is told, as of a fallback
+/// from `auto` (slower than native, and not what was asked for).
+fn skb_mode_without_merging(iface: &str, fell_back: bool) {
+    if fell_back {
+        tracing::warn!(
+            event = "skb_mode_fallback",
+            iface,
+            "{iface}: attached in skb (generic) mode, native XDP failed: slower than native, and packets are seen after the stack's receive offloads (`--mode native` makes this an error; `limiter stats` and limiter_xdp_attached show the mode)"
+        );
+    }
+    match super::offloads::stop_merging(iface) {
+        Ok(before) if before.any() => tracing::warn!(
+            event = "offloads_off",
+            iface,
+            "{iface}: turned {} off: in skb mode the program would see what it merged as one packet (`ethtool -K {iface} {} on` after `limiter detach` restores it)",
+            before.names().join(" and "),
+            before.names().join(" on ")
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            event = "offloads_on",
+            iface,
+            "{iface}: could not turn GRO and LRO off ({e}): packet limits there count a merged packet once"
+        ),
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Maps {
     pub soft_stats: Option<PerCpuArray<MapData, u64>>,
     /// `abi::orphan_fragments` (absent from pins of a build before it).
     pub orphan_fragments: Option<PerCpuArray<MapData, u64>>,
+    /// Counter slot -> the interface's MTU (absent from pins of a build
+    /// before it).
+    pub iface_mtu: Option<Array<MapData, u32>>,
     /// Packet costs by class, by rule slot (absent from older pins).
     pub costs: Option<Array<MapData, Costs>>,
     /// The test build's clock (`--features test-clock`); absent otherwise.
@@ -128,6 +131,7 @@ impl Maps {
             soft_limits: handle(open, map_name::SOFT_LIMITS).ok(),
             soft_stats: handle(open, map_name::SOFT_STATS).ok(),
             orphan_fragments: handle(open, map_name::ORPHAN_FRAGMENTS).ok(),
+            iface_mtu: handle(open, map_name::IFACE_MTU).ok(),
             costs: handle(open, map_name::COSTS).ok(),
             test_clock: None,
         })

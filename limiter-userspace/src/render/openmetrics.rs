@@ -190,6 +190,28 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
         registry.register(name, help, family);
     }
 
+    let attached = Family::<Labels, Gauge>::default();
+    for iface in &snapshot.interfaces {
+        if let Some(mode) = iface.xdp_mode {
+            let mode = match mode {
+                crate::kernel::Mode::Skb => "skb",
+                _ => "native",
+            };
+            attached
+                .get_or_create(&vec![
+                    layer(),
+                    ("interface".to_owned(), iface.name.clone()),
+                    ("mode".to_owned(), mode.to_owned()),
+                ])
+                .set(1);
+        }
+    }
+    registry.register(
+        "limiter_xdp_attached",
+        "1 for each interface the program is attached to, by XDP mode: skb (generic) is what `auto` falls back to where native fails, slower, and after GRO",
+        attached,
+    );
+
     let orphans = Family::<Labels, Counter>::default();
     let o = &snapshot.orphan_fragments;
     for (fate, value) in [("charged", o.charged), ("dropped", o.dropped)] {

@@ -5,7 +5,7 @@ use std::{fmt::Write, time::Duration};
 use crate::{
     engine::RulesView,
     fleet::node::ShareStatus,
-    kernel::counters::Snapshot,
+    kernel::{Mode, counters::Snapshot},
     rules::{Rule, RuleSet, describe::describe},
     units::{bytes, count, per},
 };
@@ -86,6 +86,22 @@ pub fn stats_table(snapshot: &Snapshot) -> String {
         count(g.key_alloc_failed),
         count(g.key_evictions),
     );
+    let attached: Vec<String> = snapshot
+        .interfaces
+        .iter()
+        .filter_map(|i| {
+            Some(match i.xdp_mode? {
+                Mode::Skb => format!(
+                    "{} skb mode (generic: slower than native; sees packets after GRO, which the limiter turns off there)",
+                    i.name
+                ),
+                _ => format!("{} native", i.name),
+            })
+        })
+        .collect();
+    if !attached.is_empty() {
+        let _ = writeln!(out, "attached: {}", attached.join(", "));
+    }
     let k = &snapshot.keys;
     let _ = writeln!(
         out,
