@@ -306,7 +306,27 @@ fn alert_rules_pass_promtool_and_fire_on_a_live_daemons_series() {
                 let s = live("limiter_pins_missing");
                 (s.name, scraped(s.labels), "1x90".into())
             }],
-            firing: vec![("LimiterPinsMissing", instance.clone()), fleet_firing],
+            firing: vec![
+                ("LimiterPinsMissing", instance.clone()),
+                fleet_firing.clone(),
+            ],
+        },
+        Case {
+            what: "partitions leased by a foreign writer",
+            changed: vec![{
+                let s = live("limiter_fleet_foreign_partitions");
+                (s.name, scraped(s.labels), "3x90".into())
+            }],
+            firing: vec![
+                (
+                    "LimiterFleetForeignLeases",
+                    with(&[
+                        ("layer", &fleet.labels["layer"]),
+                        ("rule", &fleet.labels["rule"]),
+                    ]),
+                ),
+                fleet_firing,
+            ],
         },
     ];
 

@@ -52,11 +52,39 @@ end
 return renewed
 ";
 
+/// Deletes each partition key (`KEYS`) that still holds this node's token.
 const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local freed = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    freed = freed + redis.call('DEL', key)
+  end
 end
-return 0
+return freed
+";
+
+/// Takes up to `ARGV[3]` of the partition keys (`KEYS`, in the order to
+/// try them) that are free, for this node's token (`ARGV[1]`) and `ARGV[2]`
+/// ms: one round trip for the lot, where a `SET NX` each made a store
+/// slower than a tick unable to lease at all. Returns the (1-based)
+/// indices taken, then the least time (ms) until one of the others'
+/// expires, or -1.
+const ACQUIRE: &str = r"
+local want = tonumber(ARGV[3])
+local taken = {}
+local soonest = -1
+for i, key in ipairs(KEYS) do
+  local ttl = redis.call('PTTL', key)
+  if ttl == -2 then
+    if #taken < want and redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+      taken[#taken + 1] = i
+    end
+  elseif ttl >= 0 and (soonest < 0 or ttl < soonest) then
+    soonest = ttl
+  end
+end
+taken[#taken + 1] = soonest
+return taken
 ";
 
 /// Each node's report on the rule (`KEYS[1]`, a hash of owner to
@@ -65,8 +93,10 @@ return 0
 /// many nodes want more than they hold, how many partitions the others
 /// hold, how long ago (ms) this store's memory of the rule began
 /// (`KEYS[2]`, set by the first report after the store started empty),
-/// and how many entries it found malformed (another writer's, a typo):
-/// those are deleted and counted, never a failure of every host's report.
+/// how many entries it found malformed (another writer's, a typo): those
+/// are deleted and counted, never a failure of every host's report; and
+/// how many of the partitions (`KEYS[3]` on) are held under a token no
+/// node reports: a foreign writer's, whose budget no node can use.
 const REPORT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -76,6 +106,7 @@ redis.call('PEXPIRE', KEYS[1], 2 * ttl)
 local entries = redis.call('HGETALL', KEYS[1])
 local hungry, satisfied = 0, 0
 local malformed = 0
+local live = {}
 for i = 1, #entries, 2 do
   local expiry, held, wants = string.match(entries[i + 1], '^(%d+):(%d+):([01])$')
   if not expiry then
@@ -83,10 +114,20 @@ for i = 1, #entries, 2 do
     redis.call('HDEL', KEYS[1], entries[i])
   elseif tonumber(expiry) <= now then
     redis.call('HDEL', KEYS[1], entries[i])
-  elseif wants == '1' then
-    hungry = hungry + 1
   else
-    satisfied = satisfied + tonumber(held)
+    live[entries[i]] = true
+    if wants == '1' then
+      hungry = hungry + 1
+    else
+      satisfied = satisfied + tonumber(held)
+    end
+  end
+end
+local foreign = 0
+for k = 3, #KEYS do
+  local holder = redis.call('GET', KEYS[k])
+  if holder and not live[holder] then
+    foreign = foreign + 1
   end
 end
 -- Started empty, or its clock stepped back: its memory starts now.
@@ -95,7 +136,7 @@ if not born or born > now then
   born = now
   redis.call('SET', KEYS[2], tostring(now))
 end
-return {hungry, satisfied, now - born, malformed}
+return {hungry, satisfied, now - born, malformed, foreign}
 ";
 
 /// The fleet's nodes on a rule, as the last report counted them.
@@ -111,6 +152,8 @@ pub struct Peers {
     pub memory: Duration,
     /// Malformed entries this report found (and deleted) in the store.
     pub malformed: u32,
+    /// Partitions held under a token no node reports (a foreign writer).
+    pub foreign: u32,
 }
 
 /// One node's leases on one rule's partitions.
@@ -125,6 +168,7 @@ pub struct Leases {
     renew: Script,
     release: Script,
     report: Script,
+    acquire: Script,
     rng: u64,
     /// When the last acquisition fell short: the earliest moment one of
     /// the partitions others held then expires.
@@ -160,6 +204,7 @@ impl Leases {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             report: Script::new(REPORT),
+            acquire: Script::new(ACQUIRE),
             rng: seed | 1,
             next_free: None,
         })
@@ -188,24 +233,28 @@ impl Leases {
     /// Says how many partitions this node holds and whether it wants
     /// more, and learns the same of the others (one round trip).
     pub async fn report(&mut self, hungry: bool) -> Result<Peers, LeaseError> {
-        let counts: Vec<u64> = self
-            .report
+        let mut invocation = self.report.prepare_invoke();
+        invocation
             .key(format!("{}nodes", self.prefix))
-            .key(format!("{}memory", self.prefix))
+            .key(format!("{}memory", self.prefix));
+        for p in 0..self.partitions {
+            invocation.key(self.key(p));
+        }
+        invocation
             .arg(&self.owner)
             // Three ticks: a dead node stops counting well before its
             // leases expire, so the others may take them at once.
             .arg((self.ttl / 3).as_millis() as u64)
             .arg(self.held.len())
-            .arg(u8::from(hungry))
-            .invoke_async(&mut self.redis)
-            .await?;
+            .arg(u8::from(hungry));
+        let counts: Vec<u64> = invocation.invoke_async(&mut self.redis).await?;
         let count = |i: usize| counts.get(i).copied().unwrap_or(0);
         Ok(Peers {
             hungry: count(0) as u32,
             satisfied_held: count(1) as u32,
             memory: Duration::from_millis(count(2)),
             malformed: count(3) as u32,
+            foreign: count(4) as u32,
         })
     }
 
@@ -227,68 +276,53 @@ impl Leases {
         self.held.keys().copied().collect()
     }
 
-    /// Leases up to `n` more partitions, trying those free (one round trip
-    /// says which, and when the others' leases expire) in a random order;
+    /// Leases up to `n` more partitions, those free in a random order, in
+    /// one round trip (which also says when the others' leases expire);
     /// returns those gained.
     pub async fn acquire(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
-        let candidates: Vec<u32> = (0..self.partitions)
+        let mut candidates: Vec<u32> = (0..self.partitions)
             .filter(|p| !self.held.contains_key(p))
             .collect();
         self.next_free = None;
         if n == 0 || candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let mut remaining = redis::pipe();
-        for &p in &candidates {
-            remaining.cmd("PTTL").arg(self.key(p));
-        }
-        let asked = Instant::now();
-        // PTTL says -2 for a key that does not exist (a free partition).
-        let ttls: Vec<i64> = remaining.query_async(&mut self.redis).await?;
-        let mut free = Vec::new();
-        let mut next_free = None::<Instant>;
-        for (p, ttl) in candidates.into_iter().zip(ttls) {
-            match u64::try_from(ttl) {
-                // Redis counted it from when the request arrived, after it
-                // was sent: it expires no earlier than this, by this clock.
-                Ok(ms) => {
-                    let at = asked + Duration::from_millis(ms);
-                    next_free = Some(next_free.map_or(at, |t| t.min(at)));
-                }
-                Err(_) if ttl == -2 => free.push(p),
-                // -1: a key without expiry, which no node would set.
-                Err(_) => {}
-            }
-        }
         // Fisher-Yates with xorshift: nodes asking at once spread out.
-        for i in (1..free.len()).rev() {
+        for i in (1..candidates.len()).rev() {
             self.rng ^= self.rng << 13;
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
-            free.swap(i, (self.rng % (i as u64 + 1)) as usize);
+            candidates.swap(i, (self.rng % (i as u64 + 1)) as usize);
         }
+        let mut invocation = self.acquire.prepare_invoke();
+        for &p in &candidates {
+            invocation.key(self.key(p));
+        }
+        invocation
+            .arg(&self.owner)
+            .arg(self.ttl.as_millis() as u64)
+            .arg(n);
+        let sent = Instant::now();
+        let mut answer: Vec<i64> = invocation.invoke_async(&mut self.redis).await?;
+        // Redis counted the others' TTLs from when the request arrived,
+        // after it was sent: they expire no earlier than this, by this clock.
+        let soonest = answer.pop().unwrap_or(-1);
+        let until = self.valid_until(sent);
         let mut gained = Vec::new();
-        for partition in free {
-            if gained.len() as u32 >= n {
-                break;
-            }
-            let sent = Instant::now();
-            let taken: Option<String> = redis::cmd("SET")
-                .arg(self.key(partition))
-                .arg(&self.owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(self.ttl.as_millis() as u64)
-                .query_async(&mut self.redis)
-                .await?;
-            if taken.is_some() {
-                let until = self.valid_until(sent);
-                self.held.insert(partition, until);
-                gained.push(partition);
-            }
+        for index in answer {
+            let Some(&partition) = usize::try_from(index - 1)
+                .ok()
+                .and_then(|i| candidates.get(i))
+            else {
+                continue;
+            };
+            self.held.insert(partition, until);
+            gained.push(partition);
         }
         if (gained.len() as u32) < n {
-            self.next_free = next_free;
+            self.next_free = u64::try_from(soonest)
+                .ok()
+                .map(|ms| sent + Duration::from_millis(ms));
         }
         Ok(gained)
     }
@@ -339,16 +373,18 @@ impl Leases {
         give
     }
 
-    /// Deletes forgotten partitions that are still this node's.
+    /// Deletes forgotten partitions that are still this node's, in one
+    /// round trip.
     pub async fn free(&mut self, partitions: &[u32]) -> Result<(), LeaseError> {
-        for &p in partitions {
-            let _: i64 = self
-                .release
-                .key(self.key(p))
-                .arg(&self.owner)
-                .invoke_async(&mut self.redis)
-                .await?;
+        if partitions.is_empty() {
+            return Ok(());
         }
+        let mut invocation = self.release.prepare_invoke();
+        for &p in partitions {
+            invocation.key(self.key(p));
+        }
+        invocation.arg(&self.owner);
+        let _: i64 = invocation.invoke_async(&mut self.redis).await?;
         Ok(())
     }
 }

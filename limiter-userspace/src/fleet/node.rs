@@ -26,6 +26,10 @@ use super::{
 };
 use crate::clock::monotonic_ns;
 
+/// The round trips of one exchange with the store, at most: a renewal (or
+/// a ping), the report, and an acquisition or a release, one script each.
+const EXCHANGE_ROUND_TRIPS: u32 = 3;
+
 /// A retry's delay after an expiry this host's clock expects (the store
 /// counted it from a moment a little later), and at the least.
 const RETRY_MARGIN: Duration = Duration::from_millis(2);
@@ -83,6 +87,10 @@ pub struct ShareStatus {
     /// Malformed entries found (and deleted) in the store's list of nodes.
     #[serde(default)]
     pub store_malformed_entries: u64,
+    /// Partitions held, at the last report, under a token no node of the
+    /// fleet reports: a foreign writer's, budget no node can lease.
+    #[serde(default)]
+    pub store_foreign_partitions: u32,
 }
 
 pub struct Node {
@@ -164,7 +172,11 @@ impl Node {
         self.retry_at = None;
         // Safety does not depend on this limit (shares lapse by
         // themselves); it keeps a store that hangs from stalling the loop.
-        let limit = self.spec.tick() * 2;
+        // A store slower than a tick but within its response timeout is
+        // waited for: an exchange is at most `EXCHANGE_ROUND_TRIPS`, and
+        // the leases, valid for most of a TTL from each renewal, outlast
+        // ticks that run late.
+        let limit = (self.spec.tick() * 2).max(self.store.response_timeout * EXCHANGE_ROUND_TRIPS);
         let outcome = match tokio::time::timeout(limit, self.exchange(demand)).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err(format!(
@@ -311,6 +323,17 @@ impl Node {
         let held = leases.held(Instant::now()) as u32;
         let hungry = demand.is_some_and(|d| d.refused_rate > 0);
         let peers = leases.report(hungry).await?;
+        if peers.foreign > 0 && self.status.store_foreign_partitions == 0 {
+            tracing::warn!(
+                event = "fleet_store_foreign_leases",
+                rule = %self.spec.rule.name,
+                partitions = peers.foreign,
+                "fleet rule {:?}: {} partitions are leased under a token no node reports (another writer on the store's keys)",
+                self.spec.rule.name,
+                peers.foreign
+            );
+        }
+        self.status.store_foreign_partitions = peers.foreign;
         if peers.malformed > 0 {
             self.status.store_malformed_entries += u64::from(peers.malformed);
             tracing::warn!(

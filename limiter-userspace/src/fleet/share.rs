@@ -192,6 +192,7 @@ mod tests {
                         satisfied_held: (0..3).filter(|&o| !wants[o]).map(|o| held[o]).sum(),
                         memory: std::time::Duration::MAX,
                         malformed: 0,
+                        foreign: 0,
                     };
                     let demand = if wants[me] {
                         hungry
@@ -227,6 +228,7 @@ mod tests {
                     satisfied_held: 0,
                     memory: std::time::Duration::MAX,
                     malformed: 0,
+                    foreign: 0,
                 }
             ),
             None,
@@ -241,6 +243,7 @@ mod tests {
                     satisfied_held: 0,
                     memory: std::time::Duration::MAX,
                     malformed: 0,
+                    foreign: 0,
                 }
             ),
             None

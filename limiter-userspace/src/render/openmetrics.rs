@@ -301,6 +301,7 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
     let local = Family::<Labels, Gauge<f64, AtomicU64>>::default();
     let fleet = Family::<Labels, Gauge<f64, AtomicU64>>::default();
     let rtt = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let foreign = Family::<Labels, Gauge>::default();
     let leases = Family::<Labels, Counter>::default();
     for share in shares {
         let at = labels(&share.rule);
@@ -310,6 +311,9 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
         local.get_or_create(&at).set(per_second(share.local_rate));
         fleet.get_or_create(&at).set(per_second(share.fleet_rate));
         rtt.get_or_create(&at).set(share.store_rtt_seconds);
+        foreign
+            .get_or_create(&at)
+            .set(i64::from(share.store_foreign_partitions));
         for (event, n) in [
             ("acquired", share.leases_acquired),
             ("renewed", share.leases_renewed),
@@ -347,6 +351,11 @@ fn register_fleet(registry: &mut Registry, shares: &[ShareStatus], layer: &str) 
         "The last round trip to the fleet store",
         Unit::Seconds,
         rtt,
+    );
+    registry.register(
+        "limiter_fleet_foreign_partitions",
+        "Partitions of a fleet rule's budget leased under a token no node reports (another writer on the store's keys), at this node's last report",
+        foreign,
     );
     registry.register(
         "limiter_fleet_leases",
