@@ -22,17 +22,29 @@ use aya::programs::{TestRun, TestRunOptions};
 use limiter::lab::{self, FloodReport, FloodSource, Lab};
 use limiter::{
     engine::Engine,
+    kernel::Mode,
     kernel::{
         Datapath,
         counters::{self, Snapshot},
     },
     rules::RuleSet,
+    session::Session,
 };
 use std::{collections::HashMap, net::IpAddr};
 
 /// BPF_PROG_TEST_RUN's verdicts.
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
+
+/// The limiter in this process (`Session::start`) on the lab's receiving
+/// interface in `mode`, started from inside the receiver's namespace, its
+/// maps pinned at `pin_dir`.
+pub fn session_on_receiver(lab: &Lab, set: &RuleSet, mode: Mode, pin_dir: &str) -> Session {
+    lab.rx
+        .enter(|| Session::start(set, &[lab::RX_IFACE.to_owned()], mode, Path::new(pin_dir)))
+        .expect("entering the namespace")
+        .expect("starting the limiter")
+}
 
 /// Parses rule-file text (panicking with the error: a test bug).
 pub fn rules(text: &str) -> RuleSet {

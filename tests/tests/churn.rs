@@ -7,20 +7,15 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    path::Path,
     thread,
     time::Duration,
 };
 
-use limiter::{
-    kernel::Mode,
-    lab::{Lab, RX_IFACE},
-    session::Session,
-};
+use limiter::{kernel::Mode, lab::Lab};
 use limiter_tests::{
     assert_close, flood,
     generator::{Generator, Sources},
-    rules, sources,
+    rules, session_on_receiver, sources,
 };
 
 /// The forged flood draws from 198.0.0.0/8; the legitimate sources sit in
@@ -36,18 +31,7 @@ const BURST: f64 = 5.0;
 fn a_forged_flood_neither_frees_a_limited_source_nor_drops_a_compliant_one() {
     let lab = Lab::create("lt-churn").expect("lab");
     let set = rules(RULES);
-    let session = lab
-        .rx
-        .enter(|| {
-            Session::start(
-                &set,
-                &[RX_IFACE.to_owned()],
-                Mode::Native,
-                Path::new("/sys/fs/bpf/limiter-test-churn"),
-            )
-        })
-        .expect("entering the namespace")
-        .expect("starting the limiter");
+    let session = session_on_receiver(&lab, &set, Mode::Native, "/sys/fs/bpf/limiter-test-churn");
     let mut generator = Generator::new(&lab).expect("loading the flood generator");
 
     let limited = IpAddr::V4(Ipv4Addr::new(199, 0, 0, 1));

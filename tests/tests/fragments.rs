@@ -11,17 +11,16 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, UdpSocket},
-    path::Path,
     time::{Duration, Instant},
 };
 
 use etherparse::PacketBuilder;
 use limiter::{
     kernel::Mode,
-    lab::{Lab, RX_IFACE, Target},
+    lab::{Lab, Target},
     session::Session,
 };
-use limiter_tests::rules;
+use limiter_tests::{rules, session_on_receiver};
 
 /// Where the datagrams come from.
 const SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 7);
@@ -100,18 +99,12 @@ fn send_first_fragment_last(name: &str, policy: &str) -> (u32, Duration, Session
         .exec("nft", &["delete", "table", "netdev", "limiter_lab"])
         .expect("removing the lab's counters");
     let set = rules(&rule_file(policy));
-    let session = lab
-        .rx
-        .enter(|| {
-            Session::start(
-                &set,
-                &[RX_IFACE.to_owned()],
-                Mode::Native,
-                Path::new(&format!("/sys/fs/bpf/limiter-test-{name}")),
-            )
-        })
-        .expect("entering the namespace")
-        .expect("starting the limiter");
+    let session = session_on_receiver(
+        &lab,
+        &set,
+        Mode::Native,
+        &format!("/sys/fs/bpf/limiter-test-{name}"),
+    );
     let socket = lab
         .rx
         .enter(|| UdpSocket::bind(("0.0.0.0", PORT)))

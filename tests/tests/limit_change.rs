@@ -5,7 +5,6 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    path::Path,
     sync::{Arc, atomic::Ordering},
     thread,
     time::{Duration, Instant},
@@ -14,12 +13,11 @@ use std::{
 use limiter::{
     http::{Limiter, RequestMeta},
     kernel::Mode,
-    lab::{self, Lab, RX_IFACE},
-    session::Session,
+    lab::{self, Lab},
 };
 use limiter_tests::{
     Loaded, TestClock, XDP_DROP, XDP_PASS, assert_close, frames, loaded_object, rules, run_at,
-    snapshot, sources, test_clock_object,
+    session_on_receiver, snapshot, sources, test_clock_object,
 };
 
 const SECOND: u64 = 1_000_000_000;
@@ -116,18 +114,12 @@ fn lowering_a_limit_under_flood_hands_out_no_burst() {
     const OLD: (f64, f64) = (100.0, 10.0);
     const NEW_RATE: f64 = 20.0;
     let lab = Lab::create("lt-carry").expect("lab");
-    let mut session = lab
-        .rx
-        .enter(|| {
-            Session::start(
-                &rules(&rule_file("{ rate: 100, unit: second, burst: 10 }")),
-                &[RX_IFACE.to_owned()],
-                Mode::Native,
-                Path::new("/sys/fs/bpf/limiter-test-carry"),
-            )
-        })
-        .expect("entering the namespace")
-        .expect("starting the limiter");
+    let mut session = session_on_receiver(
+        &lab,
+        &rules(&rule_file("{ rate: 100, unit: second, burst: 10 }")),
+        Mode::Native,
+        "/sys/fs/bpf/limiter-test-carry",
+    );
     let addrs: Vec<IpAddr> = (1..=4)
         .map(|n| IpAddr::V4(Ipv4Addr::new(198, 18, 0, n)))
         .collect();

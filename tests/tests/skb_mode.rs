@@ -8,7 +8,6 @@
 use std::{
     io::{Read, Write},
     net::{Ipv4Addr, TcpListener, TcpStream},
-    path::Path,
     process::Stdio,
     thread,
     time::{Duration, Instant},
@@ -18,9 +17,8 @@ use limiter::{
     kernel::{Mode, counters::Snapshot, offloads},
     lab::{Lab, RX_IFACE},
     render::openmetrics::{self, DaemonGauges},
-    session::Session,
 };
-use limiter_tests::{TempDir, limiter_command, rules};
+use limiter_tests::{TempDir, limiter_command, rules, session_on_receiver};
 
 const PORT: u16 = 8000;
 const RATE: f64 = 100.0;
@@ -82,18 +80,7 @@ fn a_packet_limit_counts_frames_in_skb_mode() {
     let set = rules(&format!(
         "rules:\n  - {{ name: bulk, match: {{ source: 198.19.0.0/24, protocol: tcp, dest_port: {PORT} }}, limit: {{ rate: {RATE}, unit: second, burst: {BURST} }} }}\n"
     ));
-    let session = lab
-        .rx
-        .enter(|| {
-            Session::start(
-                &set,
-                &[RX_IFACE.to_owned()],
-                Mode::Skb,
-                Path::new("/sys/fs/bpf/limiter-test-skb"),
-            )
-        })
-        .expect("entering the namespace")
-        .expect("starting the limiter");
+    let session = session_on_receiver(&lab, &set, Mode::Skb, "/sys/fs/bpf/limiter-test-skb");
     assert_eq!(session.attachments[0].mode, Mode::Skb);
     // The stack's merging offloads are off where it attached.
     let merging = lab

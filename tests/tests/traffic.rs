@@ -16,8 +16,8 @@ use limiter::{
     session::Session,
 };
 use limiter_tests::{
-    RunningLimiter, TempDir, assert_close, flood, flood_pairs, limiter_command, rules, sources,
-    xdp_attached,
+    RunningLimiter, TempDir, assert_close, flood, flood_pairs, limiter_command, rules,
+    session_on_receiver, sources, xdp_attached,
 };
 
 const RATE: f64 = 200.0;
@@ -228,17 +228,7 @@ fn interfaces_share_one_set_of_buckets() {
 
 fn in_process(lab: &Lab, text: &str, pin_dir: &str) -> Session {
     let set = rules(text);
-    lab.rx
-        .enter(|| {
-            Session::start(
-                &set,
-                &[RX_IFACE.to_owned()],
-                Mode::Native,
-                Path::new(pin_dir),
-            )
-        })
-        .expect("entering the namespace")
-        .expect("starting the limiter")
+    session_on_receiver(lab, &set, Mode::Native, pin_dir)
 }
 
 #[test]
