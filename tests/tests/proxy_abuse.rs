@@ -998,3 +998,75 @@ GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     );
     assert_eq!(status(&served), "200", "{served}\nlog:\n{}", p.log());
 }
+
+/// Issue 35: layer 7 judged a host as the client spelled it. A trailing
+/// dot (in `Host`, in an absolute-form target, over HTTP/1.0) passed a
+/// rule on `admin.example.com` 30 times of 30 against 3 a minute, and ten
+/// case variants of a spent host were nine fresh `key: host` keys. The
+/// host is judged and keyed in its canonical form now: lowercase, one
+/// trailing dot dropped, as nginx routes it. (The upstream is dead: what
+/// is admitted gets 502, what is refused 429.)
+#[test]
+fn spellings_of_a_host_are_one_host() {
+    let rules = "rules:
+  - { name: admin, match: { host: admin.example.com }, limit: { rate: 3, unit: minute, burst: 3 } }
+  - { name: per-host, key: host, limit: { rate: 1, unit: minute, burst: 1 } }
+";
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = TempDir::new("proxy-hosts");
+    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let ask = |request: String| status(&exchange(p.addr, request.as_bytes())).to_owned();
+    let spellings = [
+        "admin.example.com.",
+        "ADMIN.example.com",
+        "Admin.Example.Com.",
+        "admin.example.com.:80",
+        "aDmIn.ExAmPlE.cOm",
+    ];
+    let mut answers = Vec::new();
+    for i in 0..30 {
+        let host = spellings[i % spellings.len()];
+        answers.push(match i % 3 {
+            0 => ask(format!(
+                "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )),
+            1 => ask(format!(
+                "GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )),
+            _ => ask(format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n")),
+        });
+    }
+    let admitted = answers.iter().filter(|s| *s == "502").count();
+    let refused = answers.iter().filter(|s| *s == "429").count();
+    assert_eq!((admitted, refused), (3, 27), "{answers:?}");
+
+    let variants: Vec<String> = (0..10)
+        .map(|i| {
+            let name: String = "spent.example.org"
+                .chars()
+                .enumerate()
+                .map(|(j, c)| {
+                    if (i >> (j % 4)) & 1 == 1 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            if i % 2 == 1 { format!("{name}.") } else { name }
+        })
+        .collect();
+    let answers: Vec<String> = variants
+        .iter()
+        .map(|host| {
+            ask(format!(
+                "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            ))
+        })
+        .collect();
+    let admitted = answers.iter().filter(|s| *s == "502").count();
+    assert_eq!(admitted, 1, "{variants:?}: {answers:?}");
+}

@@ -1263,13 +1263,18 @@ impl Limiter {
             Some(KeyBytes::Addr(a) | KeyBytes::Custom(a)) => Some(&a[..]),
             None => None,
         };
-        let mut parts = [&[][..]; crate::rules::request::MAX_KEY_PARTS];
-        for (slot, part) in parts.iter_mut().zip(&rule.keyed_by) {
+        let mut owned: [std::borrow::Cow<'_, [u8]>; crate::rules::request::MAX_KEY_PARTS] =
+            Default::default();
+        for (slot, part) in owned.iter_mut().zip(&rule.keyed_by) {
             // Matching made sure every part is there.
             *slot = match part {
-                KeyPart::Source => source.unwrap_or_default(),
+                KeyPart::Source => std::borrow::Cow::Borrowed(source.unwrap_or_default()),
                 other => other.of(http).unwrap_or_default(),
             };
+        }
+        let mut parts = [&[][..]; crate::rules::request::MAX_KEY_PARTS];
+        for (slot, part) in parts.iter_mut().zip(&owned) {
+            *slot = part;
         }
         KeyBytes::Custom(self.digest.of(&parts[..rule.keyed_by.len()]))
     }

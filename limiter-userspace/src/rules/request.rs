@@ -4,6 +4,8 @@
 //! sees packets, not requests: it refuses rules that use any of this
 //! ([`super::RuleSet::kernel_compatible`]).
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName, Method, Uri};
 
 use super::raw;
@@ -19,13 +21,17 @@ pub struct HttpRequest<'a> {
 
 impl<'a> HttpRequest<'a> {
     /// The host the request is for, without its port: the URI's authority
-    /// (HTTP/2's `:authority`, an absolute-form target) or else `Host`.
+    /// (HTTP/2's `:authority`, an absolute-form target) or else `Host`;
+    /// one trailing dot dropped (`admin.example.com.` is the same name,
+    /// and nginx routes it so). Its case is the client's: compare it
+    /// without case, and key it as [`KeyPart::Host`] does, lowercased.
     pub fn host(&self) -> Option<&'a str> {
         let authority = match self.uri.authority() {
             Some(authority) => authority.as_str(),
             None => self.headers.get(http::header::HOST)?.to_str().ok()?,
         };
-        Some(strip_port(authority))
+        let host = strip_port(authority);
+        Some(host.strip_suffix('.').unwrap_or(host))
     }
 
     pub fn path(&self) -> &'a str {
@@ -160,15 +166,26 @@ impl KeyPart {
 
     /// The bytes this part contributes to `request`'s key; `None` when the
     /// request has no such part (no such header, or not a request at all).
-    /// [`KeyPart::Source`] is the caller's.
-    pub fn of<'a>(&self, request: Option<&HttpRequest<'a>>) -> Option<&'a [u8]> {
+    /// [`KeyPart::Source`] is the caller's. The host in its canonical form
+    /// (lowercase, no trailing dot): each spelling of a spent host was a
+    /// fresh key.
+    pub fn of<'a>(&self, request: Option<&HttpRequest<'a>>) -> Option<Cow<'a, [u8]>> {
         let request = request?;
         match self {
             Self::Source => None,
-            Self::Header(name) => request.headers.get(name).map(|v| v.as_bytes()),
-            Self::Path => Some(request.path().as_bytes()),
-            Self::Method => Some(request.method.as_str().as_bytes()),
-            Self::Host => request.host().map(str::as_bytes),
+            Self::Header(name) => request
+                .headers
+                .get(name)
+                .map(|v| Cow::Borrowed(v.as_bytes())),
+            Self::Path => Some(Cow::Borrowed(request.path().as_bytes())),
+            Self::Method => Some(Cow::Borrowed(request.method.as_str().as_bytes())),
+            Self::Host => request.host().map(|host| {
+                if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                    Cow::Owned(host.to_ascii_lowercase().into_bytes())
+                } else {
+                    Cow::Borrowed(host.as_bytes())
+                }
+            }),
         }
     }
 }
@@ -212,7 +229,8 @@ pub(super) fn request_match(fields: &raw::MatchFields) -> Result<RequestMatch, I
                     .all(|b| b.is_ascii_alphanumeric() || b"-._[]:".contains(&b))
                 && strip_port(h) == h;
             if valid {
-                Ok(h.to_ascii_lowercase())
+                // The canonical form requests are judged in (`HttpRequest::host`).
+                Ok(h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
             } else {
                 Err(invalid(
                     "match.host",
@@ -344,6 +362,59 @@ pub(super) fn key_parts(key: &[String]) -> Result<(Vec<KeyPart>, Option<&str>), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 35: a spent host spelled with a trailing dot, or in another
+    /// case, was a fresh key and escaped a host match. Both match, and key
+    /// as, the canonical form (lowercase, no trailing dot).
+    #[test]
+    fn a_host_is_judged_and_keyed_in_its_canonical_form() {
+        let fields = raw::MatchFields {
+            host: Some("Admin.Example.com.".into()),
+            ..raw::MatchFields::default()
+        };
+        let rule = request_match(&fields).unwrap();
+        assert_eq!(rule.host.as_deref(), Some("admin.example.com"));
+        let headers = |host: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::HOST, host.parse().unwrap());
+            h
+        };
+        let (get, root) = (Method::GET, Uri::from_static("/"));
+        let mut keys = Vec::new();
+        for spelling in [
+            "admin.example.com",
+            "admin.example.com.",
+            "ADMIN.example.COM",
+            "Admin.Example.Com.:443",
+        ] {
+            let h = headers(spelling);
+            let request = HttpRequest {
+                method: &get,
+                uri: &root,
+                headers: &h,
+            };
+            assert!(rule.matches(Some(&request)), "{spelling}");
+            keys.push(KeyPart::Host.of(Some(&request)).unwrap().into_owned());
+        }
+        assert!(keys.iter().all(|k| k == b"admin.example.com"), "{keys:?}");
+        // Absolute-form (and HTTP/2's `:authority`) too.
+        let absolute = Uri::from_static("http://ADMIN.example.com./x");
+        let none = HeaderMap::new();
+        let request = HttpRequest {
+            method: &get,
+            uri: &absolute,
+            headers: &none,
+        };
+        assert!(rule.matches(Some(&request)));
+        // One dot only: `example.com..` is not `example.com`.
+        let h = headers("admin.example.com..");
+        let request = HttpRequest {
+            method: &get,
+            uri: &root,
+            headers: &h,
+        };
+        assert!(!rule.matches(Some(&request)));
+    }
 
     fn request(method: &str, uri: &str, headers: &[(&str, &str)]) -> (Method, Uri, HeaderMap) {
         (
