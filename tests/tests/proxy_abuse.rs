@@ -1070,3 +1070,74 @@ fn spellings_of_a_host_are_one_host() {
     let admitted = answers.iter().filter(|s| *s == "502").count();
     assert_eq!(admitted, 1, "{variants:?}: {answers:?}");
 }
+
+/// Issue 35: a field the `Connection` field names never reaches the
+/// upstream, yet it was judged: `X-Api-Key: k1` with `Connection:
+/// x-api-key` was keyed by the API key and served as anonymous. Such
+/// fields go before the rules judge: the request is the anonymous one the
+/// upstream sees. (The upstream is dead: admitted gets 502, refused 429.)
+#[test]
+fn a_field_connection_names_is_not_judged() {
+    let rules = "rules:
+  - { name: by-key, key: header:x-api-key, limit: { rate: 100, unit: minute, burst: 100 } }
+  - { name: anonymous, limit: { rate: 2, unit: minute, burst: 2 } }
+";
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = TempDir::new("proxy-connection-named");
+    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let answers: Vec<String> = (0..10)
+        .map(|_| {
+            status(&exchange(
+                p.addr,
+                b"GET / HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nConnection: x-api-key, close\r\n\r\n",
+            ))
+            .to_owned()
+        })
+        .collect();
+    let admitted = answers.iter().filter(|s| *s == "502").count();
+    assert_eq!(
+        admitted, 2,
+        "judged as the anonymous request it is: {answers:?}"
+    );
+}
+
+/// Issue 35: nginx decodes `%2F` before it merges slashes and removes dot
+/// segments, so it served `/%2Flogin` and `/x/..%2Flogin` as `/login`
+/// while the proxy judged them as other paths (30 of 30 past a 3/min
+/// rule). The proxy judges, and forwards, the path nginx routes. (The
+/// upstream is dead: admitted gets 502, refused 429.)
+#[test]
+fn encoded_slashes_do_not_escape_a_path_rule() {
+    let rules = "rules:
+  - { name: login, match: { path: /login }, limit: { rate: 3, unit: minute, burst: 3 } }
+  - { name: rest, limit: { rate: 1000, unit: minute } }
+";
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = TempDir::new("proxy-encoded-slash");
+    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let spellings = [
+        "/%2Flogin",
+        "/x/..%2Flogin",
+        "/%2flogin",
+        "//login",
+        "/login",
+    ];
+    let answers: Vec<String> = (0..15)
+        .map(|i| {
+            let path = spellings[i % spellings.len()];
+            status(&exchange(
+                p.addr,
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            ))
+            .to_owned()
+        })
+        .collect();
+    let admitted = answers.iter().filter(|s| *s == "502").count();
+    assert_eq!(admitted, 3, "{answers:?}");
+}

@@ -365,6 +365,23 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
+    strip_connection_named(headers);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & 1 << i != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Removes the fields the `Connection` field names (besides the hop-by-hop
+/// ones, which say how the message is framed and go when it is
+/// forwarded): a client may name any field so, and the upstream never
+/// sees it, so the rules must not judge it either (`X-Api-Key: k1` with
+/// `Connection: x-api-key` was keyed by the key and served as anonymous).
+fn strip_connection_named(headers: &mut HeaderMap) {
+    if !headers.contains_key(header::CONNECTION) {
+        return;
+    }
     let is_hop_by_hop = |name: &str| {
         HOP_BY_HOP
             .iter()
@@ -381,11 +398,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for name in &named {
         headers.remove(name);
-    }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & 1 << i != 0 {
-            headers.remove(name);
-        }
     }
 }
 

@@ -12,8 +12,11 @@ use std::borrow::Cow;
 
 use http::{HeaderValue, Request, Uri, header};
 
-/// Makes `request`'s target canonical (see the module).
+/// Makes `request`'s target canonical (see the module), and its fields
+/// what the upstream will get: those the `Connection` field names go now,
+/// not after the rules judged them.
 pub fn canonicalize<B>(request: &mut Request<B>) {
+    super::strip_connection_named(request.headers_mut());
     // An absolute target (or HTTP/2's `:authority`) says the host: the
     // limiter judges it, so the upstream must get it too.
     if let Some(authority) = request.uri().authority() {
@@ -24,6 +27,15 @@ pub fn canonicalize<B>(request: &mut Request<B>) {
         if let Ok(host) = HeaderValue::from_str(host) {
             request.headers_mut().insert(header::HOST, host);
         }
+    }
+    // The host as the rules judge it (`HttpRequest::host`), forwarded so.
+    let canonical = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|host| canonical_host(host.to_str().ok()?))
+        .and_then(|host| HeaderValue::from_str(&host).ok());
+    if let Some(host) = canonical {
+        request.headers_mut().insert(header::HOST, host);
     }
     if let Cow::Owned(path) = normalize_path(request.uri().path()) {
         let mut parts = request.uri().clone().into_parts();
@@ -39,6 +51,27 @@ pub fn canonicalize<B>(request: &mut Request<B>) {
             }
         }
     }
+}
+
+/// A `Host` value in its canonical form (lowercase, one trailing dot of
+/// the name dropped, the port kept), if that is not the value already.
+fn canonical_host(value: &str) -> Option<String> {
+    let (name, port) = match value.rsplit_once(':') {
+        Some((name, port))
+            if !name.contains(':')
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            (name, Some(port))
+        }
+        _ => (value, None),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let canonical = match port {
+        Some(port) => format!("{name}:{port}"),
+        None => name,
+    };
+    (canonical != value).then_some(canonical)
 }
 
 /// An HTTP/2 request's `cookie` fields (one per crumb, RFC 9113 8.2.3)
@@ -62,9 +95,9 @@ pub fn join_cookies(headers: &mut http::HeaderMap) {
 }
 
 /// `path` normalized (borrowed when already normal): `%XX` of an
-/// unreserved character decoded (`%2F` and other reserved ones kept,
-/// their hex digits upper-cased), runs of `/` merged, `.` and `..`
-/// segments removed (never above the root).
+/// unreserved character or of `/` decoded (other reserved ones kept,
+/// their hex digits upper-cased), then runs of `/` merged, `.` and `..`
+/// segments removed (never above the root): the path nginx routes.
 pub fn normalize_path(path: &str) -> Cow<'_, str> {
     let normal = !path.contains("//")
         && !path.contains('%')
@@ -102,8 +135,10 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     }
 }
 
-/// `%XX` decoded where XX is an unreserved character (RFC 3986 2.3);
-/// other escapes kept, upper-cased.
+/// `%XX` decoded where XX is an unreserved character (RFC 3986 2.3), or a
+/// `/`: nginx decodes `%2F` before it merges slashes and removes dot
+/// segments, so it serves `/%2Flogin` and `/x/..%2Flogin` as `/login`,
+/// which a rule on `/login` must see too. Other escapes kept, upper-cased.
 fn decode_unreserved(path: &str) -> String {
     let bytes = path.as_bytes();
     let mut out = String::with_capacity(path.len());
@@ -114,7 +149,7 @@ fn decode_unreserved(path: &str) -> String {
             .flatten()
             .and_then(|hex| u8::from_str_radix(hex, 16).ok());
         match escape {
-            Some(b) if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => {
+            Some(b) if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) => {
                 out.push(char::from(b));
                 i += 3;
             }
@@ -138,6 +173,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_host_is_forwarded_in_its_canonical_form() {
+        assert_eq!(canonical_host("admin.example.com"), None);
+        assert_eq!(
+            canonical_host("Admin.Example.com.").as_deref(),
+            Some("admin.example.com")
+        );
+        assert_eq!(
+            canonical_host("ADMIN.example.com.:8443").as_deref(),
+            Some("admin.example.com:8443")
+        );
+        assert_eq!(
+            canonical_host("[2001:DB8::1]:80").as_deref(),
+            Some("[2001:db8::1]:80")
+        );
+        let mut request = Request::builder()
+            .uri("/")
+            .header(header::HOST, "API.example.com.")
+            .header("x-api-key", "k1")
+            .header(header::CONNECTION, "x-api-key, keep-alive")
+            .body(())
+            .unwrap();
+        canonicalize(&mut request);
+        assert_eq!(request.headers()[header::HOST], "api.example.com");
+        assert!(!request.headers().contains_key("x-api-key"));
+    }
+
+    #[test]
     fn paths_an_upstream_serves_alike_are_one_path() {
         for (path, normal) in [
             ("/login", "/login"),
@@ -152,8 +214,13 @@ mod tests {
             ("/api/v1/..", "/api/"),
             ("/", "/"),
             ("//", "/"),
-            ("/a%2Fb", "/a%2Fb"),
-            ("/a%2fb", "/a%2Fb"),
+            // Issue 35: nginx decodes `%2F` before it normalizes.
+            ("/a%2Fb", "/a/b"),
+            ("/a%2fb", "/a/b"),
+            ("/%2Flogin", "/login"),
+            ("/x/..%2Flogin", "/login"),
+            ("/api%2Fusers", "/api/users"),
+            ("/a%3Fb", "/a%3Fb"),
             ("/a%zz", "/a%zz"),
             ("/caf%C3%A9", "/caf%C3%A9"),
             ("/%7Euser", "/~user"),
