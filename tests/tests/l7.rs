@@ -869,6 +869,38 @@ async fn http2_clients_are_served_and_limited() {
     assert_eq!(got[2].2, [policy(), Some("30".to_owned())], "{got:?}");
 }
 
+/// Issue 35: HTTP/2 kept a field value's surrounding whitespace, so
+/// `" good"` was a fresh key for a spent `good` (an upstream trimming it
+/// served it as `good`). Such a request is malformed (RFC 9113 8.2.1):
+/// refused with 400, charged nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_values_with_surrounding_whitespace_are_refused() {
+    let upstream = format!("http://{}", limiter_tests::upstream().await);
+    let dir = TempDir::new("h2-whitespace");
+    let config = dir.write(
+        "rules.yaml",
+        "rules:\n  - { name: keyed, key: header:x-api-key, limit: { rate: 1, unit: minute, burst: 1 } }\n",
+    );
+    let p = proxy(&config, &upstream, &[]);
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut got = Vec::new();
+    for key in ["good", " good", "good\t", "good"] {
+        let response = client
+            .request(
+                Request::get(format!("http://{}/x", p.addr))
+                    .header("x-api-key", key)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .expect("an HTTP/2 exchange");
+        got.push(response.status().as_u16());
+    }
+    assert_eq!(got, [200, 400, 400, 429]);
+}
+
 /// A response's `RateLimit-Policy` and `Retry-After`.
 fn rate_limit_fields(headers: &http::HeaderMap) -> [Option<String>; 2] {
     ["ratelimit-policy", "retry-after"]

@@ -328,6 +328,20 @@ fn screen(request: &Request<Incoming>, max_body_bytes: u64) -> Option<Response<B
     if length.is_some_and(|n| n > max_body_bytes) {
         return Some(too_large(max_body_bytes));
     }
+    // RFC 9113 8.2.1: such a request is malformed. HTTP/1.1's parser trims
+    // the whitespace; HTTP/2's kept it, so `" good"` was a fresh key for a
+    // spent `good` that an upstream trimming it served as `good`.
+    if request.version() >= http::Version::HTTP_2
+        && request.headers().values().any(|v| {
+            let padded = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+            padded(v.as_bytes().first()) || padded(v.as_bytes().last())
+        })
+    {
+        return Some(plain(
+            StatusCode::BAD_REQUEST,
+            "400 Bad Request: a field value begins or ends with whitespace (RFC 9113 8.2.1)\n",
+        ));
+    }
     None
 }
 
