@@ -118,6 +118,19 @@ pub struct TraceLine {
     pub left: Vec<Left>,
     /// Frame or request length in bytes.
     pub bytes: u64,
+    /// Layer 7: the request as it was judged (and forwarded): its
+    /// canonical host, its path as nginx routes it, and the values of the
+    /// fields its rule's key is made of (`header:NAME`), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<JudgedRequest>,
+}
+
+/// What layer 7 judged of a request (`TraceLine::request`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JudgedRequest {
+    pub host: Option<String>,
+    pub path: String,
+    pub fields: Vec<(String, String)>,
 }
 
 /// What is left of one budget.
@@ -401,6 +414,7 @@ mod tests {
                 of: 100,
             }],
             bytes: 60,
+            request: None,
         };
         let text = line.text();
         assert!(

@@ -263,8 +263,32 @@ fn fuzz(frames: u64, cases: u64) -> Result<()> {
             .env("LIMITER_BIN", &limiter)
             .env("LIMITER_TESTS_BUILD_KERNEL", "1")
             .env("LIMITER_FUZZ_FRAMES", frames.to_string()),
+    )?;
+    step(&format!(
+        "layer 7 against nginx: {DIFFERENTIAL_REQUESTS} request spellings, what the proxy judged against what nginx routed"
+    ));
+    status(
+        cargo()
+            .args([
+                "test",
+                "--package",
+                "limiter-tests",
+                "--test",
+                "l7_differential",
+            ])
+            .args(["--", "--nocapture"])
+            .env("LIMITER_BIN", &limiter)
+            .env("LIMITER_TESTS_BUILD_KERNEL", "1")
+            .env(
+                "LIMITER_DIFFERENTIAL_REQUESTS",
+                DIFFERENTIAL_REQUESTS.to_string(),
+            ),
     )
 }
+
+/// Request spellings `cargo xtask fuzz` sends through the proxy to nginx
+/// (`cargo xtask test` sends the test's default, 2,000): about a minute.
+const DIFFERENTIAL_REQUESTS: u64 = 100_000;
 
 fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
     require_root("the integration tests attach XDP programs to veth pairs in namespaces")?;

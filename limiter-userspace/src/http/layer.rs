@@ -307,7 +307,14 @@ impl RateLimitLayer {
         };
         let admission = limiter.check(&meta);
         if let Some(tracer) = &self.trace {
-            tracer.record(&admission, limiter, client, self.port, bytes);
+            tracer.record(
+                &admission,
+                limiter,
+                client,
+                self.port,
+                bytes,
+                meta.http.as_ref(),
+            );
         }
         // Without Content-Length, a body is charged as it streams: in
         // HTTP/1.1 a request has one only if it says how it is framed

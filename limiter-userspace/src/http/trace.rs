@@ -21,7 +21,10 @@ use anyhow::Result;
 use limiter_common::trace::{ANY_RULE, TraceConfig, TraceEvent, verdict};
 
 use super::{Admission, Limiter};
-use crate::trace::{Left, TraceFilter, TraceLine, header, limit_name, refused_by, time_of};
+use crate::{
+    rules::{HttpRequest, KeyPart},
+    trace::{JudgedRequest, Left, TraceFilter, TraceLine, header, limit_name, refused_by, time_of},
+};
 
 /// Prints the decisions a filter selects to stdout, text or JSON.
 pub struct HttpTracer {
@@ -83,6 +86,7 @@ impl HttpTracer {
         client: IpAddr,
         port: Option<u16>,
         bytes: u64,
+        request: Option<&HttpRequest<'_>>,
     ) {
         let blocked = admission.refused_by == Some(limiter_common::trace::reason::ESCALATED);
         let verdict = match (admission.allowed, admission.shadow) {
@@ -143,6 +147,7 @@ impl HttpTracer {
             refused_by,
             left,
             bytes,
+            request: request.map(|request| judged(request, rule_config)),
         };
         let text = if self.json {
             serde_json::to_string(&line).expect("a trace line serializes")
@@ -159,5 +164,29 @@ impl HttpTracer {
                 );
             }
         }
+    }
+}
+
+/// What the rules judged of `request`: its canonical host, its path as
+/// nginx routes it, and the values of the fields `rule` keys by.
+fn judged(request: &HttpRequest<'_>, rule: Option<&crate::rules::Rule>) -> JudgedRequest {
+    let fields = rule
+        .map(|rule| {
+            rule.keyed_by
+                .iter()
+                .filter_map(|part| match part {
+                    KeyPart::Header(name) => Some((
+                        name.as_str().to_owned(),
+                        String::from_utf8_lossy(&part.of(Some(request))?).into_owned(),
+                    )),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    JudgedRequest {
+        host: request.host().map(str::to_ascii_lowercase),
+        path: request.path().into_owned(),
+        fields,
     }
 }

@@ -194,6 +194,7 @@ impl KernelTracer {
             },
             left,
             bytes: u64::from(event.len),
+            request: None,
         }
     }
 

@@ -270,7 +270,7 @@ impl ByTarget {
                     self.host.get(host)
                 }
             });
-        let exact = path.and_then(|path| self.exact.get(path));
+        let exact = path.as_deref().and_then(|path| self.exact.get(path));
         let prefixes = path.into_iter().flat_map(move |path| {
             self.prefix_lengths
                 .iter()

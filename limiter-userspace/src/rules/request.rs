@@ -34,9 +34,40 @@ impl<'a> HttpRequest<'a> {
         Some(host.strip_suffix('.').unwrap_or(host))
     }
 
-    pub fn path(&self) -> &'a str {
-        self.uri.path()
+    /// The path as nginx routes it (its `$uri`): every `%XX` decoded. The
+    /// proxy normalizes what it forwards first (`target::canonicalize`),
+    /// so this is the path the upstream serves.
+    pub fn path(&self) -> Cow<'a, str> {
+        percent_decoded(self.uri.path())
     }
+}
+
+/// `path` with every `%XX` decoded (a malformed escape kept as it is;
+/// bytes that are not UTF-8 replaced): borrowed when it has none.
+pub fn percent_decoded(path: &str) -> Cow<'_, str> {
+    if !path.contains('%') {
+        return Cow::Borrowed(path);
+    }
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = (bytes[i] == b'%')
+            .then(|| path.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// `host:port` or `[v6]:port` without the port.
@@ -125,7 +156,7 @@ impl RequestMatch {
                 .as_deref()
                 .is_none_or(|host| request.host().is_some_and(|h| h.eq_ignore_ascii_case(host)))
             && self.path.as_ref().is_none_or(|path| match path {
-                PathMatch::Exact(p) => request.path() == p,
+                PathMatch::Exact(p) => request.path() == p.as_str(),
                 PathMatch::Prefix(p) => request.path().starts_with(p.as_str()),
             })
             && self.headers.iter().all(|h| {
@@ -177,7 +208,10 @@ impl KeyPart {
                 .headers
                 .get(name)
                 .map(|v| Cow::Borrowed(v.as_bytes())),
-            Self::Path => Some(Cow::Borrowed(request.path().as_bytes())),
+            Self::Path => Some(match request.path() {
+                Cow::Borrowed(path) => Cow::Borrowed(path.as_bytes()),
+                Cow::Owned(path) => Cow::Owned(path.into_bytes()),
+            }),
             Self::Method => Some(Cow::Borrowed(request.method.as_str().as_bytes())),
             Self::Host => request.host().map(|host| {
                 if host.bytes().any(|b| b.is_ascii_uppercase()) {
