@@ -13,7 +13,7 @@ use std::{
 
 use limiter::{kernel::Mode, lab::Lab};
 use limiter_tests::{
-    assert_close, flood,
+    flood,
     generator::{Generator, Sources},
     rules, session_on_receiver, sources,
 };
@@ -65,12 +65,15 @@ fn a_forged_flood_neither_frees_a_limited_source_nor_drops_a_compliant_one() {
         "the limited source flooded"
     );
     // A key evicted and reborn would have brought a fresh burst of 5 each
-    // time; held to B + R·t, it was never reborn.
-    assert_close(
-        got(&limited),
-        expected,
-        5.0,
-        "the limited source's arrivals",
+    // time: held to B + R·t, it was never reborn. Below it, by a few: the
+    // sender's clock runs a little past the last frame's refill, and the
+    // receiver may lose a frame under the forged flood (one run of the
+    // suite read 300 of 305.04). Two bursts below would be refusals the
+    // limit does not explain.
+    let limited_got = got(&limited) as f64;
+    assert!(
+        limited_got <= expected + BURST && limited_got >= expected - 2.0 * BURST,
+        "the limited source's arrivals: got {limited_got}, expected {expected:.1} (at most a burst more, two less)"
     );
     assert_eq!(
         got(&compliant),
