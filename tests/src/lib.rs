@@ -4,6 +4,7 @@
 
 pub mod frames;
 pub mod generator;
+pub mod nginx;
 pub mod stack;
 pub mod xlated;
 

@@ -11,76 +11,11 @@
 use std::{
     fs,
     io::{BufRead, Read, Write},
-    net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
+    net::TcpStream,
     time::{Duration, Instant},
 };
 
-use limiter_tests::{TempDir, proxy_printing};
-
-/// nginx in the foreground, its access log one JSON object a request.
-struct Nginx {
-    child: Child,
-    addr: SocketAddr,
-    log: std::path::PathBuf,
-}
-
-impl Nginx {
-    fn start(dir: &TempDir) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let root = dir.0.display();
-        let log = dir.0.join("access.log");
-        let conf = format!(
-            r#"daemon off;
-master_process off;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log;
-events {{ worker_connections 256; }}
-http {{
-  client_body_temp_path {root}/body;
-  proxy_temp_path {root}/proxy;
-  fastcgi_temp_path {root}/fastcgi;
-  uwsgi_temp_path {root}/uwsgi;
-  scgi_temp_path {root}/scgi;
-  log_format routed escape=json '{{"host":"$host","uri":"$uri","key":"$http_x_api_key"}}';
-  server {{
-    listen 127.0.0.1:{port};
-    server_name _;
-    access_log {log} routed;
-    location / {{ return 200 "ok\n"; }}
-  }}
-}}
-"#,
-            log = log.display()
-        );
-        let path = dir.write("nginx.conf", &conf);
-        let child = Command::new("nginx")
-            .args(["-p", &root.to_string(), "-c", &path.to_string_lossy()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nginx (cargo xtask setup installs nginx-light)");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, addr, log }
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use limiter_tests::{TempDir, nginx::Nginx, proxy_printing};
 
 /// xorshift64*: the same spellings for the same seed.
 struct Rng(u64);
@@ -344,15 +279,7 @@ fn the_proxy_judges_what_nginx_routes() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let routed: Vec<Seen> = fs::read_to_string(&nginx.log)
-        .expect("nginx's access log")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON log line");
-            let field = |name: &str| v[name].as_str().unwrap_or_default().to_owned();
-            (field("host"), field("uri"), field("key"))
-        })
-        .collect();
+    let routed: Vec<Seen> = nginx.routed();
     assert_eq!(
         (judged.len(), routed.len()),
         (n, n),

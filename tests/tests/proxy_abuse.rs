@@ -19,7 +19,7 @@ use std::{
 
 use axum::{Router, body::Body, routing::any};
 use http::Request;
-use limiter_tests::{TempDir, exchange, limiter_bin, status};
+use limiter_tests::{TempDir, exchange, limiter_bin, nginx::Nginx, status};
 
 /// A `limiter proxy` child process, killed on drop; its log in a file.
 struct Proxy {
@@ -1004,20 +1004,18 @@ GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 /// rule on `admin.example.com` 30 times of 30 against 3 a minute, and ten
 /// case variants of a spent host were nine fresh `key: host` keys. The
 /// host is judged and keyed in its canonical form now: lowercase, one
-/// trailing dot dropped, as nginx routes it. (The upstream is dead: what
-/// is admitted gets 502, what is refused 429.)
+/// trailing dot dropped, as nginx routes it. Counted by a real nginx
+/// upstream, which also says how it routed what reached it.
 #[test]
 fn spellings_of_a_host_are_one_host() {
     let rules = "rules:
   - { name: admin, match: { host: admin.example.com }, limit: { rate: 3, unit: minute, burst: 3 } }
   - { name: per-host, key: host, limit: { rate: 1, unit: minute, burst: 1 } }
 ";
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let dir = TempDir::new("proxy-hosts");
-    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let nginx_dir = TempDir::new("proxy-hosts-nginx");
+    let nginx = Nginx::start(&nginx_dir);
+    let p = Proxy::start(&dir, rules, nginx.addr, &[], &[]);
     let ask = |request: String| status(&exchange(p.addr, request.as_bytes())).to_owned();
     let spellings = [
         "admin.example.com.",
@@ -1039,9 +1037,16 @@ fn spellings_of_a_host_are_one_host() {
             _ => ask(format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n")),
         });
     }
-    let admitted = answers.iter().filter(|s| *s == "502").count();
+    let admitted = answers.iter().filter(|s| *s == "200").count();
     let refused = answers.iter().filter(|s| *s == "429").count();
     assert_eq!((admitted, refused), (3, 27), "{answers:?}");
+    let routed = nginx.routed();
+    assert_eq!(routed.len(), 3, "what reached nginx: {routed:?}");
+    assert!(
+        routed
+            .iter()
+            .all(|(host, _, _)| host == "admin.example.com")
+    );
 
     let variants: Vec<String> = (0..10)
         .map(|i| {
@@ -1067,27 +1072,26 @@ fn spellings_of_a_host_are_one_host() {
             ))
         })
         .collect();
-    let admitted = answers.iter().filter(|s| *s == "502").count();
+    let admitted = answers.iter().filter(|s| *s == "200").count();
     assert_eq!(admitted, 1, "{variants:?}: {answers:?}");
+    assert_eq!(nginx.routed().len(), 4, "what reached nginx");
 }
 
 /// Issue 35: a field the `Connection` field names never reaches the
 /// upstream, yet it was judged: `X-Api-Key: k1` with `Connection:
 /// x-api-key` was keyed by the API key and served as anonymous. Such
 /// fields go before the rules judge: the request is the anonymous one the
-/// upstream sees. (The upstream is dead: admitted gets 502, refused 429.)
+/// upstream sees. Counted by a real nginx upstream.
 #[test]
 fn a_field_connection_names_is_not_judged() {
     let rules = "rules:
   - { name: by-key, key: header:x-api-key, limit: { rate: 100, unit: minute, burst: 100 } }
   - { name: anonymous, limit: { rate: 2, unit: minute, burst: 2 } }
 ";
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let dir = TempDir::new("proxy-connection-named");
-    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let nginx_dir = TempDir::new("proxy-connection-named-nginx");
+    let nginx = Nginx::start(&nginx_dir);
+    let p = Proxy::start(&dir, rules, nginx.addr, &[], &[]);
     let answers: Vec<String> = (0..10)
         .map(|_| {
             status(&exchange(
@@ -1097,10 +1101,16 @@ fn a_field_connection_names_is_not_judged() {
             .to_owned()
         })
         .collect();
-    let admitted = answers.iter().filter(|s| *s == "502").count();
+    let admitted = answers.iter().filter(|s| *s == "200").count();
     assert_eq!(
         admitted, 2,
         "judged as the anonymous request it is: {answers:?}"
+    );
+    let routed = nginx.routed();
+    assert_eq!(routed.len(), 2, "what reached nginx: {routed:?}");
+    assert!(
+        routed.iter().all(|(_, _, key)| key.is_empty()),
+        "{routed:?}"
     );
 }
 
@@ -1115,12 +1125,10 @@ fn encoded_slashes_do_not_escape_a_path_rule() {
   - { name: login, match: { path: /login }, limit: { rate: 3, unit: minute, burst: 3 } }
   - { name: rest, limit: { rate: 1000, unit: minute } }
 ";
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let dir = TempDir::new("proxy-encoded-slash");
-    let p = Proxy::start(&dir, rules, dead, &[], &[]);
+    let nginx_dir = TempDir::new("proxy-encoded-slash-nginx");
+    let nginx = Nginx::start(&nginx_dir);
+    let p = Proxy::start(&dir, rules, nginx.addr, &[], &[]);
     let spellings = [
         "/%2Flogin",
         "/x/..%2Flogin",
@@ -1138,6 +1146,12 @@ fn encoded_slashes_do_not_escape_a_path_rule() {
             .to_owned()
         })
         .collect();
-    let admitted = answers.iter().filter(|s| *s == "502").count();
+    let admitted = answers.iter().filter(|s| *s == "200").count();
     assert_eq!(admitted, 3, "{answers:?}");
+    let routed = nginx.routed();
+    assert_eq!(routed.len(), 3, "what reached nginx: {routed:?}");
+    assert!(
+        routed.iter().all(|(_, uri, _)| uri == "/login"),
+        "{routed:?}"
+    );
 }
