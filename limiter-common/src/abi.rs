@@ -641,15 +641,6 @@ impl FlowKey {
         }
     }
 
-    /// The key as its five native-endian words, read as words (read field
-    /// by field, the BPF target loads the address byte by byte).
-    #[inline(always)]
-    pub fn words(&self) -> [u32; 5] {
-        // SAFETY: `FlowKey` is `repr(C)`: a u32 and 16 bytes, 4-aligned,
-        // without padding, so five u32s (any bits are a valid u32).
-        unsafe { (self as *const Self).cast::<[u32; 5]>().read() }
-    }
-
     /// The id of the rule the key belongs to.
     #[inline(always)]
     pub fn rule_id(&self) -> u32 {
