@@ -47,6 +47,33 @@ pub fn session_on_receiver(lab: &Lab, set: &RuleSet, mode: Mode, pin_dir: &str) 
         .expect("starting the limiter")
 }
 
+/// xorshift64*: a test's random choices, the same for the same seed (a
+/// nonzero one), so a failure is reproduced from the seed it prints.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn word(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.word() % n.max(1) as u64) as usize
+    }
+
+    /// True `percent` times in 100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[self.below(from.len())]
+    }
+}
+
 /// Parses rule-file text (panicking with the error: a test bug).
 pub fn rules(text: &str) -> RuleSet {
     RuleSet::parse(text, Path::new("test.yaml")).unwrap_or_else(|e| panic!("{e}"))

@@ -24,7 +24,7 @@ use limiter::{
 };
 use limiter_common::abi::{GlobalCounters, RuleCounters, counter_slot};
 use limiter_tests::{
-    XDP_DROP, XDP_PASS,
+    Rng, XDP_DROP, XDP_PASS,
     frames::{self, Ext},
     loaded, rules, snapshot,
 };
@@ -519,22 +519,6 @@ fn program(datapath: &Datapath, ids: &[(u32, String)], frame: &[u8]) -> Result<O
     })
 }
 
-/// xorshift64*: reproducible from the seed printed with a mismatch.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// The corpus: every frame kind the tests craft, from sources under the
 /// rules, under the blocks, and under neither.
 fn corpus() -> Vec<Vec<u8>> {
@@ -621,11 +605,11 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
                 frame[i] = STEERING[rng.below(STEERING.len())];
             }
             3 => frame.truncate(rng.below(frame.len() + 1)),
-            4 => frame.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+            4 => frame.extend((0..rng.below(64)).map(|_| rng.word() as u8)),
             5 => {
                 let n = 1 + rng.below(8);
                 let at = at.min(frame.len());
-                frame.splice(at..at, (0..n).map(|_| rng.next() as u8));
+                frame.splice(at..at, (0..n).map(|_| rng.word() as u8));
             }
             _ => {
                 let at = at.min(frame.len());
@@ -637,7 +621,7 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     // BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header (no
     // driver delivers one) or longer than a page.
     while frame.len() < 14 {
-        frame.push(rng.next() as u8);
+        frame.push(rng.word() as u8);
     }
     frame.truncate(1600);
     frame

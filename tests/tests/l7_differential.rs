@@ -15,28 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_tests::{TempDir, nginx::Nginx, proxy_printing};
-
-/// xorshift64*: the same spellings for the same seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len() as u64) as usize]
-    }
-}
+use limiter_tests::{Rng, TempDir, nginx::Nginx, proxy_printing};
 
 /// One spelling of a request.
 struct Spelling {
