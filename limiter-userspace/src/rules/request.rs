@@ -52,11 +52,7 @@ pub fn percent_decoded(path: &str) -> Cow<'_, str> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let escape = (bytes[i] == b'%')
-            .then(|| path.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escape {
+        match escape_at(path, i) {
             Some(b) => {
                 out.push(b);
                 i += 3;
@@ -68,6 +64,15 @@ pub fn percent_decoded(path: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The byte a `%XX` escape at `i` of `s` stands for; `None` when there
+/// is none there (another character, or `%` not followed by two hex digits).
+pub(crate) fn escape_at(s: &str, i: usize) -> Option<u8> {
+    (s.as_bytes().get(i) == Some(&b'%'))
+        .then(|| s.get(i + 1..i + 3))
+        .flatten()
+        .and_then(|hex| u8::from_str_radix(hex, 16).ok())
 }
 
 /// `host:port` or `[v6]:port` without the port.

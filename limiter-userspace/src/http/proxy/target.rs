@@ -12,6 +12,8 @@ use std::borrow::Cow;
 
 use http::{HeaderValue, Request, Uri, header};
 
+use crate::rules::request::escape_at;
+
 /// Makes `request`'s target canonical (see the module), and its fields
 /// what the upstream will get: those the `Connection` field names go now,
 /// not after the rules judged them.
@@ -144,11 +146,7 @@ fn decode_unreserved(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut i = 0;
     while i < bytes.len() {
-        let escape = (bytes[i] == b'%')
-            .then(|| path.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escape {
+        match escape_at(path, i) {
             Some(b) if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) => {
                 out.push(char::from(b));
                 i += 3;
