@@ -70,8 +70,9 @@ enum Task {
     Mutants(mutants::Options),
     /// The long fuzz runs: a million mutated frames through the XDP program
     /// against the reference parser, and 20,000 cases of each input fuzzer
-    /// (rule file, daemon configuration, envoy import, control protocol).
-    /// `cargo xtask test` runs both, shorter.
+    /// (rule file, daemon configuration, envoy import, control protocol),
+    /// and 100,000 request spellings through `limiter proxy` against
+    /// nginx. `cargo xtask test` runs all three, shorter.
     Fuzz {
         /// Frames through the program.
         #[arg(long, default_value_t = 1_000_000)]
@@ -250,40 +251,33 @@ fn fuzz(frames: u64, cases: u64) -> Result<()> {
     step(&format!(
         "fuzzing the datapath: {frames} frames (about 1 ms each), printed as they pass"
     ));
-    status(
-        cargo()
-            .args([
-                "test",
-                "--package",
-                "limiter-tests",
-                "--test",
-                "fuzz_datapath",
-            ])
-            .args(["--", "--nocapture"])
-            .env("LIMITER_BIN", &limiter)
-            .env("LIMITER_TESTS_BUILD_KERNEL", "1")
-            .env("LIMITER_FUZZ_FRAMES", frames.to_string()),
-    )?;
+    status(&mut long_test(
+        "fuzz_datapath",
+        &limiter,
+        ("LIMITER_FUZZ_FRAMES", frames),
+    ))?;
     step(&format!(
         "layer 7 against nginx: {DIFFERENTIAL_REQUESTS} request spellings, what the proxy judged against what nginx routed"
     ));
-    status(
-        cargo()
-            .args([
-                "test",
-                "--package",
-                "limiter-tests",
-                "--test",
-                "l7_differential",
-            ])
-            .args(["--", "--nocapture"])
-            .env("LIMITER_BIN", &limiter)
-            .env("LIMITER_TESTS_BUILD_KERNEL", "1")
-            .env(
-                "LIMITER_DIFFERENTIAL_REQUESTS",
-                DIFFERENTIAL_REQUESTS.to_string(),
-            ),
-    )
+    status(&mut long_test(
+        "l7_differential",
+        &limiter,
+        ("LIMITER_DIFFERENTIAL_REQUESTS", DIFFERENTIAL_REQUESTS),
+    ))
+}
+
+/// One integration test of `cargo xtask fuzz`, its output shown as it
+/// runs, with the `limiter` binary given and its size set by `size`
+/// (variable, value).
+fn long_test(test: &str, limiter: &Path, size: (&str, u64)) -> Command {
+    let mut command = cargo();
+    command
+        .args(["test", "--package", "limiter-tests", "--test", test])
+        .args(["--", "--nocapture"])
+        .env("LIMITER_BIN", limiter)
+        .env("LIMITER_TESTS_BUILD_KERNEL", "1")
+        .env(size.0, size.1.to_string());
+    command
 }
 
 /// Request spellings `cargo xtask fuzz` sends through the proxy to nginx
