@@ -60,34 +60,46 @@ pub fn instructions(id: u32) -> io::Result<Vec<[u8; 8]>> {
     Ok(insns)
 }
 
-/// A kernel symbol's address, from /proc/kallsyms.
-fn kernel_symbol(name: &str) -> io::Result<u64> {
+/// Kernel symbols' addresses, from one read of /proc/kallsyms.
+fn kernel_symbols<const N: usize>(names: [&str; N]) -> io::Result<[u64; N]> {
     let table = std::fs::read_to_string("/proc/kallsyms")?;
-    let address = table
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let address = fields.next()?;
-            let _kind = fields.next()?;
-            (fields.next()? == name).then(|| u64::from_str_radix(address, 16).ok())?
-        })
-        .next()
-        .ok_or_else(|| io::Error::other(format!("{name} is not in /proc/kallsyms")))?;
-    if address == 0 {
-        return Err(io::Error::other(
-            "/proc/kallsyms hides addresses (kernel.kptr_restrict): run as root",
-        ));
+    let mut found = [None; N];
+    for line in table.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(address), Some(_kind), Some(name)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if let Some(i) = names.iter().position(|n| *n == name)
+            && found[i].is_none()
+        {
+            found[i] = u64::from_str_radix(address, 16).ok();
+        }
     }
-    Ok(address)
+    let mut addresses = [0; N];
+    for (i, name) in names.iter().enumerate() {
+        addresses[i] =
+            found[i].ok_or_else(|| io::Error::other(format!("{name} is not in /proc/kallsyms")))?;
+        if addresses[i] == 0 {
+            return Err(io::Error::other(
+                "/proc/kallsyms hides addresses (kernel.kptr_restrict): run as root",
+            ));
+        }
+    }
+    Ok(addresses)
 }
 
-/// How many calls of program `id` go to the generic `bpf_map_lookup_elem`
-/// helper. (A helper call's translated immediate is the function's
-/// address less `__bpf_call_base`'s.)
-pub fn generic_map_lookups(id: u32) -> io::Result<usize> {
-    let helper = kernel_symbol("bpf_map_lookup_elem")?;
-    let base = kernel_symbol("__bpf_call_base")?;
-    let imm = helper.wrapping_sub(base) as i64 as i32;
+/// The translated immediate of a call of the generic `bpf_map_lookup_elem`
+/// helper: the function's address less `__bpf_call_base`'s.
+pub fn generic_map_lookup_call() -> io::Result<i32> {
+    let [helper, base] = kernel_symbols(["bpf_map_lookup_elem", "__bpf_call_base"])?;
+    Ok(helper.wrapping_sub(base) as i64 as i32)
+}
+
+/// How many calls of program `id` have the translated immediate `imm`
+/// ([`generic_map_lookup_call`]).
+pub fn calls_to(id: u32, imm: i32) -> io::Result<usize> {
     Ok(instructions(id)?
         .iter()
         .filter(|insn| {

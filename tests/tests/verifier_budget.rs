@@ -118,13 +118,14 @@ fn every_chain_of_calls_fits_linux_6_1s_stack() {
 /// One such call in the rule match cost about 10 ns a frame end to end.
 #[test]
 fn no_map_look_up_is_left_to_the_generic_helper() {
+    let helper = xlated::generic_map_lookup_call().expect("the helper's address");
     let mut generic = Vec::new();
     for (build, object) in builds() {
         let loaded = loaded_object(&object, RULES);
         let ids = loaded.engine.datapath().program_ids();
         assert_eq!(ids.len(), 4, "{build}: the programs loaded");
         for (program, id) in ids {
-            let n = xlated::generic_map_lookups(id)
+            let n = xlated::calls_to(id, helper)
                 .unwrap_or_else(|e| panic!("{build}/{program}: reading its instructions: {e}"));
             if n > 0 {
                 generic.push(format!("{build}/{program}: {n}"));
