@@ -8,6 +8,7 @@
 //! first and every 10,000th).
 
 use std::{
+    borrow::Cow,
     io::Write,
     net::IpAddr,
     sync::{
@@ -185,7 +186,7 @@ fn judged(request: &HttpRequest<'_>, rule: Option<&crate::rules::Rule>) -> Judge
         })
         .unwrap_or_default();
     JudgedRequest {
-        host: request.host().map(str::to_ascii_lowercase),
+        host: request.canonical_host().map(Cow::into_owned),
         path: request.path().into_owned(),
         fields,
     }

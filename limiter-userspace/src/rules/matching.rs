@@ -260,16 +260,9 @@ impl ByTarget {
         let request = request.filter(|_| self.first_targeted < best);
         let path = request.map(HttpRequest::path);
         let by_host = request
-            .and_then(HttpRequest::host)
             .filter(|_| !self.host.is_empty())
-            .and_then(|host| {
-                // Rule hosts are lowercase; few requests' are not.
-                if host.bytes().any(|b| b.is_ascii_uppercase()) {
-                    self.host.get(host.to_ascii_lowercase().as_str())
-                } else {
-                    self.host.get(host)
-                }
-            });
+            .and_then(HttpRequest::canonical_host)
+            .and_then(|host| self.host.get(host.as_ref()));
         let exact = path.as_deref().and_then(|path| self.exact.get(path));
         let prefixes = path.into_iter().flat_map(move |path| {
             self.prefix_lengths

@@ -34,6 +34,18 @@ impl<'a> HttpRequest<'a> {
         Some(host.strip_suffix('.').unwrap_or(host))
     }
 
+    /// [`HttpRequest::host`] lowercased: the form rules name hosts in, and
+    /// keys and traces carry (borrowed when already lowercase).
+    pub fn canonical_host(&self) -> Option<Cow<'a, str>> {
+        self.host().map(|host| {
+            if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                Cow::Owned(host.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(host)
+            }
+        })
+    }
+
     /// The path as nginx routes it (its `$uri`): every `%XX` decoded. The
     /// proxy normalizes what it forwards first (`target::canonicalize`),
     /// so this is the path the upstream serves.
@@ -218,12 +230,9 @@ impl KeyPart {
                 Cow::Owned(path) => Cow::Owned(path.into_bytes()),
             }),
             Self::Method => Some(Cow::Borrowed(request.method.as_str().as_bytes())),
-            Self::Host => request.host().map(|host| {
-                if host.bytes().any(|b| b.is_ascii_uppercase()) {
-                    Cow::Owned(host.to_ascii_lowercase().into_bytes())
-                } else {
-                    Cow::Borrowed(host.as_bytes())
-                }
+            Self::Host => request.canonical_host().map(|host| match host {
+                Cow::Borrowed(host) => Cow::Borrowed(host.as_bytes()),
+                Cow::Owned(host) => Cow::Owned(host.into_bytes()),
             }),
         }
     }
