@@ -80,6 +80,18 @@ fn a_packet_limit_counts_frames_in_skb_mode() {
     let set = rules(&format!(
         "rules:\n  - {{ name: bulk, match: {{ source: 198.19.0.0/24, protocol: tcp, dest_port: {PORT} }}, limit: {{ rate: {RATE}, unit: second, burst: {BURST} }} }}\n"
     ));
+    // GRO on, as many drivers ship it: skb mode would see what it merged.
+    lab.rx
+        .enter(|| offloads::set_gro(RX_IFACE, true))
+        .expect("entering the namespace")
+        .expect("turning GRO on");
+    let gro_before = lab
+        .rx
+        .enter(|| offloads::merging(RX_IFACE))
+        .expect("entering the namespace")
+        .expect("reading the offloads")
+        .gro;
+    assert!(gro_before, "GRO was turned on");
     let session = session_on_receiver(&lab, &set, Mode::Skb, "/sys/fs/bpf/limiter-test-skb");
     assert_eq!(session.attachments[0].mode, Mode::Skb);
     // The stack's merging offloads are off where it attached.

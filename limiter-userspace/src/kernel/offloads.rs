@@ -120,11 +120,16 @@ pub fn merging(iface: &str) -> io::Result<Merging> {
     Ok(Merging { gro, lro })
 }
 
+/// Turns GRO on or off on `iface` (what `ethtool -K IF gro on|off` does).
+pub fn set_gro(iface: &str, on: bool) -> io::Result<()> {
+    ethtool(iface, ETHTOOL_SGRO, u32::from(on)).map(drop)
+}
+
 /// Turns GRO and LRO off on `iface`; what was on before.
 pub fn stop_merging(iface: &str) -> io::Result<Merging> {
     let before = merging(iface)?;
     if before.gro {
-        ethtool(iface, ETHTOOL_SGRO, 0)?;
+        set_gro(iface, false)?;
     }
     if before.lro {
         let flags = ethtool(iface, ETHTOOL_GFLAGS, 0)?;
