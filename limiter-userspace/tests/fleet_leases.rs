@@ -127,6 +127,39 @@ async fn a_short_acquisition_says_when_the_others_leases_expire() {
     assert_eq!(b.next_free(), None, "b got all it asked for");
 }
 
+/// Guards the safety margin: a lease (taken or renewed) counts from when
+/// its request was sent until 0.9 TTL later, never for the whole TTL
+/// Redis gives it: clock rates and a late tick must not make a node count
+/// a partition Redis may already have handed to another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_counts_for_its_ttl_less_the_safety_margin() {
+    let redis = redis(None);
+    let ttl = Duration::from_millis(1000);
+    let counted = ttl.mul_f64(0.9);
+    let mut a = Leases::new(&store(&redis), "api", 4, ttl).await.unwrap();
+    for round in 0..2 {
+        let asked = Instant::now();
+        if round == 0 {
+            assert_eq!(a.acquire(4).await.unwrap().len(), 4);
+        } else {
+            assert!(a.renew().await.unwrap().is_empty());
+        }
+        let answered = Instant::now();
+        let (valid, until) = a.valid_beyond(answered);
+        let until = until.expect("leases held");
+        assert_eq!(valid, 4);
+        assert!(
+            until >= asked + counted && until <= answered + counted,
+            "round {round}: counted until {:?} after the request, {:?} after the answer              (0.9 TTL: {counted:?})",
+            until - asked,
+            until.saturating_duration_since(answered)
+        );
+        assert_eq!(a.held(until - Duration::from_millis(1)), 4);
+        assert_eq!(a.held(until), 0, "counted past 0.9 TTL");
+        tokio::time::sleep(ttl / 4).await;
+    }
+}
+
 #[tokio::test]
 async fn a_ttl_too_short_to_renew_is_refused() {
     let store = StoreConfig::at("redis://127.0.0.1:1/");

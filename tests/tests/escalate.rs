@@ -310,6 +310,68 @@ fn forged_refusals_hold_the_key_not_the_source() {
     assert!(blocks(&daemon).is_empty(), "no source blocked");
 }
 
+/// Guards the global dry run (`limiter shadow on`): escalation then
+/// blocks and holds nothing, whatever the rules' own `action`; it counts
+/// and logs what it would have done. Two sources flood 400 pps against
+/// 100/s for 4 s under the dry run, one under a rule that escalates by
+/// source, one by key; with the dry run off, a second later, both get
+/// their 50 pps through (a block or a hold of 1 minute would refuse every
+/// packet).
+#[test]
+fn a_global_dry_run_escalates_nothing() {
+    let rules = "rules:
+  - { name: by-source, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 1s, block: 1m, scope: source } }
+  - { name: by-key, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 100, unit: second, burst: 10 }, escalate: { after: 1s, block: 1m } }
+";
+    let lab = Lab::create("lt-escdry").expect("lab");
+    let daemon = Daemon::start(&lab, "escdry", &[RX_IFACE], rules).expect("daemon");
+    limiter_tests::ok(daemon.cli(&["shadow", "on"]));
+    let (by_source, by_key) = (v4(198, 18, 0, 1), v4(198, 19, 0, 1));
+    let (report, received) = flood(
+        &lab,
+        &sources(&lab, 0, &[by_source, by_key], 400, 32),
+        Duration::from_secs(4),
+    );
+    for (i, source) in [by_source, by_key].iter().enumerate() {
+        assert_eq!(
+            received.get(source).copied().unwrap_or(0),
+            report.sent[i],
+            "{source}: a dry run passes everything"
+        );
+    }
+    let log = daemon.log();
+    for rule in ["by-source", "by-key"] {
+        assert!(
+            log.contains(&format!(
+                "stayed over rule \"{rule}\"'s limit: would be blocked for 1m (dry run)"
+            )),
+            "{rule}: {log}"
+        );
+    }
+    assert!(
+        blocks(&daemon).is_empty(),
+        "the dry run blocked: {:?}",
+        blocks(&daemon)
+    );
+    limiter_tests::ok(daemon.cli(&["shadow", "off"]));
+    std::thread::sleep(Duration::from_secs(1));
+    let (report, after) = flood(
+        &lab,
+        &sources(&lab, 0, &[by_source, by_key], 50, 32),
+        Duration::from_secs(1),
+    );
+    for (i, source) in [by_source, by_key].iter().enumerate() {
+        let before = received.get(source).copied().unwrap_or(0);
+        assert!(report.sent[i] >= 40);
+        assert_eq!(
+            after.get(source).copied().unwrap_or(0) - before,
+            report.sent[i],
+            "{source}: blocked or held after a dry run"
+        );
+    }
+    assert!(blocks(&daemon).is_empty());
+}
+
 /// A flood source's frame sent to UDP port 10 instead of 9 (IPv4, no
 /// options; the UDP checksum cleared, which IPv4 allows).
 fn to_port_10(source: &mut FloodSource) {
