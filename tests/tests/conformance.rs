@@ -8,11 +8,12 @@
 
 use std::net::Ipv4Addr;
 
-use limiter_conformance::assert_same;
+use limiter_common::abi::counter_slot;
+use limiter_conformance::{assert_same, assert_same_over_soft};
 use limiter_tests::{
     Loaded, XDP_DROP, XDP_PASS, frames, loaded_object,
     reference::{self, Algo},
-    rules, run_at, test_clock_object,
+    rules, run_at, snapshot, test_clock_object,
     traces::{corpus, replayable_as_frames},
 };
 
@@ -22,14 +23,48 @@ use limiter_tests::{
 /// elsewhere than the reference.
 const REALTIME_OFFSET_NS: u64 = 1_234_567_890_123_456_789;
 
+/// The id of the trace's rule.
+fn trace_rule(dp: &Loaded) -> u32 {
+    snapshot(dp)
+        .rules
+        .iter()
+        .find(|r| r.name == "trace")
+        .expect("the trace's rule")
+        .id
+}
+
+/// Packets rule `id` has counted over its soft limit (`SOFT_STATS`, every
+/// CPU and interface slot).
+fn over_soft(dp: &Loaded, id: u32) -> u64 {
+    let maps = dp.maps();
+    let soft = maps
+        .soft_stats
+        .as_ref()
+        .expect("the program has SOFT_STATS");
+    let mut slots = maps.iface_slots().expect("interface slots");
+    slots.push((0, 0));
+    slots
+        .iter()
+        .map(|&(_, slot)| {
+            soft.get(&counter_slot(slot, id), 0)
+                .expect("reading SOFT_STATS")
+                .iter()
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// Guards the kernel's use of the shared functions: a meter order, cost,
 /// refund, lock or clock (monotonic for GCRA, epoch for windows) that
-/// differs from layer 7's shows as a verdict that differs from the model.
+/// differs from layer 7's shows as a verdict that differs from the model;
+/// and its soft meter (charged the packet's credits, only when the others
+/// admit it) as a packet counted over the soft limit, or not, otherwise
+/// than the model says.
 #[test]
 fn the_xdp_program_matches_the_reference() {
     let object = test_clock_object();
     let mut dp = loaded_object(&object, "rules: []\n");
-    let mut replayed = 0;
+    let (mut replayed, mut softs) = (0, 0);
     for trace in corpus().into_iter().filter(replayable_as_frames) {
         // A fresh rule (fresh id, fresh keys) per trace.
         dp.engine.apply(rules("rules: []\n")).expect("clearing");
@@ -47,6 +82,9 @@ fn the_xdp_program_matches_the_reference() {
         config.realtime_offset_ns = REALTIME_OFFSET_NS;
         datapath.set_config(config).expect("config");
         let mut got = Vec::new();
+        let mut got_over_soft = Vec::new();
+        let mut id = trace_rule(&dp);
+        let mut counted = over_soft(&dp, id);
         let mut changes = trace.changes.iter().peekable();
         for (i, a) in trace.arrivals.iter().enumerate() {
             while let Some(change) = changes.next_if(|c| c.at <= i) {
@@ -69,6 +107,8 @@ fn the_xdp_program_matches_the_reference() {
                 let mut config = datapath.config().expect("config");
                 config.realtime_offset_ns = REALTIME_OFFSET_NS;
                 datapath.set_config(config).expect("config");
+                id = trace_rule(&dp);
+                counted = over_soft(&dp, id);
             }
             let payload = if trace.spec.charges_bytes() {
                 a.cost as usize - 42
@@ -91,16 +131,28 @@ fn the_xdp_program_matches_the_reference() {
                 a.t.wrapping_sub(REALTIME_OFFSET_NS)
             };
             got.push(run_at(&mut dp, &frame, monotonic) == XDP_PASS);
+            // Counted over the soft limit by this run or not.
+            let now_counted = over_soft(&dp, id);
+            got_over_soft.push(match now_counted.wrapping_sub(counted) {
+                0 => false,
+                1 => true,
+                n => panic!("{}: arrival {i} counted {n} times over soft", trace.name),
+            });
+            counted = now_counted;
         }
-        assert_same(
+        let expected = reference::judge(&trace);
+        assert_same(&trace, &expected.admitted, &got, "the XDP program");
+        assert_same_over_soft(
             &trace,
-            &reference::verdicts(&trace),
-            &got,
+            &expected.over_soft,
+            &got_over_soft,
             "the XDP program",
         );
         replayed += 1;
+        softs += usize::from(trace.spec.soft.is_some());
     }
-    assert_eq!(replayed, 54, "traces replayed through the program");
+    assert_eq!(replayed, 57, "traces replayed through the program");
+    assert_eq!(softs, 3, "traces with a soft limit replayed");
 }
 
 #[test]

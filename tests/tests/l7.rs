@@ -14,6 +14,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use limiter::http::{CostBy, KeyBy, Limiter, RateLimitLayer, Reloadable};
+use limiter_conformance::{assert_same, assert_same_over_soft};
 use limiter_tests::{
     TempDir, TestClock, exchange, proxy, reference, rules, status, traces::corpus,
 };
@@ -41,6 +42,7 @@ async fn serve(layer: RateLimitLayer) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_verdicts_match_the_reference_on_every_trace() {
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let mut softs = 0;
     for trace in corpus() {
         let clock = Arc::new(TestClock::default());
         let limiter = Arc::new(Reloadable::new(Arc::new(Limiter::new(
@@ -58,6 +60,7 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
             })));
         let addr = serve(layer).await;
         let mut got = Vec::new();
+        let mut got_over_soft = Vec::new();
         let mut changes = trace.changes.iter().peekable();
         for (i, a) in trace.arrivals.iter().enumerate() {
             while let Some(change) = changes.next_if(|c| c.at <= i) {
@@ -85,15 +88,19 @@ async fn http_verdicts_match_the_reference_on_every_trace() {
                 "{status}"
             );
             got.push(status == StatusCode::OK);
+            // Served over the soft limit: the field names the rule.
+            let over_soft = response.headers().get("x-ratelimit-over-soft");
+            if let Some(rule) = over_soft {
+                assert_eq!(rule, "\"trace\"", "{}", trace.name);
+            }
+            got_over_soft.push(over_soft.is_some());
         }
-        let expected = reference::verdicts(&trace);
-        if let Some(i) = expected.iter().zip(&got).position(|(e, g)| e != g) {
-            panic!(
-                "HTTP differs from the reference on {} at {i} ({:?})",
-                trace.name, trace.arrivals[i]
-            );
-        }
+        let expected = reference::judge(&trace);
+        assert_same(&trace, &expected.admitted, &got, "HTTP");
+        assert_same_over_soft(&trace, &expected.over_soft, &got_over_soft, "HTTP");
+        softs += usize::from(trace.spec.soft.is_some());
     }
+    assert_eq!(softs, 3, "traces with a soft limit replayed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

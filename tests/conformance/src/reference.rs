@@ -4,8 +4,11 @@
 //! theoretical arrival time), windows as a table of counts per window
 //! number, the sliding log as a list of admissions. A request is admitted
 //! only if every meter of the rule admits it, and then charged to all of
-//! them; a refused request is charged to none. The conformance tests hold
-//! every implementation to it.
+//! them; a refused request is charged to none. An admitted request is then
+//! offered to the key's soft meter, if the rule has one: it is over the
+//! soft limit when that meter would refuse it (and then charges it
+//! nothing), admitted all the same. The conformance tests hold every
+//! implementation to it.
 
 use std::collections::HashMap;
 
@@ -79,6 +82,12 @@ pub struct Spec {
     /// a costly arrival charges every request meter this many instead of
     /// 1. The kernel's class is a TCP SYN, layer 7's a POST.
     pub costly: Option<u64>,
+    /// A soft limit per key (`soft:`), a request meter alone (GCRA; the
+    /// rule file allows it on GCRA rules with a request limit, without a
+    /// third limit): what the other meters admitted is charged to it, its
+    /// credits as every request meter; what it would refuse is admitted
+    /// all the same, and counted over it.
+    pub soft: Option<Limit>,
 }
 
 impl Spec {
@@ -106,8 +115,12 @@ impl Spec {
                 format!("limits: [ {} ]", limits.join(", "))
             }
         };
+        let soft = self
+            .soft
+            .map(|s| format!(", soft: {}", s.yaml(Algo::Gcra)))
+            .unwrap_or_default();
         format!(
-            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate} }}\n"
+            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate}{soft} }}\n"
         )
     }
 
@@ -182,7 +195,8 @@ pub struct Arrival {
 /// capacity) scaled by the new capacity over the old one, rounded up (the
 /// same fraction of the burst in use); windows and logs keep their
 /// counts. A meter in force on one side only starts, or
-/// stays, as it is.
+/// stays, as it is; so does a key's soft meter (a reload keeps it as it
+/// is, whatever its limit becomes).
 #[derive(Clone, Copy, Debug)]
 pub struct LimitChange {
     pub at: usize,
@@ -219,14 +233,36 @@ const REQUESTS: u8 = 0;
 const BYTES: u8 = 1;
 const SECOND: u8 = 2;
 const THIRD: u8 = 3;
+/// A key's soft meter.
+const SOFT: u8 = 4;
 
 /// The verdict for every arrival of a trace.
 pub fn verdicts(trace: &Trace) -> Vec<bool> {
+    judge(trace).admitted
+}
+
+/// For every arrival of a trace, whether it was admitted over the rule's
+/// soft limit (never for a refused one, nor under a rule without one).
+pub fn over_soft(trace: &Trace) -> Vec<bool> {
+    judge(trace).over_soft
+}
+
+/// What the model says of each arrival of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged {
+    /// Admitted (passed) or refused.
+    pub admitted: Vec<bool>,
+    /// Admitted over the soft limit: passed, and counted.
+    pub over_soft: Vec<bool>,
+}
+
+/// Both verdicts of every arrival of a trace.
+pub fn judge(trace: &Trace) -> Judged {
     // State per (scope, meter).
     let mut states: HashMap<(Option<u8>, u8), State> = HashMap::new();
     let mut spec = trace.spec;
     let mut changes = trace.changes.iter().peekable();
-    trace
+    let (admitted, over_soft) = trace
         .arrivals
         .iter()
         .enumerate()
@@ -270,21 +306,41 @@ pub fn verdicts(trace: &Trace) -> Vec<bool> {
                 })
                 .collect();
             let Some(next) = next else {
-                return false;
+                // Refused: charged nothing, the soft meter included.
+                return (false, false);
             };
             for ((id, ..), state) in charges.iter().zip(next) {
                 states.insert(*id, state);
             }
-            true
+            // Admitted: offered to the soft meter, charged its credits if
+            // it conforms, over the soft limit (and charged nothing) if not.
+            let over = spec.soft.is_some_and(|soft| {
+                let meter = soft.requests.expect("a soft limit is a request rate");
+                let state = states
+                    .entry((Some(a.key), SOFT))
+                    .or_insert_with(|| State::new(Algo::Gcra));
+                match state.offer(&meter, soft.period_ns, a.t, credits) {
+                    Some(next) => {
+                        *state = next;
+                        false
+                    }
+                    None => true,
+                }
+            });
+            (true, over)
         })
-        .collect()
+        .unzip();
+    Judged {
+        admitted,
+        over_soft,
+    }
 }
 
 /// A scope's meter of `spec` that charges bytes (or requests): (period,
-/// meter).
+/// meter). The soft meter is none: a reload keeps it as it is.
 fn meter_of(spec: &Spec, scope: Option<u8>, kind: u8) -> Option<(u64, Meter)> {
     let limit = match (scope, kind) {
-        (AGGREGATE, SECOND | THIRD) => return None,
+        (AGGREGATE, SECOND | THIRD) | (_, SOFT) => return None,
         (_, SECOND) => spec.second?,
         (_, THIRD) => {
             let third = spec.third?;

@@ -52,6 +52,7 @@ pub fn corpus() -> Vec<Trace> {
             second: None,
             third: None,
             costly: None,
+            soft: None,
         };
         let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
         let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
@@ -263,6 +264,58 @@ pub fn corpus() -> Vec<Trace> {
                 &[with_third(12, 10 * SEC, 6), with_third(60, 5 * SEC, 30)],
                 1_700_000_000 * SEC,
                 67,
+            ));
+            // Soft limits (GCRA only: a window key's state has no room
+            // for the soft meter). What the other meters admit is charged
+            // to the key's soft meter, its credits; what that would refuse
+            // is admitted all the same and counted over it.
+            let soft =
+                |rate, period_ns, burst| Some(limit(period_ns, Some(meter(rate, burst)), None));
+            // Credits: a third of the arrivals cost 3, against 30 in 3 s
+            // (burst 5), soft 5 a second (burst 4), two keys. Paced by the
+            // 3 s, each key sends about 5 a second, 8 credits: mostly
+            // within the hard limit, and about the soft limit, which
+            // charging soft 1 per arrival would be within.
+            traces.push(close_together(
+                name("soft-credits"),
+                Spec {
+                    costly: Some(3),
+                    soft: soft(5, SEC, 4),
+                    ..packets(30, 3 * SEC, 5)
+                },
+                1_700_000_000 * SEC,
+                73,
+                2,
+            ));
+            // Two limits on the key, 10 a second and 30 in 20 s, soft 20
+            // in 5 s (burst 3): the soft meter is the key's third word.
+            traces.push(close_together(
+                name("soft-two-limits"),
+                Spec {
+                    second: Some(limit(20 * SEC, Some(meter(30, 30)), None)),
+                    soft: soft(20, 5 * SEC, 3),
+                    ..packets(10, SEC, 5)
+                },
+                1_700_000_000 * SEC,
+                79,
+                2,
+            ));
+            // The same with an aggregate (42 in 3 s, burst 8), which the
+            // two keys together go over: what it refuses is charged
+            // nothing soft either.
+            traces.push(close_together(
+                name("soft-credits-aggregate"),
+                Spec {
+                    costly: Some(3),
+                    soft: soft(5, SEC, 4),
+                    ..spec(
+                        limit(3 * SEC, Some(meter(30, 5)), None),
+                        Some(limit(3 * SEC, Some(meter(42, 8)), None)),
+                    )
+                },
+                1_700_000_000 * SEC,
+                83,
+                2,
             ));
         }
     }

@@ -11,23 +11,40 @@ use std::{
 use limiter_common::{
     gcra::Gcra,
     log::Log,
-    meter::{Outcome, acquire_all, acquire_all_after, windows_all},
+    meter::{Outcome, acquire, acquire_all, acquire_all_after, windows_all},
     window::{Window, WindowState},
 };
 use limiter_conformance::{
-    assert_same,
+    assert_same, assert_same_over_soft,
     reference::{self, Algo, Arrival, Limit, Meter, Spec, Trace},
     traces::corpus,
 };
 
-/// Sanity of the corpus itself: every trace admits some and denies some.
+/// Sanity of the corpus itself: every trace admits some and denies some;
+/// one with a soft limit admits some within it and some over it, and only
+/// one with a soft limit (GCRA's) has any over it.
 #[test]
 fn the_corpus_exercises_both_verdicts() {
     for trace in corpus() {
-        let v = reference::verdicts(&trace);
+        let judged = reference::judge(&trace);
+        let v = &judged.admitted;
         assert!(
             v.contains(&true) && v.contains(&false),
             "{} is one-sided: {v:?}",
+            trace.name
+        );
+        let within_soft = v.iter().zip(&judged.over_soft).any(|(a, o)| *a && !*o);
+        let over_soft = judged.over_soft.contains(&true);
+        assert_eq!(
+            (within_soft, over_soft),
+            (true, trace.spec.soft.is_some()),
+            "{}: over soft {:?}",
+            trace.name,
+            judged.over_soft
+        );
+        assert!(
+            trace.spec.soft.is_none() || trace.spec.algo == Algo::Gcra,
+            "{}: soft needs gcra",
             trace.name
         );
     }
@@ -71,7 +88,25 @@ fn third(spec: &Spec) -> Option<(Gcra, bool)> {
 /// Per key, then for the aggregate (key `None`): one state per meter.
 type States<T> = HashMap<Option<u8>, [T; 2]>;
 
-fn shared_verdicts(trace: &Trace) -> Vec<bool> {
+/// How [`shared`] charges a key's soft meter: as the kernel and layer 7
+/// do ([`AS_BUILT`]), or with a bug the corpus must notice.
+#[derive(Clone, Copy)]
+struct SoftCharging {
+    /// Charged the arrival's credits (else 1).
+    credits: bool,
+    /// Charged for a refused arrival too (else only for an admitted one).
+    refused_too: bool,
+}
+
+const AS_BUILT: SoftCharging = SoftCharging {
+    credits: true,
+    refused_too: false,
+};
+
+/// `limiter-common`'s verdicts (admitted, and admitted over the soft
+/// limit) on every arrival of `trace`, its meters combined as the kernel
+/// and layer 7 combine them.
+fn shared(trace: &Trace, soft: SoftCharging) -> (Vec<bool>, Vec<bool>) {
     let algo = trace.spec.algo;
     // What arrival `n` (`a`) charges meter `i`: bytes its length, the
     // others its credits under the spec in force.
@@ -99,6 +134,9 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
             cells.insert(None, Default::default());
             // Each key's third word.
             let mut thirds: HashMap<u8, AtomicU64> = HashMap::new();
+            // Each key's soft meter (the same word in the kernel: a rule
+            // has one or the other).
+            let mut softs: HashMap<u8, AtomicU64> = HashMap::new();
             let mut changes = trace.changes.iter().peekable();
             let mut in_force = gcras(meters(&trace.spec));
             trace
@@ -150,9 +188,22 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                         }
                         None => acquire_all(charges, a.t),
                     };
-                    verdict.outcome == Outcome::Allowed
+                    let allowed = verdict.outcome == Outcome::Allowed;
+                    // The soft meter, charged (its credits) only what the
+                    // others admitted, and refusing nothing.
+                    let spec = trace.spec_at(n);
+                    let over = spec.soft.is_some_and(|l| {
+                        let meter = l.requests.expect("a soft limit is a request rate");
+                        let gcra =
+                            Gcra::new(meter.rate, l.period_ns, meter.burst).expect("valid limit");
+                        let credits = if soft.credits { spec.credits(a) } else { 1 };
+                        (allowed || soft.refused_too)
+                            && acquire(softs.entry(a.key).or_default(), &gcra, a.t, credits)
+                                == Outcome::Denied
+                    });
+                    (allowed, allowed && over)
                 })
-                .collect()
+                .unzip()
         }
         Algo::SlidingLog => {
             let mut logs: States<Log> = HashMap::new();
@@ -181,9 +232,9 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                         logs.insert(Some(a.key), key);
                         logs.insert(None, aggregate);
                     }
-                    admitted
+                    (admitted, false)
                 })
-                .collect()
+                .unzip()
         }
         Algo::FixedWindow | Algo::SlidingWindow => {
             let sliding = algo == Algo::SlidingWindow;
@@ -213,9 +264,9 @@ fn shared_verdicts(trace: &Trace) -> Vec<bool> {
                     )
                     .outcome;
                     states.insert(None, aggregate);
-                    outcome == Outcome::Allowed
+                    (outcome == Outcome::Allowed, false)
                 })
-                .collect()
+                .unzip()
         }
     }
 }
@@ -227,16 +278,73 @@ fn window_meters(meters: &[Option<(u64, Meter, bool)>; 4]) -> [Option<Window>; 4
 
 /// Guards every decision in `limiter-common` (cargo-mutants measures how
 /// well: see tests/MUTANTS.md), e.g. a missing refund (packets-and-bytes)
-/// or a bucket refilled when the clock jumps back (clock-backwards).
+/// or a bucket refilled when the clock jumps back (clock-backwards); and
+/// which arrivals go over a soft limit.
 #[test]
 fn shared_functions_match_the_reference() {
     for trace in corpus() {
-        assert_same(
-            &trace,
-            &reference::verdicts(&trace),
-            &shared_verdicts(&trace),
-            "limiter-common",
-        );
+        let expected = reference::judge(&trace);
+        let (admitted, over_soft) = shared(&trace, AS_BUILT);
+        assert_same(&trace, &expected.admitted, &admitted, "limiter-common");
+        assert_same_over_soft(&trace, &expected.over_soft, &over_soft, "limiter-common");
+    }
+}
+
+/// The soft traces notice a soft meter charged wrong: charged 1 instead
+/// of the credits (the soft traces with a costly class), or charged for
+/// what the other meters refused (every soft trace), some arrival goes
+/// over the soft limit, or stays within it, otherwise than the reference
+/// says (and than the kernel and layer 7 are held to).
+#[test]
+fn the_soft_traces_notice_a_soft_meter_charged_wrong() {
+    let soft: Vec<Trace> = corpus()
+        .into_iter()
+        .filter(|t| t.spec.soft.is_some())
+        .collect();
+    let names: Vec<&str> = soft.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "Gcra/soft-credits",
+            "Gcra/soft-two-limits",
+            "Gcra/soft-credits-aggregate"
+        ]
+    );
+    for trace in &soft {
+        let expected = reference::over_soft(trace);
+        let bugs = [
+            (
+                "charged 1",
+                SoftCharging {
+                    credits: false,
+                    ..AS_BUILT
+                },
+                trace.spec.costly.is_some(),
+            ),
+            (
+                "charged when refused",
+                SoftCharging {
+                    refused_too: true,
+                    ..AS_BUILT
+                },
+                true,
+            ),
+        ];
+        for (bug, charging, noticed) in bugs {
+            let (admitted, over_soft) = shared(trace, charging);
+            assert_eq!(
+                admitted,
+                reference::verdicts(trace),
+                "{}: {bug}",
+                trace.name
+            );
+            assert_eq!(
+                over_soft != expected,
+                noticed,
+                "{}: the soft meter {bug}",
+                trace.name
+            );
+        }
     }
 }
 
@@ -391,7 +499,11 @@ fn credits_decide_some_arrivals() {
         .into_iter()
         .filter(|t| t.spec.costly.is_some())
         .collect();
-    assert_eq!(costly.len(), 4, "a credit trace per algorithm");
+    assert_eq!(
+        costly.len(),
+        6,
+        "a credit trace per algorithm, and two soft ones (GCRA)"
+    );
     for trace in costly {
         let flat = with_every_spec(&trace, |spec| Spec {
             costly: None,
