@@ -776,11 +776,16 @@ fn an_answer_that_stops_arriving_is_cut() {
     drop(stalled);
 }
 
-/// An upstream written by hand, to answer in every framing HTTP/1.1 has:
-/// by the request's path, a chunked answer sent in two parts, one with
-/// both `Transfer-Encoding` and `Content-Length`, a 103 before the answer,
-/// fields its `Connection` names, and one delimited by its close. It reads
-/// request bodies by their length, and says how many body bytes it got.
+/// An upstream written by hand, to answer in every framing HTTP/1.1 has,
+/// as real servers answer: by the request's path, a chunked answer sent in
+/// two parts, one with both `Transfer-Encoding` and `Content-Length`, a
+/// 103 or a 100 before the answer, fields its `Connection` names, one
+/// delimited by its close, a 204, a 304 with the entity's length and no
+/// body, conflicting and repeated `Content-Length`s, and bodies that
+/// trickle in (`/slow`, chunked with trailers split mid-line, up to its
+/// close; `/long` for 3 s), a part every 50 ms. `/echo/...` answers with
+/// its path. It reads request bodies by their length, and otherwise says
+/// how many body bytes it got.
 fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = runtime
@@ -790,6 +795,8 @@ fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
     runtime.spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
+                // Each part in a segment of its own.
+                let _ = stream.set_nodelay(true);
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 loop {
@@ -814,6 +821,42 @@ fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
                         "/head" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec()],
                         "/hop" => vec![b"HTTP/1.1 200 OK\r\nConnection: x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=5\r\nX-Public: 1\r\nContent-Length: 3\r\n\r\nhop".to_vec()],
                         "/close" => vec![b"HTTP/1.1 200 OK\r\n\r\nuntil the end".to_vec()],
+                        "/close-slow" => [&b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\none "[..], b"two ", b"three ", b"four ", b"five ", b"six"]
+                            .into_iter()
+                            .map(<[u8]>::to_vec)
+                            .collect(),
+                        "/204" => vec![b"HTTP/1.1 204 No Content\r\nX-Id: 204\r\n\r\n".to_vec()],
+                        "/304" => vec![b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 7\r\n\r\n".to_vec()],
+                        "/continue" => vec![
+                            b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ncontinued".to_vec(),
+                        ],
+                        "/trailers" => [
+                            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r"[..],
+                            b"\nwi",
+                            b"ki\r",
+                            b"\n5;e",
+                            b"xt=1\r\npedia\r\n0",
+                            b"\r\nx-check",
+                            b"sum: 42\r\n",
+                            b"x-more: 1\r",
+                            b"\n\r",
+                            b"\n",
+                        ]
+                        .into_iter()
+                        .map(<[u8]>::to_vec)
+                        .collect(),
+                        "/slow" => std::iter::once(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n".to_vec())
+                            .chain((0..8).map(|i| format!("slow{i}").into_bytes()))
+                            .collect(),
+                        "/long" => std::iter::once(b"HTTP/1.1 200 OK\r\nContent-Length: 60000\r\n\r\n".to_vec())
+                            .chain((0..60).map(|_| vec![b'x'; 1000]))
+                            .collect(),
+                        "/cl-fields" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!".to_vec()],
+                        "/cl-list" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!".to_vec()],
+                        "/cl-same" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello".to_vec()],
+                        "/cl-same-list" => vec![b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello".to_vec()],
+                        echo if echo.starts_with("/echo/") => vec![format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{echo}", echo.len()).into_bytes()],
                         _ => vec![format!("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{body:02}").into_bytes()],
                     };
                     for (i, part) in parts.iter().enumerate() {
@@ -824,7 +867,7 @@ fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
                             return;
                         }
                     }
-                    if path == "/close" {
+                    if path.starts_with("/close") {
                         return;
                     }
                 }
@@ -836,7 +879,8 @@ fn framing_upstream(runtime: &tokio::runtime::Runtime) -> SocketAddr {
 
 /// The answers in `bytes`, read as a client does: (head, body), each body
 /// by its framing (a chunked one decoded, trailers dropped; the answer to
-/// a HEAD has none; one with no length runs to the end).
+/// a HEAD, a 1xx, a 204 and a 304 have none; one with no length runs to
+/// the end).
 fn answers(bytes: &[u8], methods: &[&str]) -> Vec<(String, String)> {
     let mut rest = bytes;
     let mut answers = Vec::new();
@@ -850,7 +894,8 @@ fn answers(bytes: &[u8], methods: &[&str]) -> Vec<(String, String)> {
                 .map(|v| v.trim().to_owned())
         };
         let mut body = Vec::new();
-        if *method == "HEAD" {
+        let bodiless = matches!(status(&head), "204" | "304") || status(&head).starts_with('1');
+        if *method == "HEAD" || bodiless {
         } else if field("transfer-encoding:").as_deref() == Some("chunked") {
             loop {
                 let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
@@ -997,6 +1042,355 @@ GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(status(&served), "200", "{served}\nlog:\n{}", p.log());
+}
+
+/// Requests for `paths` (each with its method of `methods`) as one write,
+/// the last asking to close if `close`.
+fn pipeline(paths: &[&str], methods: &[&str], close: bool) -> Vec<u8> {
+    let last = paths.len() - 1;
+    paths
+        .iter()
+        .zip(methods)
+        .enumerate()
+        .flat_map(|(i, (path, method))| {
+            let close = if close && i == last {
+                "Connection: close\r\n"
+            } else {
+                ""
+            };
+            format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{close}\r\n").into_bytes()
+        })
+        .collect()
+}
+
+/// The chunked body `/trailers` sends, trailers and all.
+const TRAILED: &[u8] = b"4\r\nwiki\r\n5;ext=1\r\npedia\r\n0\r\nx-checksum: 42\r\nx-more: 1\r\n\r\n";
+
+/// Guards which answers the relay takes to have no body (RFC 9112 6.3),
+/// as a pipelining client sees them: requests in one write get a 304 with
+/// the entity's `Content-Length: 7` and no body, a 204, a HEAD's answer
+/// with `Content-Length: 1000` and no body, a 100 Continue (a write of its
+/// own) and a 103 before their final answers, a chunked body with
+/// trailers trickling in split mid-line, and a body delimited by the
+/// upstream's close. Each answer arrives whole and in order, the chunked
+/// one byte for byte with its trailers and final CRLF, no 1xx, and none
+/// takes the next one's bytes for its body (a 304 relayed as having a
+/// body waits for 7 bytes that never come, and the answers after it
+/// never arrive).
+#[test]
+fn answers_without_a_body_keep_pipelined_answers_in_step() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-bodiless");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let paths = [
+        "/304",
+        "/echo/1",
+        "/204",
+        "/head",
+        "/echo/2",
+        "/continue",
+        "/early",
+        "/trailers",
+        "/304",
+        "/close-slow",
+    ];
+    let methods = [
+        "GET", "GET", "GET", "HEAD", "GET", "GET", "GET", "GET", "HEAD", "GET",
+    ];
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    let answer = closed_within_after(&mut stream, &pipeline(&paths, &methods, true));
+    let got = answers(&answer, &methods);
+    let statuses: Vec<&str> = got.iter().map(|(head, _)| status(head)).collect();
+    assert_eq!(
+        statuses,
+        [
+            "304", "200", "204", "200", "200", "200", "200", "200", "304", "200"
+        ],
+        "{got:?}\nlog:\n{}",
+        p.log()
+    );
+    let bodies: Vec<&str> = got.iter().map(|(_, body)| body.as_str()).collect();
+    assert_eq!(
+        bodies,
+        [
+            "",
+            "/echo/1",
+            "",
+            "",
+            "/echo/2",
+            "continued",
+            "final",
+            "wikipedia",
+            "",
+            "one two three four five six"
+        ],
+        "{got:?}"
+    );
+    let heads: Vec<&str> = got.iter().map(|(head, _)| head.as_str()).collect();
+    for at in [0, 8] {
+        assert!(
+            heads[at].contains("\r\ncontent-length: 7\r\n"),
+            "{}",
+            heads[at]
+        );
+        assert!(heads[at].contains("\r\netag: \"v1\"\r\n"), "{}", heads[at]);
+    }
+    assert!(heads[2].contains("\r\nx-id: 204\r\n"), "{}", heads[2]);
+    assert!(
+        heads[3].contains("\r\ncontent-length: 1000\r\n"),
+        "{}",
+        heads[3]
+    );
+    for at in [0, 2, 3, 8] {
+        assert!(!heads[at].contains("transfer-encoding"), "{}", heads[at]);
+    }
+    assert!(!heads[2].contains("content-length"), "{}", heads[2]);
+    assert!(
+        heads[9].contains("\r\nconnection: close\r\n"),
+        "{}",
+        heads[9]
+    );
+    // The chunked body as the upstream framed it, the next answer right
+    // after its last CRLF.
+    let mut framed = b"\r\n\r\n".to_vec();
+    framed.extend_from_slice(TRAILED);
+    framed.extend_from_slice(b"HTTP/1.1 304 ");
+    assert!(
+        answer.windows(framed.len()).any(|w| w == framed),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+/// Guards the upstream's `Content-Length` (RFC 9112 6.3): an answer with
+/// two lengths, in two fields or in one list, is refused with the proxy's
+/// 502 (none of its bytes reach the client, whose next answers stay in
+/// step on the same connection), while one length said twice is one
+/// length, passed on once.
+#[test]
+fn conflicting_content_lengths_get_a_502() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-lengths");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let paths = [
+        "/cl-fields",
+        "/cl-same",
+        "/cl-list",
+        "/cl-same-list",
+        "/echo/end",
+    ];
+    let methods = ["GET"; 5];
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    let answer = closed_within_after(&mut stream, &pipeline(&paths, &methods, true));
+    let got = answers(&answer, &methods);
+    let statuses: Vec<&str> = got.iter().map(|(head, _)| status(head)).collect();
+    assert_eq!(
+        statuses,
+        ["502", "200", "502", "200", "200"],
+        "{got:?}\nlog:\n{}",
+        p.log()
+    );
+    let bodies: Vec<&str> = got.iter().map(|(_, body)| body.as_str()).collect();
+    assert_eq!(
+        bodies,
+        [
+            "502 Bad Gateway\n",
+            "hello",
+            "502 Bad Gateway\n",
+            "hello",
+            "/echo/end"
+        ],
+        "{got:?}"
+    );
+    for (head, _) in [&got[1], &got[3]] {
+        assert_eq!(head.matches("content-length").count(), 1, "{head}");
+        assert!(head.contains("\r\ncontent-length: 5\r\n"), "{head}");
+    }
+}
+
+/// Sends `request` to `addr` and reads until the proxy closes: the bytes,
+/// and how long passed between the first byte after the head and the
+/// last byte.
+fn answer_over_time(addr: SocketAddr, request: &[u8]) -> (Vec<u8>, Duration) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let (mut bytes, mut first_body, mut last) = (Vec::new(), None, Instant::now());
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).expect("closed within 10 s");
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        last = Instant::now();
+        if first_body.is_none() && head_end(&bytes).is_some_and(|end| bytes.len() > end) {
+            first_body = Some(last);
+        }
+    }
+    let spread = first_body.map_or(Duration::ZERO, |first| last - first);
+    (bytes, spread)
+}
+
+/// Guards answers that trickle in, a part every 50 ms (well within the
+/// upstream timeout): a body with a length, a chunked one split mid-line
+/// (trailers and all) and one delimited by the upstream's close each reach
+/// the client whole, not cut at the first pause, and as they come: their
+/// first bytes reach the client at least 150 ms before their last (sent
+/// 250 to 450 ms apart).
+#[test]
+fn slow_answers_are_passed_on_whole_as_they_come() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-slow");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "2s"], &[]);
+    let expected = [
+        ("/slow", "slow0slow1slow2slow3slow4slow5slow6slow7"),
+        ("/trailers", "wikipedia"),
+        ("/close-slow", "one two three four five six"),
+    ];
+    for (path, body) in expected {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (bytes, spread) = answer_over_time(p.addr, request.as_bytes());
+        let got = answers(&bytes, &["GET"]);
+        assert_eq!(got.len(), 1, "{path}: {got:?}\nlog:\n{}", p.log());
+        assert_eq!(status(&got[0].0), "200", "{path}: {got:?}");
+        assert_eq!(got[0].1, body, "{path}: {got:?}");
+        assert!(
+            spread >= Duration::from_millis(150),
+            "{path}: all its body came at once ({spread:?} from first to last byte)"
+        );
+    }
+    let (bytes, _) = answer_over_time(
+        p.addr,
+        b"GET /trailers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        bytes.ends_with(TRAILED),
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+}
+
+/// Guards a client that pipelines its requests and then half-closes
+/// (`shutdown(Write)`, as `nc -N` does, and clients that have sent all
+/// they will): it has not left, and gets every answer in order, the last
+/// one included, 204, 304 and HEAD answers among them, before the proxy
+/// closes the connection (the last request of the pipeline was taken for
+/// one whose client had left, and went unanswered).
+#[test]
+fn a_pipeline_then_a_half_close_gets_every_answer() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-half-close");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let paths = ["/echo/1", "/304", "/head", "/204", "/trailers", "/echo/2"];
+    let methods = ["GET", "GET", "HEAD", "GET", "GET", "GET"];
+    let requests = pipeline(&paths, &methods, false);
+    let mut stream = TcpStream::connect(p.addr).unwrap();
+    stream.write_all(&requests).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let closed = closed_within(&mut stream, Duration::from_secs(10));
+    let answer = closed.expect("closed by the proxy within 10 s");
+    let got = answers(answer.as_bytes(), &methods);
+    let statuses: Vec<&str> = got.iter().map(|(head, _)| status(head)).collect();
+    assert_eq!(
+        statuses,
+        ["200", "304", "200", "204", "200", "200"],
+        "{got:?}\nlog:\n{}",
+        p.log()
+    );
+    let bodies: Vec<&str> = got.iter().map(|(_, body)| body.as_str()).collect();
+    assert_eq!(
+        bodies,
+        ["/echo/1", "", "", "", "wikipedia", "/echo/2"],
+        "{got:?}"
+    );
+}
+
+/// Guards the relay when a client vanishes mid-answer: one that reads the
+/// head and first bytes of a 3 s answer and closes is let go at once (under
+/// `concurrent: 1` its place is free within 2 s, not held to the end of
+/// the upstream's answer), and the proxy goes on serving: a client kept
+/// alive from before, and new ones.
+#[test]
+fn a_client_that_vanishes_mid_answer_leaves_the_others_served() {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new("proxy-vanish");
+    let single = "rules:\n  - { name: single, limit: unlimited, concurrent: 1 }\n";
+    let mut p = Proxy::start(&dir, single, up, &[], &[]);
+    let mut kept = TcpStream::connect(p.addr).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut ask_kept = |path: &str| {
+        kept.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some((head, body, length)) = whole_message(&buf) {
+                assert_eq!(length, buf.len(), "more than one answer: {buf:?}");
+                let body = String::from_utf8_lossy(&buf[length - body..]).into_owned();
+                return (status(&head).to_owned(), body);
+            }
+            let n = kept.read(&mut chunk).expect("an answer within 10 s");
+            assert!(n > 0, "closed: {buf:?}");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    assert_eq!(
+        ask_kept("/echo/before"),
+        ("200".into(), "/echo/before".into())
+    );
+
+    let mut vanishing = TcpStream::connect(p.addr).unwrap();
+    vanishing
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    vanishing
+        .write_all(b"GET /long HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Its head and the first bytes of its body.
+    while head_end(&got).is_none_or(|end| got.len() <= end) {
+        let n = vanishing
+            .read(&mut chunk)
+            .expect("a first part within 10 s");
+        assert!(n > 0, "closed: {got:?}");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(status(&String::from_utf8_lossy(&got)), "200");
+    // In flight: another request waits its turn.
+    let one = b"GET /echo/new HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(p.addr, one)), "429");
+    drop(vanishing);
+    let gone = Instant::now();
+    loop {
+        let answer = exchange(p.addr, one);
+        if status(&answer) == "200" {
+            assert!(answer.ends_with("\r\n\r\n/echo/new"), "{answer}");
+            break;
+        }
+        assert_eq!(status(&answer), "429", "{answer}");
+        assert!(
+            gone.elapsed() < Duration::from_secs(2),
+            "the vanished client's place was still held after {:?}\nlog:\n{}",
+            gone.elapsed(),
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        ask_kept("/echo/after"),
+        ("200".into(), "/echo/after".into())
+    );
+    assert!(p.child.try_wait().unwrap().is_none(), "{}", p.log());
 }
 
 /// Issue 35: layer 7 judged a host as the client spelled it. A trailing

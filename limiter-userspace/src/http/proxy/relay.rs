@@ -78,6 +78,8 @@ impl Relay {
         let max_head = limits.max_header_bytes.min(u32::MAX as usize);
         let (mut head_deadline, mut answer_deadline) = (Deadline::new(), Deadline::new());
         let handed_over = 'relay: loop {
+            // Sent (begun) before the last answer ended: pipelined.
+            let pipelined = !read.is_empty();
             // Idle or mid-head, a client has the header timeout.
             head_deadline.set(limits.header_timeout);
             let (mut request, close) = loop {
@@ -136,7 +138,7 @@ impl Relay {
             let asked = tokio::select! {
                 biased;
                 asked = asked => asked,
-                () = client_gone(&client, !read.is_empty()) => return Ok(()),
+                () = client_gone(&client, pipelined || !read.is_empty()) => return Ok(()),
             };
             match asked {
                 Ok((upstream, framing)) => {
@@ -348,9 +350,11 @@ fn write_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
 }
 
 /// Ends when the client closes its connection (or it fails) while its
-/// request waits; never once it has sent more (a pipelined request, which
-/// may well follow a half close). A client that only half-closes after its
-/// request is taken to have left, as hyper and nginx take it.
+/// request waits; never for a pipelined request, one sent with others
+/// before their answers (a half close may well follow a pipeline: the
+/// client has said all it will, and waits for every answer, the last
+/// included). A client that half-closes after a request it sent alone is
+/// taken to have left, as hyper and nginx take it.
 async fn client_gone(client: &TcpStream, pipelined: bool) {
     if !pipelined && matches!(client.peek(&mut [0u8; 1]).await, Ok(0) | Err(_)) {
         return;
