@@ -154,16 +154,29 @@ pub fn start_timeout() -> Duration {
     Duration::from_secs(secs)
 }
 
-/// Loads the program with `text`'s rules.
+/// Loads the program with `text`'s rules: the build the `limiter` binary
+/// embeds, or the one `LIMITER_TEST_OBJECT` names (`cargo xtask mutants`
+/// builds each mutant of the program and runs these tests on it).
 pub fn loaded(text: &str) -> Loaded {
-    loaded_object(limiter::kernel::OBJECT, text)
+    match std::env::var_os("LIMITER_TEST_OBJECT") {
+        Some(path) => loaded_object(
+            &fs::read(&path).unwrap_or_else(|e| panic!("LIMITER_TEST_OBJECT {path:?}: {e}")),
+            text,
+        ),
+        None => loaded_object(limiter::kernel::OBJECT, text),
+    }
 }
 
 /// The build of the program that reads its clock from the `CLOCK` map,
-/// which this crate's build script makes from the same tree.
+/// which this crate's build script makes from the same tree (or the one
+/// `LIMITER_TEST_CLOCK_OBJECT` names, as `LIMITER_TEST_OBJECT`).
 pub fn test_clock_object() -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter");
+    let path = std::env::var_os("LIMITER_TEST_CLOCK_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter")
+        });
     fs::read(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e} (run the tests with `cargo xtask test`, which builds it)",
@@ -221,10 +234,16 @@ impl Drop for TempDir {
     }
 }
 
-/// The `limiter` binary under test (`cargo xtask test` says where).
+/// The `limiter` binary under test (`cargo xtask test` says where). With
+/// `LIMITER_TESTS_BUILD_BIN` set (`cargo xtask mutants`), built first from
+/// the tree this crate was built in, in a target directory of its own
+/// (the `cargo test` running this holds the workspace's).
 pub fn limiter_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("LIMITER_BIN") {
         return path.into();
+    }
+    if std::env::var_os("LIMITER_TESTS_BUILD_BIN").is_some() {
+        return built_bin().clone();
     }
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter");
     assert!(
@@ -232,6 +251,24 @@ pub fn limiter_bin() -> PathBuf {
         "no limiter binary: run the tests with `cargo xtask test`"
     );
     path
+}
+
+/// `limiter` built from this tree, once per test process.
+fn built_bin() -> &'static PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = root.join("target/tests-bin");
+        let status = Command::new("cargo")
+            .current_dir(&root)
+            .args(["build", "--quiet", "--package", "limiter-userspace", "--bin", "limiter"])
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("running cargo build for the limiter binary");
+        assert!(status.success(), "building the limiter binary failed");
+        target.join("debug/limiter")
+    })
 }
 
 /// Runs `limiter` with `args` in the network namespace `netns` (if any),

@@ -6,7 +6,7 @@
 //! - `cargo xtask build`    builds the XDP object and the `limiter` binary
 //! - `cargo xtask setup`    only installs what is missing
 //! - `cargo xtask bench`    benchmarks, with peers in the same run
-//! - `cargo xtask mutants`  mutation testing of `limiter-common` (on demand)
+//! - `cargo xtask mutants`  mutation testing by area (on demand)
 //! - `cargo xtask vm`       runs a command in Debian's kernels under qemu
 
 mod matrix;
@@ -64,9 +64,11 @@ enum Task {
         /// baseline by default.
         sections: Vec<String>,
     },
-    /// Mutation testing (cargo-mutants) of `limiter-common` against the
-    /// tests that exercise it; survivors are checked against tests/MUTANTS.md.
-    /// Not part of `test`: it takes about an hour on two cores.
+    /// Mutation testing by area (`--area common|fleet|relay|escalation|
+    /// trace|validation|kernel|all`), each against the tests that exercise
+    /// it, in at most 30 minutes on two cores; an area fails under 90%
+    /// caught or with a survivor tests/MUTANTS.md does not explain. Not
+    /// part of `test`.
     Mutants(mutants::Options),
     /// The long fuzz runs: a million mutated frames through the XDP program
     /// against the reference parser, and 20,000 cases of each input fuzzer

@@ -1,100 +1,245 @@
-//! `cargo xtask mutants`: cargo-mutants over `limiter-common`, where every
-//! verdict is computed, tested by what exercises it, in two passes so it
-//! fits two cores: first its own unit and property tests and the reference
-//! model (seconds per mutant), then, for the mutants that survived, the
-//! conformance corpus through the XDP program rebuilt from the mutated tree
-//! (BPF_PROG_TEST_RUN) and the layer-7 tests (a minute per mutant).
-//! Surviving mutants must each be explained in `tests/MUTANTS.md`; the run
-//! fails on one that is not.
+//! `cargo xtask mutants --area NAME`: mutation testing by area, each
+//! judged by the tests that exercise it and sized to run in at most 30
+//! minutes on two cores (`--area all`: one after another).
+//!
+//! - `common`: `limiter-common`, where every verdict is computed, in two
+//!   passes: its own unit and property tests and the reference model
+//!   (seconds per mutant), then the survivors against the conformance
+//!   corpus through the XDP program rebuilt from the mutated tree
+//!   (BPF_PROG_TEST_RUN) and the layer-7 tests.
+//! - `fleet`, `relay`, `escalation`, `trace`, `validation`: modules of
+//!   `limiter-userspace` (and `limiter-common`'s escalation), through
+//!   cargo-mutants; where the judging tests run the `limiter` binary, they
+//!   build it from the mutated tree (`LIMITER_TESTS_BUILD_BIN`).
+//! - `kernel`: `limiter-ebpf`, which cargo-mutants cannot build (a
+//!   workspace of its own, for the BPF target): its mutants are listed by
+//!   cargo-mutants and applied here, one at a time, to a copy of the
+//!   program's sources; each is built (the release and the test-clock
+//!   object) and judged by the BPF_PROG_TEST_RUN tests and the
+//!   conformance replays, run from test binaries built once.
+//!
+//! Every area must catch at least 90% of its viable mutants, and each
+//! survivor must be explained in `tests/MUTANTS.md`; the run fails
+//! otherwise.
 
-use std::{collections::BTreeSet, fs, path::Path};
+mod areas;
+mod kernel;
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, root, status, step};
+use crate::{cargo, root, step};
+pub use areas::AreaName;
+use areas::{Area, Judge};
 
 #[derive(clap::Args)]
 pub struct Options {
+    /// The area to mutate, or `all` (every area, one after another).
+    #[arg(long, value_enum, default_value = "common")]
+    area: AreaName,
     /// Only mutants whose name matches this regular expression
     /// (e.g. `gcra.rs`, `Window::roll`).
     #[arg(long)]
     re: Option<String>,
     /// Seconds a mutant's tests may take before it counts as a timeout
-    /// (default: cargo-mutants' own, five times the unmutated tests' time).
+    /// (default: the area's own).
     #[arg(long)]
     timeout: Option<u64>,
     /// List the mutants and exit.
     #[arg(long)]
     list: bool,
+    /// Every mutant of the area, where its default run takes a sample
+    /// that fits 30 minutes (the kernel's).
+    #[arg(long)]
+    full: bool,
 }
 
-/// Where cargo-mutants writes `mutants.out/`.
-const OUTPUT: &str = "target/mutants";
+/// Where each area's cargo-mutants output goes: `target/mutants/<area>`.
+fn output(area: &str) -> PathBuf {
+    root().join("target/mutants").join(area)
+}
 
-/// The second pass's tests: the corpus through the XDP program (rebuilt
-/// from the mutated tree) and over HTTP. The proxy tests are left out:
-/// they run the `limiter` binary, which cargo-mutants does not rebuild.
-const KERNEL_AND_HTTP_TESTS: [&str; 10] = [
-    "--test",
-    "conformance",
-    "--test",
-    "l7",
-    "--",
-    "--skip",
-    "proxy",
-    "--skip",
-    "upstream",
-    "--test-threads=1",
-];
+/// How an area's run ended.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub caught: BTreeSet<String>,
+    pub missed: BTreeSet<String>,
+    pub timeout: BTreeSet<String>,
+    pub unviable: BTreeSet<String>,
+}
+
+impl Tally {
+    fn viable(&self) -> usize {
+        self.caught.len() + self.missed.len() + self.timeout.len()
+    }
+
+    /// Caught of the viable, in percent (a timeout counts as caught: a
+    /// mutant that makes the tests hang is noticed, by the timeout).
+    fn score(&self) -> f64 {
+        if self.viable() == 0 {
+            return 100.0;
+        }
+        100.0 * (self.caught.len() + self.timeout.len()) as f64 / self.viable() as f64
+    }
+}
 
 pub fn run(options: &Options) -> Result<()> {
-    let mutants = |test_packages: &str, jobs: &str| {
+    let areas = areas::chosen(options.area);
+    let mut failed = Vec::new();
+    let mut report = Vec::new();
+    for area in &areas {
+        step(&format!("mutants: area {} ({})", area.name, area.what));
+        let tally = match area.judge {
+            Judge::Kernel => kernel::run(area, options)?,
+            _ => run_cargo_mutants(area, options)?,
+        };
+        if options.list {
+            continue;
+        }
+        let unexplained = unexplained(&tally)?;
+        println!(
+            "\narea {}: {} mutants, {} viable, {} caught ({} as timeouts), {} missed, {} unviable: {:.1}% caught; {} unexplained",
+            area.name,
+            tally.viable() + tally.unviable.len(),
+            tally.viable(),
+            tally.caught.len() + tally.timeout.len(),
+            tally.timeout.len(),
+            tally.missed.len(),
+            tally.unviable.len(),
+            tally.score(),
+            unexplained.len()
+        );
+        for name in &unexplained {
+            println!("  not explained in tests/MUTANTS.md: {name}");
+        }
+        if tally.score() < 90.0 || !unexplained.is_empty() {
+            failed.push(area.name);
+        }
+        report.push((area.name, tally));
+    }
+    if report.len() > 1 {
+        println!("\n| area | viable | caught | missed | score |\n| --- | --- | --- | --- | --- |");
+        for (name, tally) in &report {
+            println!(
+                "| {name} | {} | {} | {} | {:.1}% |",
+                tally.viable(),
+                tally.caught.len() + tally.timeout.len(),
+                tally.missed.len(),
+                tally.score()
+            );
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "areas {failed:?}: under 90% caught, or survivors not explained: add a test that \
+             kills each, or explain it in tests/MUTANTS.md"
+        );
+    }
+    Ok(())
+}
+
+/// cargo-mutants over an area of the workspace: one pass, or the two of
+/// `common`.
+fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
+    let out = output(area.name);
+    let mutants = |test_packages: &[&str], tests: &[&str], jobs: u32| {
         let mut command = cargo();
+        command.arg("mutants");
+        for package in area.packages {
+            command.args(["--package", package]);
+        }
+        for file in area.files {
+            command.args(["--file", file]);
+        }
+        for test_package in test_packages {
+            command.args(["--test-package", test_package]);
+        }
         command
-            .args(["mutants", "--package", "limiter-common"])
-            .args(["--test-package", test_packages])
-            .args(["--jobs", jobs, "--copy-target=true"])
-            .args(["--output", OUTPUT]);
+            .args(["--jobs", &jobs.to_string(), "--copy-target=true"])
+            .arg("--output")
+            .arg(&out);
         if let Some(re) = &options.re {
             command.args(["--re", re]);
         }
-        if let Some(seconds) = options.timeout {
-            command.args(["--timeout", &seconds.to_string()]);
+        if area.shards > 1 && !options.full {
+            command.arg(format!("--shard=0/{}", area.shards));
+        }
+        let timeout = options.timeout.unwrap_or(area.timeout);
+        command.args(["--timeout", &timeout.to_string()]);
+        if area.binary {
+            // The proxy's and the daemon's tests run `limiter` built from
+            // the mutated tree (with the unmutated XDP object).
+            command
+                .env_remove("LIMITER_BIN")
+                .env("LIMITER_TESTS_BUILD_BIN", "1")
+                .env(
+                    "LIMITER_EBPF_OBJECT",
+                    root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter"),
+                );
+        }
+        if !tests.is_empty() {
+            command.arg("--").args(tests);
         }
         command
     };
     if options.list {
-        return status(mutants("limiter-common", "1").arg("--list"));
+        crate::status(mutants(area.test_packages, &[], 1).arg("--list"))?;
+        return Ok(Tally::default());
     }
-    step(
-        "mutants, pass 1: limiter-common's own tests and the reference model \
-         (limiter-conformance), two at a time",
-    );
-    run_mutants(&mut mutants("limiter-common,limiter-conformance", "2"))?;
-    step(
-        "mutants, pass 2: the survivors against the XDP program rebuilt from each \
-         mutated tree and the layer-7 tests, one at a time",
-    );
-    let mut second = mutants("limiter-tests", "1");
-    // cargo-mutants' baseline runs the mutated package's tests only, where
-    // these targets do not exist; pass 1 and `cargo xtask test` ran them
-    // on the unmutated tree already.
-    second.args(["--iterate", "--baseline=skip"]);
-    if options.timeout.is_none() {
-        second.args(["--timeout", "180"]);
+    if area.binary {
+        // Built once here, so each mutated copy (which takes `target/`
+        // along) rebuilds it incrementally.
+        step("building the limiter binary the tests build from each mutated tree");
+        crate::status(
+            cargo()
+                .args(["build", "--package", "limiter-userspace", "--bin", "limiter"])
+                .arg("--target-dir")
+                .arg(root().join(areas::TESTS_BIN_TARGET))
+                .env(
+                    "LIMITER_EBPF_OBJECT",
+                    root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter"),
+                ),
+        )?;
     }
-    second
-        // The copy's own test-clock object, built from the mutated source.
-        .env("LIMITER_TESTS_BUILD_KERNEL", "1")
-        .arg("--")
-        .args(KERNEL_AND_HTTP_TESTS);
-    run_mutants(&mut second)?;
-    judge()
+    run_mutants(&mut mutants(area.test_packages, area.tests, area.jobs))?;
+    let mut tally = read_tally(&out)?;
+    if let Judge::SecondPass {
+        test_packages,
+        tests,
+    } = area.judge
+    {
+        step(&format!(
+            "mutants: area {}, pass 2: the survivors against the XDP program rebuilt from \
+             each mutated tree and the layer-7 tests, one at a time",
+            area.name
+        ));
+        let mut second = mutants(test_packages, tests, 1);
+        // cargo-mutants' baseline runs the mutated package's tests only,
+        // where these targets do not exist; pass 1 and `cargo xtask test`
+        // ran them on the unmutated tree already.
+        second
+            .args(["--iterate", "--baseline=skip"])
+            // The copy's own test-clock object, built from the mutated source.
+            .env("LIMITER_TESTS_BUILD_KERNEL", "1");
+        if options.timeout.is_none() {
+            second.args(["--timeout", "180"]);
+        }
+        run_mutants(&mut second)?;
+        // `--iterate` keeps what the first pass caught and retries the rest.
+        tally = read_tally(&out)?;
+    }
+    Ok(tally)
 }
 
 /// Runs cargo-mutants; missed mutants (exit 2) and timeouts (3) are judged
-/// against MUTANTS.md afterwards, anything else is a failure.
-fn run_mutants(command: &mut std::process::Command) -> Result<()> {
+/// afterwards, anything else is a failure.
+fn run_mutants(command: &mut Command) -> Result<()> {
     let shown = format!("{command:?}");
     let code = command
         .status()
@@ -106,37 +251,33 @@ fn run_mutants(command: &mut std::process::Command) -> Result<()> {
     Ok(())
 }
 
-/// Every surviving mutant must be explained in tests/MUTANTS.md.
-fn judge() -> Result<()> {
-    let out = root().join(OUTPUT).join("mutants.out");
-    let survivors = read_names(&out.join("missed.txt"))?
-        .into_iter()
-        .chain(read_names(&out.join("timeout.txt"))?)
-        .collect::<BTreeSet<_>>();
-    let explained =
-        fs::read_to_string(root().join("tests/MUTANTS.md")).context("reading tests/MUTANTS.md")?;
-    let unexplained: Vec<&String> = survivors
-        .iter()
-        .filter(|name| !explained.contains(&without_position(name)))
-        .collect();
-    println!(
-        "\n{} mutants survived, {} of them not explained in tests/MUTANTS.md",
-        survivors.len(),
-        unexplained.len()
-    );
-    for name in &unexplained {
-        println!("  {name}");
-    }
-    if !unexplained.is_empty() {
-        bail!("add a test that kills each mutant above, or explain it in tests/MUTANTS.md");
-    }
-    Ok(())
+/// The outcome lists cargo-mutants wrote in `out/mutants.out`.
+fn read_tally(out: &Path) -> Result<Tally> {
+    let out = out.join("mutants.out");
+    Ok(Tally {
+        caught: read_names(&out.join("caught.txt"))?,
+        missed: read_names(&out.join("missed.txt"))?,
+        timeout: read_names(&out.join("timeout.txt"))?,
+        unviable: read_names(&out.join("unviable.txt"))?,
+    })
 }
 
-fn read_names(path: &Path) -> Result<Vec<String>> {
+/// The survivors tests/MUTANTS.md does not explain.
+fn unexplained(tally: &Tally) -> Result<Vec<String>> {
+    let explained =
+        fs::read_to_string(root().join("tests/MUTANTS.md")).context("reading tests/MUTANTS.md")?;
+    Ok(tally
+        .missed
+        .iter()
+        .filter(|name| !explained.contains(&without_position(name)))
+        .cloned()
+        .collect())
+}
+
+fn read_names(path: &Path) -> Result<BTreeSet<String>> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeSet::new()),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }
@@ -153,7 +294,7 @@ fn without_position(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::without_position;
+    use super::{Tally, without_position};
 
     #[test]
     fn names_lose_their_position() {
@@ -161,5 +302,19 @@ mod tests {
             without_position("limiter-common/src/gcra.rs:95:9: replace + with - in Gcra::check"),
             "limiter-common/src/gcra.rs: replace + with - in Gcra::check"
         );
+    }
+
+    #[test]
+    fn the_score_is_caught_of_viable() {
+        let names = |n: usize, what: &str| (0..n).map(|i| format!("{what}{i}")).collect();
+        let tally = Tally {
+            caught: names(8, "c"),
+            missed: names(1, "m"),
+            timeout: names(1, "t"),
+            unviable: names(5, "u"),
+        };
+        assert_eq!(tally.viable(), 10);
+        assert!((tally.score() - 90.0).abs() < 1e-9);
+        assert!((Tally::default().score() - 100.0).abs() < 1e-9);
     }
 }

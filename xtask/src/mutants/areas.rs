@@ -1,0 +1,253 @@
+//! The areas of `cargo xtask mutants`: what each mutates and which tests
+//! judge it, chosen so that an area runs in at most 30 minutes on two
+//! cores (see tests/MUTANTS.md for each area's last run).
+
+/// Where the tests that run the `limiter` binary build it from the tree
+/// they are in (`LIMITER_TESTS_BUILD_BIN`): a target directory of its own,
+/// since the `cargo test` running them holds the workspace's.
+pub const TESTS_BIN_TARGET: &str = "target/tests-bin";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AreaName {
+    /// limiter-common: the algorithms, the ABI, the key table.
+    Common,
+    /// The fleet's leases, shares and manager.
+    Fleet,
+    /// The proxy's HTTP/1.1 relay and chunked framing.
+    Relay,
+    /// Escalation: the watch (common) and the daemon's looks (engine).
+    Escalation,
+    /// The kernel trace's filter and the proxy's tracer.
+    Trace,
+    /// Rule-file validation.
+    Validation,
+    /// The XDP program itself.
+    Kernel,
+    /// Every area, one after another.
+    All,
+}
+
+/// How an area's mutants are judged.
+pub enum Judge {
+    /// One run of cargo-mutants with the area's tests.
+    Once,
+    /// Then the survivors again, against these tests (of these packages).
+    SecondPass {
+        test_packages: &'static [&'static str],
+        tests: &'static [&'static str],
+    },
+    /// The XDP program's own driver (`kernel.rs`).
+    Kernel,
+}
+
+pub struct Area {
+    pub name: &'static str,
+    pub what: &'static str,
+    /// The packages whose files are mutated.
+    pub packages: &'static [&'static str],
+    /// The files mutated (cargo-mutants globs; all of the packages' when
+    /// empty).
+    pub files: &'static [&'static str],
+    /// The packages whose tests judge, and `cargo test`'s arguments (test
+    /// targets, then after `--` the test binaries').
+    pub test_packages: &'static [&'static str],
+    pub tests: &'static [&'static str],
+    /// The tests run the `limiter` binary, built from the mutated tree.
+    pub binary: bool,
+    pub jobs: u32,
+    /// Seconds a mutant's tests may take.
+    pub timeout: u64,
+    /// A default run takes one mutant in this many (cargo-mutants'
+    /// `--shard 0/N`: spread over the list) to fit 30 minutes; `--full`
+    /// takes them all.
+    pub shards: u32,
+    pub judge: Judge,
+}
+
+const COMMON: Area = Area {
+    name: "common",
+    what: "limiter-common's unit and property tests and the reference model, then the \
+           conformance corpus through the XDP program and the layer-7 tests",
+    packages: &["limiter-common"],
+    files: &[],
+    test_packages: &["limiter-common", "limiter-conformance"],
+    tests: &[],
+    binary: false,
+    jobs: 2,
+    timeout: 20,
+    shards: 1,
+    judge: Judge::SecondPass {
+        test_packages: &["limiter-tests"],
+        // The proxy tests are left out: they run the `limiter` binary.
+        tests: &[
+            "--test",
+            "conformance",
+            "--test",
+            "l7",
+            "--",
+            "--skip",
+            "proxy",
+            "--skip",
+            "upstream",
+            "--test-threads=1",
+        ],
+    },
+};
+
+const FLEET: Area = Area {
+    name: "fleet",
+    what: "the fleet module, against its unit tests and the leases and manager tests on real \
+           redis-servers",
+    packages: &["limiter-userspace"],
+    files: &["limiter-userspace/src/fleet/*.rs"],
+    test_packages: &["limiter-userspace"],
+    tests: &["--lib", "--test", "fleet_leases", "--test", "fleet_config"],
+    binary: false,
+    // One at a time: the tests measure when shares lapse.
+    jobs: 1,
+    timeout: 120,
+    shards: 4,
+    judge: Judge::Once,
+};
+
+const RELAY: Area = Area {
+    name: "relay",
+    what: "the proxy's relay and chunked framing, against its unit tests and the proxy's \
+           framing tests (limiter proxy built from each mutant, real sockets)",
+    packages: &["limiter-userspace"],
+    files: &[
+        "limiter-userspace/src/http/proxy/relay.rs",
+        "limiter-userspace/src/http/proxy/chunked.rs",
+    ],
+    test_packages: &["limiter-userspace", "limiter-tests"],
+    tests: &[
+        "--lib",
+        "--test",
+        "proxy_abuse",
+        "--",
+        "chunked",
+        "framing",
+        "answer",
+        "head",
+        "pipelin",
+        "upstream",
+        "--test-threads=1",
+    ],
+    binary: true,
+    jobs: 1,
+    timeout: 240,
+    shards: 5,
+    judge: Judge::Once,
+};
+
+const ESCALATION: Area = Area {
+    name: "escalation",
+    what: "escalation's watch and the daemon's looks, against their unit tests and the \
+           escalation tests (the engine on the test-clock program, the daemon on real traffic)",
+    packages: &["limiter-common", "limiter-userspace"],
+    files: &[
+        "limiter-common/src/escalation.rs",
+        "limiter-userspace/src/engine/escalate.rs",
+    ],
+    test_packages: &["limiter-common", "limiter-tests"],
+    tests: &[
+        "--lib",
+        "--test",
+        "escalate",
+        "--",
+        "escalat",
+        "--test-threads=1",
+    ],
+    binary: true,
+    jobs: 1,
+    timeout: 300,
+    shards: 4,
+    judge: Judge::Once,
+};
+
+const TRACE: Area = Area {
+    name: "trace",
+    what: "the kernel trace's filter and the proxy's tracer, against their unit tests and the \
+           trace tests",
+    packages: &["limiter-userspace"],
+    files: &[
+        "limiter-userspace/src/trace.rs",
+        "limiter-userspace/src/http/trace.rs",
+    ],
+    test_packages: &["limiter-userspace", "limiter-tests"],
+    tests: &[
+        "--lib",
+        "--test",
+        "trace",
+        "--test",
+        "l7",
+        "--",
+        "trace",
+        "--test-threads=1",
+    ],
+    binary: true,
+    jobs: 1,
+    timeout: 300,
+    shards: 3,
+    judge: Judge::Once,
+};
+
+const VALIDATION: Area = Area {
+    name: "validation",
+    what: "rule-file validation, against the rule tests and the input fuzzers",
+    packages: &["limiter-userspace"],
+    files: &[
+        "limiter-userspace/src/rules/validate.rs",
+        "limiter-userspace/src/rules/raw.rs",
+    ],
+    test_packages: &["limiter-userspace"],
+    tests: &["--lib", "--test", "fuzz_inputs"],
+    binary: false,
+    jobs: 2,
+    timeout: 60,
+    shards: 1,
+    judge: Judge::Once,
+};
+
+const KERNEL: Area = Area {
+    name: "kernel",
+    what: "the XDP program's decisions (limiter-ebpf), against the BPF_PROG_TEST_RUN tests \
+           and the conformance replays",
+    packages: &["limiter-ebpf"],
+    // The decision and its state; the parser is judged by the fuzzed
+    // frames against the reference parser (`cargo xtask fuzz`).
+    files: &[
+        "src/decide.rs",
+        "src/meter.rs",
+        "src/admission.rs",
+        "src/keys.rs",
+        "src/blocks.rs",
+        "src/fragments.rs",
+        "src/drops.rs",
+        "src/cell.rs",
+    ],
+    test_packages: &[],
+    tests: &[],
+    binary: false,
+    jobs: 1,
+    timeout: 180,
+    shards: 1,
+    judge: Judge::Kernel,
+};
+
+/// The areas `name` names.
+pub fn chosen(name: AreaName) -> Vec<&'static Area> {
+    let all: [(AreaName, &'static Area); 7] = [
+        (AreaName::Common, &COMMON),
+        (AreaName::Fleet, &FLEET),
+        (AreaName::Relay, &RELAY),
+        (AreaName::Escalation, &ESCALATION),
+        (AreaName::Trace, &TRACE),
+        (AreaName::Validation, &VALIDATION),
+        (AreaName::Kernel, &KERNEL),
+    ];
+    all.into_iter()
+        .filter(|(n, _)| name == AreaName::All || *n == name)
+        .map(|(_, area)| area)
+        .collect()
+}
