@@ -6,15 +6,17 @@
 //! the corpus does not show: dry run, default drop, full rule tables. (This
 //! build is the one `cargo xtask mutants` rebuilds from each mutant.)
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, time::Duration};
 
-use limiter_common::abi::counter_slot;
-use limiter_conformance::{assert_same, assert_same_over_soft};
+use ipnet::IpNet;
+use limiter::kernel::counters::rule_totals;
+use limiter_common::abi::{RuleCounters, counter_slot};
+use limiter_conformance::{assert_same, assert_same_over_soft, escalation};
 use limiter_tests::{
     Loaded, XDP_DROP, XDP_PASS, frames, loaded_object,
     reference::{self, Algo},
     rules, run_at, snapshot, test_clock_object,
-    traces::{corpus, replayable_as_frames},
+    traces::{corpus, escalation_corpus, replayable_as_frames},
 };
 
 /// CLOCK_REALTIME − CLOCK_MONOTONIC in the replay: not a whole number of
@@ -153,6 +155,129 @@ fn the_xdp_program_matches_the_reference() {
     }
     assert_eq!(replayed, 57, "traces replayed through the program");
     assert_eq!(softs, 3, "traces with a soft limit replayed");
+}
+
+/// Rule `id`'s counters, every CPU and interface slot.
+fn totals(dp: &Loaded, id: u32) -> RuleCounters {
+    rule_totals(dp.maps(), id).expect("reading RULE_STATS")
+}
+
+/// The key of the escalation traces' rule that `prefix` (a source, /32)
+/// stands for.
+fn key_of(prefix: &IpNet) -> u8 {
+    match prefix {
+        IpNet::V4(net) if net.prefix_len() == 32 && net.addr().octets()[..3] == [198, 18, 0] => {
+            net.addr().octets()[3] - 1
+        }
+        _ => panic!("escalated {prefix}: not a key of the trace"),
+    }
+}
+
+/// Guards escalation with scope `key`, the kernel and the daemon's watch
+/// together (`Engine::escalate`, looking at the keys at each of the
+/// trace's looks, the test clock set to the look): which looks escalate
+/// which keys, and whether enforced, as the model says (a watch that
+/// escalates a look late or early, or a key whose over-limit streak did
+/// not restart, or a global dry run that holds keys, shows there); and
+/// every arrival's verdict, holds included (a hold that ends at the wrong
+/// time, or refills the key, shows there): enforced, a refused packet is
+/// dropped; under a dry run, the rule's or the global one, every packet
+/// passes and a refused one is counted as shadow.
+#[test]
+fn escalation_matches_the_reference() {
+    let mut dp = loaded_object(&test_clock_object(), "rules: []\n");
+    let mut replayed = 0;
+    for trace in escalation_corpus() {
+        let name = &trace.trace.name;
+        let spec = &trace.trace.spec;
+        let escalate = trace.escalate();
+        dp.engine.apply(rules("rules: []\n")).expect("clearing");
+        dp.engine
+            .apply(rules(
+                &spec.rule_file("match: { source: 198.18.0.0/16 }, key: source, "),
+            ))
+            .expect("applying the trace's rule");
+        dp.engine
+            .set_shadow(None, trace.global_dry_run)
+            .expect("the global dry run");
+        let id = trace_rule(&dp);
+        let mut counted = totals(&dp, id);
+        // (look number, key, enforced) of each escalation.
+        let mut escalated = Vec::new();
+        let mut look = |dp: &mut Loaded, n: usize, t: u64| {
+            let clock = dp.engine.datapath_mut().maps_mut().test_clock.as_mut();
+            clock
+                .expect("test clock")
+                .set(0, t, 0)
+                .expect("setting the clock");
+            let mut made: Vec<(usize, u8, bool)> = dp
+                .engine
+                .escalate()
+                .expect("escalating")
+                .into_iter()
+                .map(|e| {
+                    assert_eq!(e.rule, "trace", "{name}");
+                    assert_eq!(e.block, Duration::from_nanos(escalate.block_ns), "{name}");
+                    assert!(e.hold.is_some(), "{name}: scope key holds the key");
+                    (n, key_of(&e.prefix), e.enforced)
+                })
+                .collect();
+            made.sort_unstable();
+            escalated.extend(made);
+        };
+        let mut looks = trace.looks.iter().copied().enumerate().peekable();
+        let mut got = Vec::new();
+        for (i, a) in trace.trace.arrivals.iter().enumerate() {
+            // An arrival at the instant of a look comes before it.
+            while let Some((n, t)) = looks.next_if(|&(_, t)| t < a.t) {
+                look(&mut dp, n, t);
+            }
+            let source = Ipv4Addr::new(198, 18, 0, a.key + 1);
+            let verdict = run_at(&mut dp, &frames::udp4(source, 9, 22), a.t);
+            let now = totals(&dp, id);
+            let shadow = now.shadow_packets - counted.shadow_packets;
+            let dropped = now.dropped_packets - counted.dropped_packets;
+            counted = now;
+            got.push(if trace.dry_run() {
+                assert_eq!(
+                    (verdict, dropped),
+                    (XDP_PASS, 0),
+                    "{name}: arrival {i}: a dry run passes everything"
+                );
+                shadow == 0
+            } else {
+                assert_eq!(shadow, 0, "{name}: arrival {i}: counted as shadow");
+                assert_eq!(
+                    u64::from(verdict == XDP_DROP),
+                    dropped,
+                    "{name}: arrival {i}: verdict {verdict} and its count"
+                );
+                verdict == XDP_PASS
+            });
+        }
+        for (n, t) in looks {
+            look(&mut dp, n, t);
+        }
+        let expected = escalation::judge(&trace);
+        let enforced = !trace.dry_run();
+        let expected_escalated: Vec<(usize, u8, bool)> = expected
+            .escalated
+            .iter()
+            .enumerate()
+            .flat_map(|(n, keys)| keys.iter().map(move |&k| (n, k, enforced)))
+            .collect();
+        assert!(!expected_escalated.is_empty(), "{name} escalates");
+        assert_eq!(
+            escalated, expected_escalated,
+            "{name}: (look, key, enforced) escalated: the daemon's watch, then the model's"
+        );
+        assert_same(&trace.trace, &expected.admitted, &got, "the XDP program");
+        replayed += 1;
+    }
+    dp.engine
+        .set_shadow(None, false)
+        .expect("the global dry run");
+    assert_eq!(replayed, 4, "escalation traces replayed");
 }
 
 #[test]

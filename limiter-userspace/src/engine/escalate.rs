@@ -37,7 +37,8 @@ pub struct Watch {
     looked: HashSet<u32>,
     /// Keys a dry run would have blocked, or held by their rule, until
     /// when: not counted again meanwhile (a held key is over its limit
-    /// at every look), as a block would have stopped them.
+    /// at every look), as a block would have stopped them, nor at the
+    /// first look after.
     dry_until: HashMap<FlowKey, u64>,
     /// Escalations per rule name, since the process started.
     counts: HashMap<String, u64>,
@@ -143,7 +144,18 @@ impl Engine {
             return Ok(Vec::new());
         }
         let now = self.datapath.clock_ns();
-        self.watch.dry_until.retain(|_, until| *until > now);
+        // A key whose block (held or dry) ended since the last look is
+        // passed by once more: what it refused since that look, the block
+        // refused (a held key's buckets are empty when its block ends), so
+        // its watch starts afresh at the next look, not over at this one.
+        let mut released = HashSet::new();
+        self.watch.dry_until.retain(|key, until| {
+            let blocked = *until > now;
+            if !blocked {
+                released.insert(*key);
+            }
+            blocked
+        });
         let mut over_since = HashMap::new();
         let mut dropped = HashMap::new();
         let mut due = Vec::new();
@@ -153,8 +165,9 @@ impl Engine {
             else {
                 return;
             };
-            if self.watch.dry_until.contains_key(key) {
-                // Held by a dry run's block: its count still moves on.
+            if self.watch.dry_until.contains_key(key) || released.contains(key) {
+                // Held, or by a dry run's block, or just released: its
+                // count still moves on.
                 if state.dropped_packets != 0 {
                     dropped.insert(*key, state.dropped_packets);
                 }

@@ -1,9 +1,12 @@
 //! The conformance corpus: arrival traces for every algorithm
 //! ([`traces`]) and a reference model written apart from `limiter-common`
-//! ([`reference`]). `tests/model.rs` holds `limiter-common`'s functions,
-//! `governor` and envoy's formula to it; `limiter-tests` replays the same
-//! traces through the XDP program and over HTTP.
+//! ([`reference`]; escalation, whose traces also say when the daemon
+//! looks, in [`escalation`]). `tests/model.rs` holds `limiter-common`'s
+//! functions, `governor` and envoy's formula to it; `limiter-tests`
+//! replays the same traces through the XDP program and over HTTP (the
+//! escalation traces through the program and the daemon's watch).
 
+pub mod escalation;
 pub mod reference;
 pub mod traces;
 

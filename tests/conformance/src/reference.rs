@@ -58,7 +58,7 @@ impl Limit {
     }
 
     /// (meter, charges bytes) for each meter present, requests first.
-    fn meters(self) -> impl Iterator<Item = (Meter, bool)> {
+    pub(crate) fn meters(self) -> impl Iterator<Item = (Meter, bool)> {
         let requests = self.requests.map(|m| (m, false));
         let bytes = self.bytes.map(|m| (m, true));
         requests.into_iter().chain(bytes)
@@ -88,6 +88,22 @@ pub struct Spec {
     /// credits as every request meter; what it would refuse is admitted
     /// all the same, and counted over it.
     pub soft: Option<Limit>,
+    /// `escalate: { after, block }` (scope `key`): a key over its limit
+    /// at every look for `after` is held for `block`. [`judge`] leaves it
+    /// out (it knows no looks); `escalation::judge` decides it.
+    pub escalate: Option<Escalate>,
+    /// `action: shadow`, the rule's dry run: every packet passes, what
+    /// the meters refuse is counted (as shadow) and charged nothing, and
+    /// escalation holds no key. The meters' verdicts ([`judge`]) are the
+    /// same.
+    pub shadow: bool,
+}
+
+/// A rule's `escalate: { after, block }`, in ns (scope `key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Escalate {
+    pub after_ns: u64,
+    pub block_ns: u64,
 }
 
 impl Spec {
@@ -119,8 +135,18 @@ impl Spec {
             .soft
             .map(|s| format!(", soft: {}", s.yaml(Algo::Gcra)))
             .unwrap_or_default();
+        let escalate = self
+            .escalate
+            .map(|e| {
+                format!(
+                    ", escalate: {{ after: {}ns, block: {}ns }}",
+                    e.after_ns, e.block_ns
+                )
+            })
+            .unwrap_or_default();
+        let action = if self.shadow { ", action: shadow" } else { "" };
         format!(
-            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate}{soft} }}\n"
+            "rules:\n  - {{ name: trace, {extra}algorithm: {algorithm}, {limit}{aggregate}{soft}{escalate}{action} }}\n"
         )
     }
 
@@ -404,14 +430,14 @@ impl State {
 
 /// GCRA as a leaky bucket: `level` ns of work queued as of `last`.
 #[derive(Clone, Debug, Default)]
-struct Bucket {
+pub(crate) struct Bucket {
     level: i128,
     last: Option<i128>,
 }
 
 impl Bucket {
     /// `B·T` in ns of the meter (`T` rounded up).
-    fn capacity((period_ns, meter): (u64, Meter)) -> i128 {
+    pub(crate) fn capacity((period_ns, meter): (u64, Meter)) -> i128 {
         let rate = i128::from(meter.rate);
         i128::from(meter.burst) * ((i128::from(period_ns) + rate - 1) / rate)
     }
@@ -433,7 +459,23 @@ impl Bucket {
         }
     }
 
-    fn offer(&self, meter: &Meter, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
+    /// The work still queued at `t`: what the bucket holds, drained from
+    /// its last conformance to `t`.
+    pub(crate) fn level_at(&self, t: u64) -> i128 {
+        self.last
+            .map_or(0, |last| (self.level - (i128::from(t) - last)).max(0))
+    }
+
+    /// The bucket topped up at `t` to hold at least `level` ns of work
+    /// (what it holds already, if more).
+    pub(crate) fn filled(&self, t: u64, level: i128) -> Self {
+        Self {
+            level: self.level_at(t).max(level),
+            last: Some(i128::from(t)),
+        }
+    }
+
+    pub(crate) fn offer(&self, meter: &Meter, period_ns: u64, t: u64, cost: u64) -> Option<Self> {
         let rate = i128::from(meter.rate);
         let period = i128::from(period_ns);
         // One unit of cost is worth T = ceil(U / R) ns; the bucket holds B·T.

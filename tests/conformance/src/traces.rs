@@ -3,7 +3,10 @@
 //! floods, idle gaps, clocks that go backwards, huge costs and the ends of
 //! the u64 clock.
 
-use crate::reference::{Algo, Arrival, Limit, LimitChange, Meter, Spec, Trace};
+use crate::{
+    escalation::EscalationTrace,
+    reference::{Algo, Arrival, Escalate, Limit, LimitChange, Meter, Spec, Trace},
+};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -53,6 +56,8 @@ pub fn corpus() -> Vec<Trace> {
             third: None,
             costly: None,
             soft: None,
+            escalate: None,
+            shadow: false,
         };
         let packets = |rate, period_ns, b| spec(limit(period_ns, Some(meter(rate, b)), None), None);
         let bytes = |rate, period_ns, b| spec(limit(period_ns, None, Some(meter(rate, b))), None);
@@ -320,6 +325,113 @@ pub fn corpus() -> Vec<Trace> {
         }
     }
     traces
+}
+
+/// The escalation traces (GCRA, packets, `escalate: { after: 2s, block:
+/// 4.5s }` with scope `key`, looks once a second): the same arrivals
+/// with the escalation enforced, under the rule's dry run (`action:
+/// shadow`) and under the global one.
+pub fn escalation_corpus() -> Vec<EscalationTrace> {
+    let start = 1_700_000_000 * SEC;
+    let spec = Spec {
+        algo: Algo::Gcra,
+        limit: Limit {
+            period_ns: SEC,
+            requests: Some(Meter { rate: 10, burst: 5 }),
+            bytes: None,
+        },
+        aggregate: None,
+        second: None,
+        third: None,
+        costly: None,
+        soft: None,
+        escalate: Some(Escalate {
+            after_ns: 2 * SEC,
+            block_ns: 4 * SEC + SEC / 2,
+        }),
+        shadow: false,
+    };
+    let looks: Vec<u64> = (1..=24).map(|k| start + k * SEC).collect();
+    let arrivals = escalating(start);
+    let escalation = |name: &str, shadow, global_dry_run| EscalationTrace {
+        trace: trace(
+            format!("Gcra/{name}"),
+            Spec { shadow, ..spec },
+            arrivals.clone(),
+        ),
+        looks: looks.clone(),
+        global_dry_run,
+    };
+    // A key that floods, is held, and is polite from then on (4 a second
+    // against 10): held once, never again at its block's end (`after: 1s`,
+    // a block of whole seconds, so a look falls on the block's end).
+    let polite = Spec {
+        escalate: Some(Escalate {
+            after_ns: SEC,
+            block_ns: 2 * SEC,
+        }),
+        ..spec
+    };
+    let mut polite_arrivals: Vec<Arrival> = (0..90)
+        .map(|i| start + 1_000_003 + i * SEC / 30)
+        .chain((0..60).map(|i| start + 3 * SEC + 3_000_007 + i * SEC / 4))
+        .map(|t| Arrival {
+            t,
+            key: 0,
+            cost: 1,
+            costly: false,
+        })
+        .collect();
+    polite_arrivals.sort_by_key(|a| a.t);
+    vec![
+        escalation("escalation", false, false),
+        escalation("escalation-dry-run", true, false),
+        escalation("escalation-global-dry-run", false, true),
+        EscalationTrace {
+            trace: trace(
+                "Gcra/escalation-then-polite".into(),
+                polite,
+                polite_arrivals,
+            ),
+            looks: looks.clone(),
+            global_dry_run: false,
+        },
+    ]
+}
+
+/// Three keys against 10 a second (burst 5), for 24 s from `start`:
+/// key 0 floods at 30 a second for 12 s, then sends 4 a second; key 1
+/// sends 5 a second throughout (never over its limit); key 2 sends bursts
+/// of 8 (5 admitted from an empty bucket, 3 refused), now a second apart
+/// and now two, so that it is over at some looks in a row and not at the
+/// next, then at enough in a row, and a last burst 0.2 s after a block
+/// that began at 15 s would end (its bucket, exactly full then, has
+/// drained 2 packets' worth).
+fn escalating(start: u64) -> Vec<Arrival> {
+    let arrival = |t, key| Arrival {
+        t,
+        key,
+        cost: 1,
+        costly: false,
+    };
+    let mut arrivals = Vec::new();
+    let every = |from: u64, step: u64, until: u64| {
+        (0..)
+            .map(move |i| from + i * step)
+            .take_while(move |&t| t < until)
+    };
+    // Odd offsets: no arrival at the instant of a look.
+    arrivals.extend(every(start + 1_000_003, SEC / 30, start + 12 * SEC).map(|t| arrival(t, 0)));
+    arrivals.extend(
+        every(start + 12 * SEC + 3_000_007, SEC / 4, start + 24 * SEC).map(|t| arrival(t, 0)),
+    );
+    arrivals.extend(every(start + 50_000_011, SEC / 5, start + 24 * SEC).map(|t| arrival(t, 1)));
+    let bursts = [2, 3, 5, 7, 8, 12, 13, 14, 15, 16, 17].map(|s| start + s * SEC + SEC / 2);
+    for t in bursts.into_iter().chain([start + 19 * SEC + 7 * SEC / 10]) {
+        arrivals.extend((0..8).map(|_| arrival(t, 2)));
+    }
+    arrivals.sort_by_key(|a| a.t);
+    arrivals
 }
 
 /// Whether every cost of the trace fits in a frame (or is a packet).

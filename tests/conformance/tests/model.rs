@@ -1,23 +1,27 @@
 //! The corpus against the reference model: the corpus itself, the shared
 //! `limiter-common` functions (every algorithm, every combination of
-//! meters), `governor` and envoy's formula. Depends on `limiter-common`
-//! alone, so `cargo xtask mutants` runs it against every mutant in seconds.
+//! meters, the escalation watch), `governor` and envoy's formula. Depends
+//! on `limiter-common` alone, so `cargo xtask mutants` runs it against
+//! every mutant in seconds.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::atomic::{AtomicU64, Ordering},
 };
 
 use limiter_common::{
-    gcra::Gcra,
+    abi::{KeyState, RuleConfig, rule_flag},
+    escalation::{Escalation, over_limit},
+    gcra::{Decision, Gcra},
     log::Log,
     meter::{Outcome, acquire, acquire_all, acquire_all_after, windows_all},
     window::{Window, WindowState},
 };
 use limiter_conformance::{
     assert_same, assert_same_over_soft,
-    reference::{self, Algo, Arrival, Limit, Meter, Spec, Trace},
-    traces::corpus,
+    escalation::{self, EscalationTrace},
+    reference::{self, Algo, Arrival, Escalate, Limit, Meter, Spec, Trace},
+    traces::{corpus, escalation_corpus},
 };
 
 /// Sanity of the corpus itself: every trace admits some and denies some;
@@ -529,5 +533,305 @@ fn with_every_spec(trace: &Trace, change: impl Fn(Spec) -> Spec) -> Trace {
             })
             .collect(),
         ..trace.clone()
+    }
+}
+
+/// The arrivals of key `key` of `trace`, by index.
+fn arrivals_of(trace: &Trace, key: u8) -> impl Iterator<Item = (usize, &Arrival)> {
+    trace
+        .arrivals
+        .iter()
+        .enumerate()
+        .filter(move |(_, a)| a.key == key)
+}
+
+/// The first look of the run of looks, each finding `key` over its
+/// limit, that ends with look `n`.
+fn run_start(judged: &escalation::Judged, key: u8, n: usize) -> usize {
+    let mut first = n;
+    while first > 0
+        && judged.over[first - 1].contains(&key)
+        && !judged.escalated[first - 1].contains(&key)
+    {
+        first -= 1;
+    }
+    first
+}
+
+/// Guards the escalation traces themselves: enforced, a key that floods
+/// is held (several times), a polite one is never over, and one is over
+/// at some looks in a row, then not, before a run long enough escalates
+/// it; every escalation comes exactly `after` into its run (so a watch
+/// that waits one look more shows); a held key is refused everything
+/// until its block ends (and something the plain model admits), takes
+/// nothing within one packet's time of the end (its bucket is exactly
+/// full then), and is admitted again after. Under either dry run the same
+/// looks escalate the same keys, and every verdict is the plain model's.
+/// A key polite after its hold is held once: the look at its block's end
+/// does not count what the hold refused.
+#[test]
+fn the_escalation_traces_hold_keys_and_restart_runs() {
+    let traces = escalation_corpus();
+    assert_eq!(traces.len(), 4);
+    let enforced = &traces[0];
+    assert!(!enforced.dry_run());
+    let judged = escalation::judge(enforced);
+    let trace = &enforced.trace;
+    let Escalate { after_ns, block_ns } = enforced.escalate();
+    let meter = trace.spec.limit.requests.expect("a packet limit");
+    let unit_ns = trace.spec.limit.period_ns.div_ceil(meter.rate);
+    let escalations: Vec<(usize, u8)> = judged
+        .escalated
+        .iter()
+        .enumerate()
+        .flat_map(|(n, keys)| keys.iter().map(move |&k| (n, k)))
+        .collect();
+    let times = |key| escalations.iter().filter(|(_, k)| *k == key).count();
+    assert!(times(0) >= 2, "the flood is held again: {escalations:?}");
+    assert_eq!(times(1), 0, "the polite key: {escalations:?}");
+    assert!(
+        judged.over.iter().all(|keys| !keys.contains(&1)),
+        "the polite key is never over"
+    );
+    assert_eq!(times(2), 1, "the intermittent key: {escalations:?}");
+    let (held, _) = escalations.iter().find(|(_, k)| *k == 2).expect("key 2");
+    let restarted =
+        (1..*held).any(|n| judged.over[n - 1].contains(&2) && !judged.over[n].contains(&2));
+    assert!(restarted, "key 2's run restarts before its escalation");
+    let plain = reference::verdicts(trace);
+    for &(n, key) in &escalations {
+        let first = run_start(&judged, key, n);
+        assert_eq!(
+            enforced.looks[n] - enforced.looks[first],
+            after_ns,
+            "key {key} escalated at look {n}, over since look {first}"
+        );
+        let (start, end) = (enforced.looks[n], enforced.looks[n] + block_ns);
+        let during: Vec<usize> = arrivals_of(trace, key)
+            .filter(|(_, a)| start < a.t && a.t < end)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(
+            during.iter().all(|&i| !judged.admitted[i]),
+            "key {key} held from look {n}"
+        );
+        assert!(
+            during.iter().any(|&i| plain[i]),
+            "key {key}'s hold from look {n} refuses something the plain model admits"
+        );
+        assert!(
+            arrivals_of(trace, key)
+                .filter(|(_, a)| end <= a.t && a.t < end + unit_ns)
+                .all(|(i, _)| !judged.admitted[i]),
+            "key {key}'s bucket is full when its block ends"
+        );
+        assert!(
+            arrivals_of(trace, key).any(|(i, a)| end <= a.t && judged.admitted[i]),
+            "key {key} is admitted after its block"
+        );
+    }
+    for dry in &traces[1..3] {
+        assert!(dry.dry_run(), "{}", dry.trace.name);
+        assert_eq!(dry.trace.arrivals.len(), trace.arrivals.len());
+        let judged_dry = escalation::judge(dry);
+        assert_eq!(
+            judged_dry.escalated, judged.escalated,
+            "{}: the same escalations",
+            dry.trace.name
+        );
+        assert_same(
+            &dry.trace,
+            &reference::verdicts(&dry.trace),
+            &judged_dry.admitted,
+            "a dry run's escalation",
+        );
+    }
+    assert!(traces[1].trace.spec.shadow && !traces[1].global_dry_run);
+    assert!(!traces[2].trace.spec.shadow && traces[2].global_dry_run);
+    // Polite after its hold: held once, not again at the block's end.
+    let polite = escalation::judge(&traces[3]);
+    let held: Vec<usize> = (0..polite.escalated.len())
+        .filter(|&n| polite.escalated[n].contains(&0))
+        .collect();
+    assert_eq!(
+        held.len(),
+        1,
+        "{}: held at looks {held:?}",
+        traces[3].trace.name
+    );
+}
+
+/// How [`watched`] builds the daemon's watch: as the daemon does
+/// ([`WATCH_AS_BUILT`]), or with a bug the escalation traces must notice.
+#[derive(Clone, Copy)]
+struct Watch {
+    /// A key escalated when its run is longer than `after` (else `after`
+    /// or longer).
+    strictly_longer: bool,
+    /// A held key's block counted from the look (else it ends `block`
+    /// after it).
+    held_from_look: bool,
+    /// The global dry run ignored (else a dry run too).
+    rule_dry_run_only: bool,
+}
+
+const WATCH_AS_BUILT: Watch = Watch {
+    strictly_longer: false,
+    held_from_look: false,
+    rule_dry_run_only: false,
+};
+
+/// `limiter-common`'s verdicts and escalations (per look, ascending
+/// keys) on an escalation trace: its GCRA, its escalation watch
+/// (`Escalation::observe`, `over_limit`) and what the daemon does around
+/// them (a key's refusals since the last look, a held key's TAT `block`
+/// and a capacity past the look, keys passed by until their block ends).
+fn watched(trace: &EscalationTrace, watch: Watch) -> (Vec<bool>, Vec<Vec<u8>>) {
+    let spec = trace.trace.spec;
+    let meter = spec.limit.requests.expect("a packet limit");
+    let gcra = Gcra::new(meter.rate, spec.limit.period_ns, meter.burst).expect("valid limit");
+    let mut rule = RuleConfig {
+        flags: rule_flag::LIMIT_PACKETS,
+        ..RuleConfig::default()
+    };
+    rule.packets.gcra = gcra;
+    let Escalate { after_ns, block_ns } = trace.escalate();
+    let escalation = Escalation {
+        // Looks a second apart, `after` whole seconds: `>` is `>=` a
+        // nanosecond later.
+        after_ns: after_ns + u64::from(watch.strictly_longer),
+        block_ns,
+    };
+    let dry_run = if watch.rule_dry_run_only {
+        spec.shadow
+    } else {
+        trace.dry_run()
+    };
+    let mut keys: BTreeMap<u8, KeyState> = BTreeMap::new();
+    let (mut over_since, mut dropped, mut until) = (
+        HashMap::<u8, u64>::new(),
+        HashMap::<u8, u32>::new(),
+        HashMap::<u8, u64>::new(),
+    );
+    let mut admitted = Vec::new();
+    let mut escalated = Vec::new();
+    let mut look = |keys: &mut BTreeMap<u8, KeyState>, n: usize, now: u64| {
+        // Passed by until the block ends, and at the first look after.
+        let mut released = Vec::new();
+        until.retain(|key, end| {
+            if *end <= now {
+                released.push(*key);
+            }
+            *end > now
+        });
+        let (mut since_now, mut dropped_now, mut made) =
+            (HashMap::new(), HashMap::new(), Vec::new());
+        for (&key, state) in keys.iter_mut() {
+            dropped_now.insert(key, state.dropped_packets);
+            if until.contains_key(&key) || released.contains(&key) {
+                continue;
+            }
+            let refused_since =
+                n > 0 && dropped.get(&key).copied().unwrap_or(0) != state.dropped_packets;
+            let over = refused_since || over_limit(state, &rule, None, now, 0);
+            let since = over_since.get(&key).copied().unwrap_or(0);
+            let (since, block) = escalation.observe(since, over, now);
+            if since != 0 {
+                since_now.insert(key, since);
+            }
+            if block {
+                made.push(key);
+                until.insert(key, now + block_ns);
+                if !dry_run {
+                    let end = if watch.held_from_look {
+                        now
+                    } else {
+                        now + block_ns
+                    };
+                    state.meters[0] = state.meters[0].max(end + gcra.capacity_ns);
+                }
+            }
+        }
+        over_since = since_now;
+        dropped = dropped_now;
+        escalated.push(made);
+    };
+    let mut looks = trace.looks.iter().copied().enumerate().peekable();
+    for a in &trace.trace.arrivals {
+        while let Some((n, t)) = looks.next_if(|&(_, t)| t < a.t) {
+            look(&mut keys, n, t);
+        }
+        let state = keys.entry(a.key).or_default();
+        match gcra.check(state.meters[0], a.t, spec.credits(a)) {
+            Decision::Allow { new_tat } => {
+                state.meters[0] = new_tat;
+                admitted.push(true);
+            }
+            Decision::Deny => {
+                state.dropped_packets += 1;
+                admitted.push(false);
+            }
+        }
+    }
+    for (n, t) in looks {
+        look(&mut keys, n, t);
+    }
+    (admitted, escalated)
+}
+
+/// Guards `limiter-common`'s escalation watch (`Escalation::observe`,
+/// `over_limit`) and GCRA under holds: on every escalation trace, run as
+/// the daemon runs them, the same verdicts and the same escalations as
+/// the model (cargo-mutants holds `limiter-common` to this in seconds).
+#[test]
+fn the_escalation_watch_matches_the_reference() {
+    for trace in escalation_corpus() {
+        let judged = escalation::judge(&trace);
+        let (admitted, escalated) = watched(&trace, WATCH_AS_BUILT);
+        assert_eq!(
+            escalated, judged.escalated,
+            "{}: escalated per look, limiter-common then the model",
+            trace.trace.name
+        );
+        assert_same(&trace.trace, &judged.admitted, &admitted, "limiter-common");
+    }
+}
+
+/// Guards the escalation traces' reach: a watch built wrong (one that
+/// escalates a key only once its run is longer than `after`, a hold that
+/// ends at the look rather than `block` after it, or a global dry run
+/// that holds keys, each as the daemon could get it wrong) escalates
+/// otherwise, or gives some arrival another verdict, than the model on
+/// some trace.
+#[test]
+fn the_escalation_traces_notice_a_watch_built_wrong() {
+    for (wrong, what) in [
+        (
+            Watch {
+                strictly_longer: true,
+                ..WATCH_AS_BUILT
+            },
+            "a run longer than `after`",
+        ),
+        (
+            Watch {
+                held_from_look: true,
+                ..WATCH_AS_BUILT
+            },
+            "a hold ending at the look",
+        ),
+        (
+            Watch {
+                rule_dry_run_only: true,
+                ..WATCH_AS_BUILT
+            },
+            "the global dry run ignored",
+        ),
+    ] {
+        let noticed = escalation_corpus().iter().any(|trace| {
+            let judged = escalation::judge(trace);
+            watched(trace, wrong) != (judged.admitted, judged.escalated)
+        });
+        assert!(noticed, "{what} went unnoticed");
     }
 }
