@@ -261,7 +261,14 @@ fn built_bin() -> &'static PathBuf {
         let target = root.join("target/tests-bin");
         let status = Command::new("cargo")
             .current_dir(&root)
-            .args(["build", "--quiet", "--package", "limiter-userspace", "--bin", "limiter"])
+            .args([
+                "build",
+                "--quiet",
+                "--package",
+                "limiter-userspace",
+                "--bin",
+                "limiter",
+            ])
             .arg("--target-dir")
             .arg(&target)
             .status()

@@ -198,7 +198,13 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         step("building the limiter binary the tests build from each mutated tree");
         crate::status(
             cargo()
-                .args(["build", "--package", "limiter-userspace", "--bin", "limiter"])
+                .args([
+                    "build",
+                    "--package",
+                    "limiter-userspace",
+                    "--bin",
+                    "limiter",
+                ])
                 .arg("--target-dir")
                 .arg(root().join(areas::TESTS_BIN_TARGET))
                 .env(

@@ -583,6 +583,11 @@ fn a_rule_of_the_same_match_is_refused_only_when_it_could_never_apply() {
             "headers: [{ name: x-a, present: false }]",
             &["header:x-b", "source"],
         ),
+        // A header the match requires says nothing of another header.
+        with(
+            "headers: [{ name: x-b, present: true }]",
+            &["header:x-a", "source"],
+        ),
     ] {
         let set = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert!(set.rules.len() >= 2);
@@ -1230,4 +1235,68 @@ fn the_rule_index_finds_the_rule_the_search_in_order_finds() {
     // Many files, both outcomes often.
     assert!(files > 100, "{files} files");
     assert!(found.iter().all(|&n| n > 5_000), "{found:?}");
+}
+
+/// Guards the protocol's spellings (each name its number, a number as it
+/// is, 255 refused: the kernel's "unknown protocol") and the words that
+/// say what a field of the wrong kind should have been.
+#[test]
+fn protocols_are_named_or_numbered_and_wrong_kinds_say_what_is_expected() {
+    for (spelled, number) in [
+        ("tcp", 6),
+        ("udp", 17),
+        ("icmp", 1),
+        ("icmpv6", 58),
+        ("sctp", 132),
+        ("47", 47),
+        ("0", 0),
+        ("254", 254),
+    ] {
+        let set = parse(&format!(
+            "rules:\n  - {{ name: a, match: {{ protocol: {spelled} }}, limit: unlimited }}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{spelled}: {e}"));
+        assert_eq!(set.rules[0].matches.protocol, Some(number), "{spelled}");
+    }
+    let protocols = "tcp, udp, icmp, icmpv6, sctp or a protocol number 0-254 (255 is reserved)";
+    for wrong in ["255", "256", "gre", "TCP"] {
+        let e = error(&format!(
+            "rules:\n  - {{ name: a, match: {{ protocol: {wrong} }}, limit: unlimited }}\n"
+        ));
+        assert!(
+            e.contains("rules[0].match.protocol") && e.contains(protocols),
+            "{wrong}: {e}"
+        );
+    }
+    let e = error("rules:\n  - { name: a, key: 5, limit: unlimited }\n");
+    assert!(e.contains("a string or a list of strings"), "{e}");
+    let e = error("rules:\n  - { name: a, limit: 5 }\n");
+    assert!(
+        e.contains("`unlimited` or a mapping such as { rate: 100, unit: second }"),
+        "{e}"
+    );
+}
+
+/// Guards the bounds of a rule's name (1 to 31 bytes: the kernel's field
+/// holds 32 with its NUL) and of `max_keys` (at most 2^30), each named in
+/// its error.
+#[test]
+fn names_and_max_keys_are_bounded() {
+    let named = |name: &str| format!("rules:\n  - {{ name: \"{name}\", limit: unlimited }}\n");
+    parse(&named(&"n".repeat(31))).expect("31 bytes");
+    parse(&named("n")).expect("1 byte");
+    for name in [String::new(), "n".repeat(32)] {
+        let e = error(&named(&name));
+        assert!(
+            e.contains("rules[0].name: must be 1 to 31 bytes long"),
+            "{name:?}: {e}"
+        );
+    }
+    let keys = |n: u64| format!("max_keys: {n}\nrules: []\n");
+    assert_eq!(parse(&keys(1 << 30)).expect("2^30 keys").max_keys, 1 << 30);
+    let e = error(&keys((1 << 30) + 1));
+    assert!(
+        e.contains("max_keys: 1073741825 keys; at most 1073741824"),
+        "{e}"
+    );
 }

@@ -69,8 +69,8 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
         let started = Instant::now();
         let path = tree.join("limiter-ebpf").join(&mutant.file);
         let original = fs::read_to_string(&path)?;
-        let mutated = apply(&original, &mutant.diff)
-            .with_context(|| format!("applying {}", mutant.name))?;
+        let mutated =
+            apply(&original, &mutant.diff).with_context(|| format!("applying {}", mutant.name))?;
         fs::write(&path, mutated)?;
         let outcome = match build_objects(&tree) {
             Ok(Some(objects)) => match judge(&judges, &objects, timeout) {
@@ -273,7 +273,13 @@ fn build_objects(tree: &Path) -> Result<Option<Objects>> {
 /// The test binaries of `JUDGES`, built from the unmutated tree.
 fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
     let mut command = cargo();
-    command.args(["test", "--package", "limiter-tests", "--no-run", "--message-format=json"]);
+    command.args([
+        "test",
+        "--package",
+        "limiter-tests",
+        "--no-run",
+        "--message-format=json",
+    ]);
     for judge in JUDGES {
         command.args(["--test", judge]);
     }
