@@ -145,26 +145,29 @@ const RELAY: Area = Area {
 
 const ESCALATION: Area = Area {
     name: "escalation",
-    what: "escalation's watch and the daemon's looks, against their unit tests and the \
-           escalation tests (the engine on the test-clock program, the daemon on real traffic)",
+    what: "escalation's watch and the daemon's looks, against their unit tests, the model's \
+           check of the watch and the escalation traces replayed through the XDP program and \
+           Engine::escalate",
     packages: &["limiter-common", "limiter-userspace"],
     files: &[
         "limiter-common/src/escalation.rs",
         "limiter-userspace/src/engine/escalate.rs",
     ],
-    test_packages: &["limiter-common", "limiter-tests"],
+    test_packages: &["limiter-common", "limiter-conformance", "limiter-tests"],
     tests: &[
         "--lib",
         "--test",
-        "escalate",
+        "model",
+        "--test",
+        "conformance",
         "--",
         "escalat",
         "--test-threads=1",
     ],
-    binary: true,
+    binary: false,
     jobs: 1,
-    timeout: 300,
-    shards: 4,
+    timeout: 120,
+    shards: 3,
     judge: Judge::Once,
 };
 
