@@ -55,9 +55,14 @@ pub struct Options {
     #[arg(long)]
     list: bool,
     /// Every mutant of the area, where its default run takes a sample
-    /// that fits 30 minutes (the kernel's).
+    /// that fits 30 minutes.
     #[arg(long)]
     full: bool,
+    /// Only the mutants the area's last run did not catch (after adding
+    /// the tests that should): what they are caught by now is added to
+    /// that run's outcome.
+    #[arg(long)]
+    iterate: bool,
 }
 
 /// Where each area's cargo-mutants output goes: `target/mutants/<area>`.
@@ -166,6 +171,9 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
             .arg(&out);
         if let Some(re) = &options.re {
             command.args(["--re", re]);
+        }
+        if options.iterate {
+            command.arg("--iterate");
         }
         if area.shards > 1 && !options.full {
             command.arg(format!("--shard=0/{}", area.shards));

@@ -744,6 +744,12 @@ fn escalation_needs_narrow_keys_and_source_0_is_spelled_all() {
             "match: { source: 10.9.0.0/16 }, key: all",
             "rules[0].escalate: not with `key: all`",
         ),
+        // A /24 is narrow enough for IPv4, not for IPv6: the error says
+        // which family's key is too wide.
+        (
+            "match: { source: \"2001:db8::/32\" }, key: source/24",
+            "escalation needs keys of /48 for IPv6 or longer",
+        ),
     ] {
         let e = error(&rule(fields));
         assert!(e.contains(expected), "{fields}: {e}");
@@ -1299,4 +1305,101 @@ fn names_and_max_keys_are_bounded() {
         e.contains("max_keys: 1073741825 keys; at most 1073741824"),
         "{e}"
     );
+}
+
+/// Guards the bounds of what a key and a rule may hold: three limits are
+/// accepted and four refused; four cost classes accepted and five
+/// refused; the credits a class may cost are bounded by the key's packet
+/// budgets, a third limit's among them only when it counts packets.
+#[test]
+fn limits_classes_and_credits_are_bounded() {
+    let rule = |fields: &str| format!("rules:\n  - {{ name: k, {fields} }}\n");
+    parse(&rule(
+        "limits: [ { rate: 10, unit: second }, { rate: 5, unit: minute }, { rate: 3, unit: hour } ]",
+    ))
+    .expect("three limits");
+    let e = error(&rule(
+        "limits: [ { rate: 10, unit: second }, { rate: 5, unit: minute }, { rate: 3, unit: hour }, { rate: 2, unit: day } ]",
+    ));
+    assert!(e.contains("one to three limits per key"), "{e}");
+    let classes = |n: usize| {
+        let class = "{ match: { tcp_flags: syn }, credits: 2 }";
+        rule(&format!(
+            "limit: {{ rate: 100, unit: second }}, cost: [ {} ]",
+            vec![class; n].join(", ")
+        ))
+    };
+    assert_eq!(
+        parse(&classes(4)).expect("four classes").rules[0]
+            .costs
+            .len(),
+        4
+    );
+    let e = error(&classes(5));
+    assert!(e.contains("rules[0].cost: 1 to 4 classes"), "{e}");
+    // Burst 50 and a third limit of 3 bytes a second: a class may cost
+    // 10 credits (bytes are no packet budget).
+    let third = |limit: &str, credits: u64| {
+        rule(&format!(
+            "limits: [ {{ rate: 100, burst: 50, bytes: 100000, unit: second }}, {limit} ], cost: [ {{ match: {{ tcp_flags: syn }}, credits: {credits} }} ]"
+        ))
+    };
+    parse(&third("{ bytes: 3, unit: second }", 10)).expect("a byte third limit");
+    // A third limit of 4 packets a second: 4 at most.
+    parse(&third("{ rate: 4, unit: second }", 4)).expect("4 credits");
+    let e = error(&third("{ rate: 4, unit: second }", 10));
+    assert!(
+        e.contains("rules[0].cost[0].credits: 10: from 1 to 4"),
+        "{e}"
+    );
+}
+
+/// Guards pacing's conditions (a GCRA packet limit alone) and the
+/// escalation policy's fields, read as written.
+#[test]
+fn pacing_conditions_and_the_escalation_policy() {
+    for (fields, what) in [
+        (
+            "limit: { rate: 10, unit: second, delay: 1s }, algorithm: sliding_window",
+            "a window",
+        ),
+        (
+            "limit: { rate: 10, bytes: 1000, unit: second, delay: 1s }",
+            "bytes",
+        ),
+        (
+            "limit: { rate: 10, unit: second, delay: 1s }, aggregate: { rate: 100, unit: second }",
+            "an aggregate",
+        ),
+    ] {
+        let e = error(&format!("rules:\n  - {{ name: p, {fields} }}\n"));
+        assert!(
+            e.contains(
+                "rules[0].limit.delay: pacing needs a gcra packet limit, without bytes or aggregate"
+            ),
+            "{what}: {e}"
+        );
+    }
+    parse("rules:\n  - { name: p, limit: { rate: 10, unit: second, delay: 1s } }\n")
+        .expect("pacing");
+    let set = parse(
+        "escalation: { never_block: [ 10.1.2.3/8, \"2001:db8::1/64\" ], max_per_minute: 7 }\nrules: []\n",
+    )
+    .expect("an escalation policy");
+    assert_eq!(set.escalation.max_per_minute, 7);
+    assert_eq!(
+        set.escalation
+            .never_block
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["10.0.0.0/8", "2001:db8::/64"]
+    );
+    let e = error("escalation: { max_per_minute: 0 }\nrules: []\n");
+    assert!(
+        e.contains("escalation.max_per_minute: must be at least 1"),
+        "{e}"
+    );
+    let e = error("escalation: { never_block: [ 10.0.0.0/8, 10.0.0/8 ] }\nrules: []\n");
+    assert!(e.contains("escalation.never_block[1]"), "{e}");
 }

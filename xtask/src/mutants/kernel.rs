@@ -39,7 +39,16 @@ struct Mutant {
 pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let dir = output(area.name);
     let mut mutants = list(area, options)?;
-    if !options.full && mutants.len() > SAMPLE {
+    let mut tally = Tally::default();
+    if options.iterate {
+        // The last run's outcome, less what it did not catch: those run again.
+        let last = super::read_tally(&dir)?;
+        let again: Vec<&String> = last.missed.iter().chain(&last.timeout).collect();
+        mutants.retain(|m| again.contains(&&format!("limiter-ebpf/{}", m.name)));
+        tally.caught = last.caught;
+        tally.unviable = last.unviable;
+        println!("{} mutants the last run did not catch", mutants.len());
+    } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
         mutants = (0..SAMPLE)
             .map(|i| i * total / SAMPLE)
@@ -64,7 +73,6 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     if let Some(failed) = judge(&judges, &objects, timeout)? {
         bail!("the unmutated program fails {failed}");
     }
-    let mut tally = Tally::default();
     for (i, mutant) in mutants.iter().enumerate() {
         let started = Instant::now();
         let path = tree.join("limiter-ebpf").join(&mutant.file);
@@ -116,7 +124,8 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
         ("unviable", &tally.unviable),
     ] {
         let text: String = names.iter().map(|n| format!("{n}\n")).collect();
-        fs::write(dir.join(format!("{what}.txt")), text)?;
+        fs::create_dir_all(dir.join("mutants.out"))?;
+        fs::write(dir.join("mutants.out").join(format!("{what}.txt")), text)?;
     }
     Ok(tally)
 }
