@@ -1403,3 +1403,26 @@ fn pacing_conditions_and_the_escalation_policy() {
     let e = error("escalation: { never_block: [ 10.0.0.0/8, 10.0.0/8 ] }\nrules: []\n");
     assert!(e.contains("escalation.never_block[1]"), "{e}");
 }
+
+/// Guards escalation's durations: from a second to a year, both ends
+/// included, and each field named when out of range.
+#[test]
+fn escalation_takes_a_second_to_a_year() {
+    let rule = |after: &str, block: &str| {
+        format!(
+            "rules:\n  - {{ name: e, key: source, limit: {{ rate: 10, unit: second }}, escalate: {{ after: {after}, block: {block} }} }}\n"
+        )
+    };
+    for (after, block) in [("1s", "365days"), ("2days", "1s"), ("1h", "30days")] {
+        parse(&rule(after, block)).unwrap_or_else(|e| panic!("{after} {block}: {e}"));
+    }
+    for (after, block, field) in [
+        ("1s", "366days", "escalate.block"),
+        ("999ms", "1m", "escalate.after"),
+        ("1s", "500ms", "escalate.block"),
+        ("400days", "1m", "escalate.after"),
+    ] {
+        let e = error(&rule(after, block));
+        assert!(e.contains(&format!("rules[0].{field}")), "{after} {block}: {e}");
+    }
+}
