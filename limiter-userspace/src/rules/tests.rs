@@ -191,6 +191,9 @@ fn too_many_rules_cover_one_prefix() {
     }
     let e = error(&text);
     assert!(e.contains("9 rules cover 10.0.0.0/8; at most 8"), "{e}");
+    // Eight fit.
+    let eight: String = text.lines().take(9).map(|l| format!("{l}\n")).collect();
+    assert_eq!(parse(&eight).expect("eight rules").rules.len(), 8);
 }
 
 #[test]
@@ -1423,6 +1426,78 @@ fn escalation_takes_a_second_to_a_year() {
         ("400days", "1m", "escalate.after"),
     ] {
         let e = error(&rule(after, block));
-        assert!(e.contains(&format!("rules[0].{field}")), "{after} {block}: {e}");
+        assert!(
+            e.contains(&format!("rules[0].{field}")),
+            "{after} {block}: {e}"
+        );
     }
+}
+
+/// Guards the fleet fields' bounds, both ends: 1 to min(rate, 1000)
+/// partitions, a reserve up to the whole rate, and a node's largest share
+/// (rate + reserve) a valid meter; and a key prefix no longer than its
+/// family's address.
+#[test]
+fn fleet_bounds_and_key_lengths() {
+    let rule = |aggregate: &str| {
+        format!(
+            "rules:\n  - {{ name: a, limit: {{ rate: 10, unit: second }}, aggregate: {{ scope: fleet, {aggregate} }} }}\n"
+        )
+    };
+    for ok in [
+        "rate: 100, unit: second, partitions: 100",
+        "rate: 5000, unit: second, partitions: 1000",
+        "rate: 100, unit: second, partitions: 1",
+        "rate: 100, unit: second, reserve: 100",
+        // 10,000 per ms at most: a share's meter of one per 100 ns.
+        "rate: 5000, unit: 1ms, reserve: 5000",
+    ] {
+        let set = parse(&rule(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert!(set.rules[0].fleet.is_some(), "{ok}");
+    }
+    for (wrong, says) in [
+        (
+            "rate: 100, unit: second, partitions: 0",
+            "aggregate.partitions: 0: must be 1 to 100",
+        ),
+        (
+            "rate: 5000, unit: second, partitions: 1001",
+            "must be 1 to 1000",
+        ),
+        (
+            "rate: 100, unit: second, partitions: 101",
+            "must be 1 to 100",
+        ),
+        (
+            "rate: 100, unit: second, reserve: 101",
+            "aggregate.reserve: 101 per unit",
+        ),
+        (
+            "rate: 600000, unit: 1ms, reserve: 600000, partitions: 10",
+            "aggregate.reserve: rate exceeds one per nanosecond",
+        ),
+    ] {
+        let e = error(&rule(wrong));
+        assert!(e.contains(says), "{wrong}: {e}");
+    }
+    for (key, says) in [
+        (
+            "{ source: 10.0.0.0/8 }, key: source/33",
+            "/33 is longer than an IPv4 address",
+        ),
+        (
+            "{ source: \"2001:db8::/32\" }, key: source/129",
+            "/129 is longer than an IPv6 address",
+        ),
+    ] {
+        let e = error(&format!(
+            "rules:\n  - {{ name: k, match: {key}, limit: {{ rate: 1, unit: second }} }}\n"
+        ));
+        assert!(e.contains(says), "{key}: {e}");
+    }
+    let set = parse(
+        "rules:\n  - { name: k, match: { source: \"2001:db8::/32\" }, key: source/128, limit: { rate: 1, unit: second } }\n",
+    )
+    .expect("a /128 key");
+    assert_eq!(set.rules[0].key.v6, 128);
 }

@@ -785,10 +785,8 @@ fn fleet_share(fields: &raw::RateFields, rates: &Rates) -> Result<Option<FleetSh
     // A node's share goes up to reserve + rate: it must be a valid meter.
     let most = packets.rate + reserve;
     let period_ns = u64::try_from(packets.period.as_nanos()).unwrap_or(u64::MAX);
+    // (A GCRA meter: a window's budget was refused above.)
     Gcra::new(most, period_ns, packets.burst).map_err(|e| invalid("reserve", e.to_string()))?;
-    if packets.window.length_ns != 0 {
-        Window::new(most, period_ns).map_err(|e| invalid("reserve", e.to_string()))?;
-    }
     Ok(Some(FleetShare {
         partitions,
         reserve,
