@@ -102,3 +102,54 @@ impl FleetConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{path::Path, time::Duration};
+
+    use super::FleetConfig;
+
+    fn config(text: &str) -> FleetConfig {
+        crate::yaml::parse(text, Path::new("fleet.yaml")).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Guards the `fleet:` section's defaults and bounds: a lease lasts 2 s
+    /// unless told, at least 100 ms; `fail_open` is a fraction in (0, 1];
+    /// the store's own checks run too, each error naming its field.
+    #[test]
+    fn the_fleet_section_is_checked() {
+        let url = "store: { url: \"redis://127.0.0.1:6379/\" }\n";
+        let plain = config(url);
+        assert_eq!(plain.lease_ttl, Duration::from_secs(2));
+        assert_eq!(plain.fail_open, None);
+        plain.validate("fleet").expect("the defaults");
+        for ok in ["lease_ttl: 100ms", "fail_open: 1.0", "fail_open: 0.25"] {
+            config(&format!("{url}{ok}\n"))
+                .validate("fleet")
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (wrong, says) in [
+            (
+                "lease_ttl: 99ms",
+                "fleet.lease_ttl: 99ms is shorter than 100ms",
+            ),
+            (
+                "fail_open: 0",
+                "fleet.fail_open: 0 is not a fraction in (0, 1]",
+            ),
+            ("fail_open: 1.5", "fleet.fail_open: 1.5 is not a fraction"),
+            ("fail_open: -0.5", "fleet.fail_open: -0.5 is not a fraction"),
+        ] {
+            let e = config(&format!("{url}{wrong}\n"))
+                .validate("fleet")
+                .expect_err(wrong)
+                .to_string();
+            assert!(e.contains(says), "{wrong}: {e}");
+        }
+        let e = config("store: { url: \"redis://:pw@127.0.0.1/\" }\n")
+            .validate("fleet")
+            .expect_err("a password in the URL")
+            .to_string();
+        assert!(e.contains("fleet.store.url: the password belongs"), "{e}");
+    }
+}
