@@ -160,6 +160,36 @@ async fn a_lease_counts_for_its_ttl_less_the_safety_margin() {
     }
 }
 
+/// Guards the reports' lifetime and the ping: a node's report counts for
+/// a third of the TTL (a dead node stops counting well before its leases
+/// lapse), and a ping is a round trip, failing when the store is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_counts_for_a_third_of_the_ttl_and_a_ping_reaches_the_store() {
+    let mut redis = redis(None);
+    let ttl = Duration::from_millis(900);
+    let mut a = Leases::new(&store(&redis), "api", 4, ttl).await.unwrap();
+    let mut b = Leases::new(&store(&redis), "api", 4, ttl).await.unwrap();
+    assert_eq!(a.acquire(1).await.unwrap().len(), 1);
+    let reported = Instant::now();
+    assert_eq!(a.report(true).await.unwrap().hungry, 1);
+    let peers = b.report(false).await.unwrap();
+    assert!(
+        reported.elapsed() < ttl / 3,
+        "a slow store: {:?}",
+        reported.elapsed()
+    );
+    assert_eq!((peers.hungry, peers.satisfied_held), (1, 0), "{peers:?}");
+    tokio::time::sleep_until((reported + ttl / 3 + Duration::from_millis(50)).into()).await;
+    let peers = b.report(false).await.unwrap();
+    assert_eq!(
+        peers.hungry, 0,
+        "a's report outlived a third of the TTL: {peers:?}"
+    );
+    b.ping().await.expect("a ping");
+    redis.stop();
+    assert!(b.ping().await.is_err(), "a ping without a store");
+}
+
 #[tokio::test]
 async fn a_ttl_too_short_to_renew_is_refused() {
     let store = StoreConfig::at("redis://127.0.0.1:1/");
