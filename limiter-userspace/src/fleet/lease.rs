@@ -3,8 +3,9 @@
 //! taken with `SET NX PX` (exclusive, expiring by Redis's clock, not the
 //! hosts'), renewed and given back by small Lua scripts that act only if
 //! the key still holds the owner's token (so a node never renews or frees
-//! a lease it lost). Each acquisition tries free partitions in a random
-//! order, so nodes starting together do not all contend for partition 0.
+//! a lease it lost). An acquisition is one script, which Redis runs whole
+//! (a rule's keys share a slot): nodes asking at once never contend for a
+//! partition, each takes what is free when its script runs.
 //!
 //! A lease is *valid* until the moment its request was sent plus the TTL,
 //! less a safety margin, as this host's monotonic clock measures: Redis
@@ -169,7 +170,6 @@ pub struct Leases {
     release: Script,
     report: Script,
     acquire: Script,
-    rng: u64,
     /// When the last acquisition fell short: the earliest moment one of
     /// the partitions others held then expires.
     next_free: Option<Instant>,
@@ -205,7 +205,6 @@ impl Leases {
             release: Script::new(RELEASE),
             report: Script::new(REPORT),
             acquire: Script::new(ACQUIRE),
-            rng: seed | 1,
             next_free: None,
         })
     }
@@ -276,23 +275,16 @@ impl Leases {
         self.held.keys().copied().collect()
     }
 
-    /// Leases up to `n` more partitions, those free in a random order, in
-    /// one round trip (which also says when the others' leases expire);
+    /// Leases up to `n` more partitions, the first free ones, in one round
+    /// trip (which also says when the others' leases expire);
     /// returns those gained.
     pub async fn acquire(&mut self, n: u32) -> Result<Vec<u32>, LeaseError> {
-        let mut candidates: Vec<u32> = (0..self.partitions)
+        let candidates: Vec<u32> = (0..self.partitions)
             .filter(|p| !self.held.contains_key(p))
             .collect();
         self.next_free = None;
         if n == 0 || candidates.is_empty() {
             return Ok(Vec::new());
-        }
-        // Fisher-Yates with xorshift: nodes asking at once spread out.
-        for i in (1..candidates.len()).rev() {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            candidates.swap(i, (self.rng % (i as u64 + 1)) as usize);
         }
         let mut invocation = self.acquire.prepare_invoke();
         for &p in &candidates {
