@@ -418,6 +418,10 @@ rules:
     assert_eq!(after.orphan_fragments.charged, 1);
 
     let mut dp = loaded_object(&test_clock_object(), &rules("drop"));
+    // A whole datagram of the same id first: no first fragment for it.
+    let mut whole = frames::udp4(SRC4, 9, 20);
+    whole[frames::L3 + 4..frames::L3 + 6].copy_from_slice(&7u16.to_be_bytes());
+    assert_eq!(run_at(&mut dp, &whole, 1_000_000_000), XDP_PASS);
     assert_eq!(
         run_at(&mut dp, &fragment_of(7, 9, false), 1_000_000_000),
         XDP_DROP
@@ -427,8 +431,10 @@ rules:
         after
             .rules
             .iter()
-            .all(|r| r.counters == RuleCounters::default())
+            .all(|r| r.name == "strict" || r.counters == RuleCounters::default())
     );
+    let strict = after.rule("strict").expect("strict");
+    assert_eq!((strict.passed_packets, strict.dropped_packets), (1, 0));
     assert_eq!(
         (
             after.orphan_fragments.charged,
@@ -806,4 +812,71 @@ fn key_all_is_one_bucket_for_every_source() {
         "the bucket is shared"
     );
     assert_eq!(counters(&dp, "world").new_keys, 1);
+}
+
+/// Guards the refusal counters by cause and by key: an aggregate's
+/// refusals are counted as `aggregate_excess`, a spent key-creation
+/// budget's as `unadmitted` (each only as itself), and each key's
+/// refusals on that key, also when two keys are refused in turns (so the
+/// CPU's pending entry changes hands), as `limiter top` and escalation
+/// read them.
+#[test]
+fn refusals_are_counted_by_cause_and_by_key() {
+    let dp = loaded(
+        "new_keys: { rate: 1, unit: day, burst: 3 }
+rules:
+  - { name: agg, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: day }, aggregate: { rate: 4, unit: day } }
+  - { name: fresh, match: { source: 198.20.0.0/16 }, key: source, limit: { rate: 100, unit: day } }
+  - { name: keyed, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 2, unit: day } }
+",
+    );
+    let send =
+        |a: u8, b: u8, c: u8, d: u8| run(&dp, &frames::udp4(Ipv4Addr::new(a, b, c, d), 9, 0)).0;
+    let sent: Vec<u32> = [1, 1, 2, 2, 3, 3]
+        .iter()
+        .map(|&d| send(198, 18, 0, d))
+        .collect();
+    assert_eq!(
+        sent,
+        [XDP_PASS, XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]
+    );
+    let agg = counters(&dp, "agg");
+    assert_eq!(
+        (agg.dropped_packets, agg.aggregate_excess, agg.unadmitted),
+        (2, 2, 0),
+        "{agg:?}"
+    );
+    let fresh: Vec<u32> = (1..=4).map(|d| send(198, 20, 0, d)).collect();
+    assert_eq!(fresh, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP]);
+    let c = counters(&dp, "fresh");
+    assert_eq!(
+        (
+            c.dropped_packets,
+            c.unadmitted,
+            c.aggregate_excess,
+            c.new_keys
+        ),
+        (1, 1, 0, 3),
+        "{c:?}"
+    );
+    // Two keys of two packets a day, each spent, then refused in turns.
+    for d in [1, 1, 2, 2] {
+        assert_eq!(send(198, 19, 0, d), XDP_PASS);
+    }
+    for d in [1, 2, 1, 2, 1, 1, 2, 1] {
+        assert_eq!(send(198, 19, 0, d), XDP_DROP);
+    }
+    let mut refused: Vec<(u8, u32)> = dp
+        .engine
+        .datapath()
+        .maps()
+        .keys
+        .dump()
+        .into_iter()
+        .filter(|(key, _)| key.addr[12..15] == [198, 19, 0])
+        .map(|(key, state)| (key.addr[15], state.dropped_packets))
+        .collect();
+    refused.sort_unstable();
+    assert_eq!(refused, [(1, 5), (2, 3)], "refusals by key");
+    assert_eq!(counters(&dp, "keyed").dropped_packets, 8);
 }
