@@ -3,9 +3,10 @@
 //! workspace of its own, built for the BPF target by the nightly. So each
 //! is applied here to a copy of the tracked sources, built (the release
 //! object and the test-clock object, side by side), and judged by the
-//! BPF_PROG_TEST_RUN tests and the conformance replays, run from test
-//! binaries built once from the unmutated tree (`LIMITER_TEST_OBJECT`,
-//! `LIMITER_TEST_CLOCK_OBJECT` name the mutant's objects). The first test
+//! BPF_PROG_TEST_RUN tests (`prog_test_run`, `key_table`, `drops`) and
+//! the conformance replays, run from test binaries built once from the
+//! unmutated tree (`LIMITER_TEST_OBJECT`, `LIMITER_TEST_CLOCK_OBJECT`
+//! name the mutant's objects). The first test
 //! binary to fail catches the mutant; one whose build fails is unviable.
 
 use std::{
@@ -22,8 +23,10 @@ use super::{Options, Tally, areas::Area, output};
 use crate::{cargo, nightly_cargo, root, step};
 
 /// The test binaries that judge, fastest first (the first failure ends a
-/// mutant's run).
-const JUDGES: [&str; 2] = ["prog_test_run", "conformance"];
+/// mutant's run): the program's own tests through BPF_PROG_TEST_RUN (the
+/// key table's policy and the refusals by key among them), then the
+/// conformance replays.
+const JUDGES: [&str; 4] = ["prog_test_run", "key_table", "drops", "conformance"];
 
 /// Mutants a default run takes, spread evenly over the area's list (about
 /// 30 minutes here; `--full` takes them all).
