@@ -828,6 +828,7 @@ rules:
   - { name: agg, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 100, unit: day }, aggregate: { rate: 4, unit: day } }
   - { name: fresh, match: { source: 198.20.0.0/16 }, key: source, limit: { rate: 100, unit: day } }
   - { name: keyed, match: { source: 198.19.0.0/16 }, key: source, limit: { rate: 2, unit: day } }
+  - { name: window, match: { source: 198.21.0.0/16 }, key: source, algorithm: fixed_window, limit: { rate: 100, unit: day }, aggregate: { rate: 2, unit: day } }
 ",
     );
     let send =
@@ -879,4 +880,10 @@ rules:
     refused.sort_unstable();
     assert_eq!(refused, [(1, 5), (2, 3)], "refusals by key");
     assert_eq!(counters(&dp, "keyed").dropped_packets, 8);
+    // A window's aggregate: its refusals are the aggregate's too (the
+    // windows' subprogram returns which meter refused).
+    let window: Vec<u32> = (1..=3).map(|d| send(198, 21, 0, d)).collect();
+    assert_eq!(window, [XDP_PASS, XDP_PASS, XDP_DROP]);
+    let c = counters(&dp, "window");
+    assert_eq!((c.dropped_packets, c.aggregate_excess), (1, 1), "{c:?}");
 }
