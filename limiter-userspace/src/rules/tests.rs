@@ -1347,7 +1347,29 @@ fn limits_classes_and_credits_are_bounded() {
             "limits: [ {{ rate: 100, burst: 50, bytes: 100000, unit: second }}, {limit} ], cost: [ {{ match: {{ tcp_flags: syn }}, credits: {credits} }} ]"
         ))
     };
-    parse(&third("{ bytes: 3, unit: second }", 10)).expect("a byte third limit");
+    parse(&third("{ bytes: 3, unit: second }", 10)).expect("a byte limit");
+    // Three limits, the third of 3 bytes an hour: no packet budget.
+    parse(&rule(
+        "limits: [ { rate: 100, burst: 50, unit: second }, { rate: 60, unit: minute }, { bytes: 3, unit: hour } ], cost: [ { match: { tcp_flags: syn }, credits: 10 } ]",
+    ))
+    .expect("a byte third limit");
+    // Three packet limits, the third of 4 an hour: 4 credits at most.
+    let e = error(&rule(
+        "limits: [ { rate: 100, burst: 50, unit: second }, { rate: 60, unit: minute }, { rate: 4, unit: hour } ], cost: [ { match: { tcp_flags: syn }, credits: 10 } ]",
+    ));
+    assert!(
+        e.contains("rules[0].cost[0].credits: 10: from 1 to 4"),
+        "{e}"
+    );
+    // A window key holds a packet and a byte rate, not two byte rates.
+    parse(&rule(
+        "algorithm: fixed_window, limits: [ { rate: 10, unit: second }, { bytes: 1000, unit: second } ]",
+    ))
+    .expect("a window key's packet and byte rates");
+    let e = error(&rule(
+        "algorithm: fixed_window, limits: [ { bytes: 10, unit: second }, { bytes: 1000, unit: minute } ]",
+    ));
+    assert!(e.contains("a window key holds two meters"), "{e}");
     // A third limit of 4 packets a second: 4 at most.
     parse(&third("{ rate: 4, unit: second }", 4)).expect("4 credits");
     let e = error(&third("{ rate: 4, unit: second }", 10));
