@@ -80,6 +80,41 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// This run's outcome on top of an earlier run's, which it re-ran in
+    /// part: an earlier outcome stands unless this run ran the mutant
+    /// again (the same description; lines may have moved).
+    pub fn after(self, earlier: Tally) -> Tally {
+        let ran: BTreeSet<String> = [&self.caught, &self.missed, &self.timeout, &self.unviable]
+            .into_iter()
+            .flatten()
+            .map(|n| without_position(n))
+            .collect();
+        let kept = |names: BTreeSet<String>| -> BTreeSet<String> {
+            names
+                .into_iter()
+                .filter(|n| !ran.contains(&without_position(n)))
+                .collect()
+        };
+        Tally {
+            caught: kept(earlier.caught)
+                .into_iter()
+                .chain(self.caught)
+                .collect(),
+            missed: kept(earlier.missed)
+                .into_iter()
+                .chain(self.missed)
+                .collect(),
+            timeout: kept(earlier.timeout)
+                .into_iter()
+                .chain(self.timeout)
+                .collect(),
+            unviable: kept(earlier.unviable)
+                .into_iter()
+                .chain(self.unviable)
+                .collect(),
+        }
+    }
+
     fn viable(&self) -> usize {
         self.caught.len() + self.missed.len() + self.timeout.len()
     }
@@ -221,8 +256,17 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
                 ),
         )?;
     }
+    // cargo-mutants' lists after `--iterate` hold that run's mutants only.
+    let before = if options.iterate {
+        read_tally(&out)?
+    } else {
+        Tally::default()
+    };
     run_mutants(&mut mutants(area.test_packages, area.tests, area.jobs))?;
-    let mut tally = read_tally(&out)?;
+    let mut tally = read_tally(&out)?.after(before);
+    if options.iterate {
+        write_tally(&out, &tally)?;
+    }
     if let Judge::SecondPass {
         test_packages,
         tests,
@@ -276,6 +320,22 @@ fn read_tally(out: &Path) -> Result<Tally> {
     })
 }
 
+/// Writes the outcome lists (as cargo-mutants names them) to `out/mutants.out`.
+pub fn write_tally(out: &Path, tally: &Tally) -> Result<()> {
+    let dir = out.join("mutants.out");
+    fs::create_dir_all(&dir)?;
+    for (what, names) in [
+        ("caught", &tally.caught),
+        ("missed", &tally.missed),
+        ("timeout", &tally.timeout),
+        ("unviable", &tally.unviable),
+    ] {
+        let text: String = names.iter().map(|n| format!("{n}\n")).collect();
+        fs::write(dir.join(format!("{what}.txt")), text)?;
+    }
+    Ok(())
+}
+
 /// The survivors tests/MUTANTS.md does not explain.
 fn unexplained(tally: &Tally) -> Result<Vec<String>> {
     let explained =
@@ -316,6 +376,25 @@ mod tests {
             without_position("limiter-common/src/gcra.rs:95:9: replace + with - in Gcra::check"),
             "limiter-common/src/gcra.rs: replace + with - in Gcra::check"
         );
+    }
+
+    #[test]
+    fn an_iteration_supersedes_what_it_ran_again() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        let earlier = Tally {
+            caught: set(&["a.rs:1:1: one", "a.rs:2:1: two"]),
+            missed: set(&["a.rs:3:1: three", "a.rs:4:1: four"]),
+            ..Tally::default()
+        };
+        // Lines moved: three is caught now, four still missed.
+        let now = Tally {
+            caught: set(&["a.rs:5:1: three"]),
+            missed: set(&["a.rs:6:1: four"]),
+            ..Tally::default()
+        };
+        let merged = now.after(earlier);
+        assert_eq!(merged.caught.len(), 3);
+        assert_eq!(merged.missed, set(&["a.rs:6:1: four"]));
     }
 
     #[test]

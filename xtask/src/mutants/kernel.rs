@@ -120,16 +120,7 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
             _ => tally.missed.insert(name),
         };
     }
-    for (what, names) in [
-        ("caught", &tally.caught),
-        ("missed", &tally.missed),
-        ("timeout", &tally.timeout),
-        ("unviable", &tally.unviable),
-    ] {
-        let text: String = names.iter().map(|n| format!("{n}\n")).collect();
-        fs::create_dir_all(dir.join("mutants.out"))?;
-        fs::write(dir.join("mutants.out").join(format!("{what}.txt")), text)?;
-    }
+    super::write_tally(&dir, &tally)?;
     Ok(tally)
 }
 
