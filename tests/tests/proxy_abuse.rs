@@ -1079,10 +1079,7 @@ const TRAILED: &[u8] = b"4\r\nwiki\r\n5;ext=1\r\npedia\r\n0\r\nx-checksum: 42\r\
 /// never arrive).
 #[test]
 fn answers_without_a_body_keep_pipelined_answers_in_step() {
-    let rt = runtime();
-    let up = framing_upstream(&rt);
-    let dir = TempDir::new("proxy-bodiless");
-    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let (_rt, _dir, p) = framing_proxy("proxy-bodiless", "3s");
     let paths = [
         "/304",
         "/echo/1",
@@ -1163,6 +1160,23 @@ fn answers_without_a_body_keep_pipelined_answers_in_step() {
     );
 }
 
+/// `limiter proxy` (no rule) in front of [`framing_upstream`], with this
+/// upstream timeout: the upstream's runtime, the proxy's directory and
+/// the proxy (bound in this order, dropped the proxy first).
+fn framing_proxy(name: &str, upstream_timeout: &str) -> (tokio::runtime::Runtime, TempDir, Proxy) {
+    let rt = runtime();
+    let up = framing_upstream(&rt);
+    let dir = TempDir::new(name);
+    let p = Proxy::start(
+        &dir,
+        OPEN,
+        up,
+        &["--upstream-timeout", upstream_timeout],
+        &[],
+    );
+    (rt, dir, p)
+}
+
 /// Guards the upstream's `Content-Length` (RFC 9112 6.3): an answer with
 /// two lengths, in two fields or in one list, is refused with the proxy's
 /// 502 (none of its bytes reach the client, whose next answers stay in
@@ -1170,10 +1184,7 @@ fn answers_without_a_body_keep_pipelined_answers_in_step() {
 /// length, passed on once.
 #[test]
 fn conflicting_content_lengths_get_a_502() {
-    let rt = runtime();
-    let up = framing_upstream(&rt);
-    let dir = TempDir::new("proxy-lengths");
-    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let (_rt, _dir, p) = framing_proxy("proxy-lengths", "3s");
     let paths = [
         "/cl-fields",
         "/cl-same",
@@ -1244,10 +1255,7 @@ fn answer_over_time(addr: SocketAddr, request: &[u8]) -> (Vec<u8>, Duration) {
 /// 250 to 450 ms apart).
 #[test]
 fn slow_answers_are_passed_on_whole_as_they_come() {
-    let rt = runtime();
-    let up = framing_upstream(&rt);
-    let dir = TempDir::new("proxy-slow");
-    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "2s"], &[]);
+    let (_rt, _dir, p) = framing_proxy("proxy-slow", "2s");
     let expected = [
         ("/slow", "slow0slow1slow2slow3slow4slow5slow6slow7"),
         ("/trailers", "wikipedia"),
@@ -1284,10 +1292,7 @@ fn slow_answers_are_passed_on_whole_as_they_come() {
 /// one whose client had left, and went unanswered).
 #[test]
 fn a_pipeline_then_a_half_close_gets_every_answer() {
-    let rt = runtime();
-    let up = framing_upstream(&rt);
-    let dir = TempDir::new("proxy-half-close");
-    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "3s"], &[]);
+    let (_rt, _dir, p) = framing_proxy("proxy-half-close", "3s");
     let paths = ["/echo/1", "/304", "/head", "/204", "/trailers", "/echo/2"];
     let methods = ["GET", "GET", "HEAD", "GET", "GET", "GET"];
     let requests = pipeline(&paths, &methods, false);
