@@ -42,6 +42,9 @@ struct Mutant {
 pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let dir = output(area.name);
     let mut mutants = list(area, options)?;
+    // cargo-mutants lists a few twice (the same name and diff).
+    let mut seen = std::collections::BTreeSet::new();
+    mutants.retain(|m| seen.insert((m.name.clone(), m.diff.clone())));
     let mut tally = Tally::default();
     if options.iterate {
         // The last run's outcome, less what it did not catch: those run again.
