@@ -879,7 +879,12 @@ rules:
         .collect();
     refused.sort_unstable();
     assert_eq!(refused, [(1, 5), (2, 3)], "refusals by key");
-    assert_eq!(counters(&dp, "keyed").dropped_packets, 8);
+    let keyed = counters(&dp, "keyed");
+    assert_eq!(
+        (keyed.dropped_packets, keyed.aggregate_excess),
+        (8, 0),
+        "refused by the key's own meter: {keyed:?}"
+    );
     // A window's aggregate: its refusals are the aggregate's too (the
     // windows' subprogram returns which meter refused).
     let window: Vec<u32> = (1..=3).map(|d| send(198, 21, 0, d)).collect();
