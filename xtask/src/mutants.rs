@@ -89,29 +89,19 @@ impl Tally {
             .flatten()
             .map(|n| without_position(n))
             .collect();
-        let kept = |names: BTreeSet<String>| -> BTreeSet<String> {
-            names
+        // An earlier outcome stands for what this run did not run again.
+        let merged = |earlier: BTreeSet<String>, now: BTreeSet<String>| -> BTreeSet<String> {
+            earlier
                 .into_iter()
                 .filter(|n| !ran.contains(&without_position(n)))
+                .chain(now)
                 .collect()
         };
         Tally {
-            caught: kept(earlier.caught)
-                .into_iter()
-                .chain(self.caught)
-                .collect(),
-            missed: kept(earlier.missed)
-                .into_iter()
-                .chain(self.missed)
-                .collect(),
-            timeout: kept(earlier.timeout)
-                .into_iter()
-                .chain(self.timeout)
-                .collect(),
-            unviable: kept(earlier.unviable)
-                .into_iter()
-                .chain(self.unviable)
-                .collect(),
+            caught: merged(earlier.caught, self.caught),
+            missed: merged(earlier.missed, self.missed),
+            timeout: merged(earlier.timeout, self.timeout),
+            unviable: merged(earlier.unviable, self.unviable),
         }
     }
 

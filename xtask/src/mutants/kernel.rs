@@ -56,9 +56,14 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
         println!("{} mutants the last run did not catch", mutants.len());
     } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
-        mutants = (0..SAMPLE)
-            .map(|i| i * total / SAMPLE)
-            .map(|i| std::mem::replace(&mut mutants[i], Mutant::none()))
+        // Every (total / SAMPLE)-th, in steps as even as whole numbers allow.
+        let picked: std::collections::BTreeSet<usize> =
+            (0..SAMPLE).map(|i| i * total / SAMPLE).collect();
+        mutants = mutants
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| picked.contains(i))
+            .map(|(_, m)| m)
             .collect();
         println!("{SAMPLE} of {total} mutants, spread evenly (--full: all)");
     }
@@ -125,16 +130,6 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     }
     super::write_tally(&dir, &tally)?;
     Ok(tally)
-}
-
-impl Mutant {
-    fn none() -> Self {
-        Self {
-            name: String::new(),
-            file: String::new(),
-            diff: String::new(),
-        }
-    }
 }
 
 /// The area's mutants, from `cargo mutants --list --json --diff`.
