@@ -51,7 +51,10 @@ pub fn run(ctx: &XdpContext) -> u32 {
     // one of them at a time.
     let global = unsafe { &mut *global };
     if profile::stop_after(profile::HANDED_OVER) {
-        return profile::verdict(u64::from(handed.len ^ config.generation) ^ global.packets);
+        return profile::verdict(profile::both(
+            profile::both(u64::from(handed.len), u64::from(config.generation)),
+            global.packets,
+        ));
     }
     let decided = decide(config, global, handed);
     report::finish(ctx, &decided)
@@ -102,7 +105,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         return Decided::new(action, traced::MALFORMED, reason::TINY_FRAGMENT);
     }
     if profile::stop_after(profile::RULE_MATCHED) {
-        return stopped(u64::from(rule_id));
+        return profile::decided(u64::from(rule_id));
     }
     let (Some(rule), Some(counters)) = (
         RULES.get(rule_slot(generation, rule_id)),
@@ -113,7 +116,10 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
     // SAFETY: a per-CPU value, as `global`.
     let counters = unsafe { &mut *counters };
     if profile::stop_after(profile::RULE_LOADED) {
-        return stopped(u64::from(rule.flags) ^ counters.passed_packets);
+        return profile::decided(profile::both(
+            u64::from(rule.flags),
+            counters.passed_packets,
+        ));
     }
     let metered = rule.flags & (rule_flag::BLOCK | rule_flag::UNLIMITED) == 0;
     // The frames it stands for: 1, or in skb mode a buffer's segments.
@@ -139,7 +145,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         None
     };
     if profile::stop_after(profile::KEY_FOUND) {
-        return stopped(slot.map_or(0, |s| s.as_ptr() as u64));
+        return profile::decided(slot.map_or(0, |s| s.as_ptr() as u64));
     }
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
@@ -166,11 +172,11 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         }
     }
     if profile::stop_after(profile::BLOCK_CHECKED) {
-        return stopped(u64::from(epoch));
+        return profile::decided(u64::from(epoch));
     }
     let now = clock::now();
     if profile::stop_after(profile::CLOCK_READ) {
-        return stopped(now);
+        return profile::decided(now);
     }
     let charged = Charged { len, credits };
     let verdict = if rule.flags & rule_flag::BLOCK != 0 {
@@ -201,7 +207,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         }
     };
     if profile::stop_after(profile::METERED) {
-        return stopped(verdict.outcome as u64);
+        return profile::decided(verdict.outcome as u64);
     }
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
@@ -262,15 +268,4 @@ fn frames_of(handed: &Handoff) -> u64 {
         len,
         IFACE_MTU.get(handed.iface).map_or(0, |mtu| u64::from(*mtu)),
     )
-}
-
-/// A profile build's decision when it stops inside `decide`.
-#[inline(always)]
-fn stopped(value: u64) -> Decided {
-    let action = if profile::verdict(value) == xdp_action::XDP_DROP {
-        action::DROP
-    } else {
-        action::PASS
-    };
-    Decided::new(action, traced::PASSED, reason::NONE)
 }

@@ -4,6 +4,13 @@
 //! the same frame. Every other build has `STOP_AFTER == 0`, and each
 //! `stop_after` is a constant false the compiler removes.
 
+use limiter_common::{
+    abi::action,
+    trace::{reason, verdict as traced},
+};
+
+use crate::trace::Decided;
+
 /// The stages, in the order a packet goes through them.
 pub const CONFIG_READ: u32 = 1;
 pub const PARSED: u32 = 2;
@@ -51,4 +58,23 @@ pub fn verdict(value: u64) -> u32 {
     } else {
         aya_ebpf::bindings::xdp_action::XDP_DROP
     }
+}
+
+/// One value that depends on both `a` and `b`.
+#[inline(always)]
+pub fn both(a: u64, b: u64) -> u64 {
+    a ^ b
+}
+
+/// A decision-program build's outcome when it stops (as [`verdict`]).
+/// Here rather than in `decide`: what only the cut builds compile is kept
+/// out of the files `cargo xtask mutants --area kernel` mutates.
+#[inline(always)]
+pub fn decided(value: u64) -> Decided {
+    let action = if verdict(value) == aya_ebpf::bindings::xdp_action::XDP_DROP {
+        action::DROP
+    } else {
+        action::PASS
+    };
+    Decided::new(action, traced::PASSED, reason::NONE)
 }

@@ -892,3 +892,49 @@ rules:
     let c = counters(&dp, "window");
     assert_eq!((c.dropped_packets, c.aggregate_excess), (1, 1), "{c:?}");
 }
+
+/// Another CPU holding an aggregate's lock through every attempt (its lock
+/// word set here, as that CPU would leave it mid-update): the packet is
+/// refused by contention and counted so, and nothing stays locked after.
+#[test]
+fn a_lock_held_elsewhere_refuses_by_contention() {
+    let mut dp = loaded(
+        "rules:
+  - { name: window, match: { source: 198.21.0.0/16 }, key: source, algorithm: fixed_window, limit: { rate: 100, unit: day }, aggregate: { rate: 100, unit: day } }
+",
+    );
+    let source = Ipv4Addr::new(198, 21, 0, 1);
+    let send = |dp: &limiter_tests::Loaded| run(dp, &frames::udp4(source, 9, 0)).0;
+    assert_eq!(send(&dp), XDP_PASS);
+    let rule = dp
+        .engine
+        .datapath()
+        .maps()
+        .keys
+        .dump()
+        .into_iter()
+        .find(|(key, _)| key.addr[12..] == source.octets())
+        .expect("the source's key")
+        .0
+        .rule
+        & !limiter_common::abi::FlowKey::V4;
+    let set_lock = |dp: &mut limiter_tests::Loaded, held: u32| {
+        let aggregates = &mut dp.engine.datapath_mut().maps_mut().aggregates;
+        let mut state = aggregates.get(&rule, 0).expect("the rule's aggregate");
+        state.lock = held;
+        aggregates.set(rule, state, 0).expect("aggregate written");
+    };
+    set_lock(&mut dp, 1);
+    assert_eq!(send(&dp), XDP_DROP, "the aggregate's lock held elsewhere");
+    let c = counters(&dp, "window");
+    assert_eq!(
+        (c.contended, c.dropped_packets, c.passed_packets),
+        (1, 1, 1),
+        "{c:?}"
+    );
+    set_lock(&mut dp, 0);
+    // The key's own lock, taken before the aggregate's, was released.
+    assert_eq!(send(&dp), XDP_PASS, "the lock free again");
+    let c = counters(&dp, "window");
+    assert_eq!((c.contended, c.passed_packets), (1, 2), "{c:?}");
+}

@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::{Options, Tally, areas::Area, output};
+use super::{Options, Tally, areas::Area, output, without_position};
 use crate::{cargo, nightly_cargo, root, step};
 
 /// The test binaries that judge, fastest first (the first failure ends a
@@ -46,13 +46,31 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let mut seen = std::collections::BTreeSet::new();
     mutants.retain(|m| seen.insert((m.name.clone(), m.diff.clone())));
     let mut tally = Tally::default();
+    let mut last = Tally::default();
     if options.iterate {
-        // The last run's outcome, less what it did not catch: those run again.
-        let last = super::read_tally(&dir)?;
-        let again: Vec<&String> = last.missed.iter().chain(&last.timeout).collect();
-        mutants.retain(|m| again.contains(&&format!("limiter-ebpf/{}", m.name)));
-        tally.caught = last.caught;
-        tally.unviable = last.unviable;
+        // The last run's outcome, less mutants the code no longer has (by
+        // name without position: lines move); what it did not catch runs
+        // again, and the rest of it stands.
+        let listed: std::collections::BTreeSet<String> = mutants
+            .iter()
+            .map(|m| without_position(&format!("limiter-ebpf/{}", m.name)))
+            .collect();
+        last = super::read_tally(&dir)?;
+        for names in [
+            &mut last.caught,
+            &mut last.missed,
+            &mut last.timeout,
+            &mut last.unviable,
+        ] {
+            names.retain(|n| listed.contains(&without_position(n)));
+        }
+        let again: std::collections::BTreeSet<String> = last
+            .missed
+            .iter()
+            .chain(&last.timeout)
+            .map(|n| without_position(n))
+            .collect();
+        mutants.retain(|m| again.contains(&without_position(&format!("limiter-ebpf/{}", m.name))));
         println!("{} mutants the last run did not catch", mutants.len());
     } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
@@ -128,6 +146,7 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
             _ => tally.missed.insert(name),
         };
     }
+    let tally = tally.after(last);
     super::write_tally(&dir, &tally)?;
     Ok(tally)
 }
