@@ -178,6 +178,14 @@ pub fn run(options: &Options) -> Result<()> {
 /// `common`.
 fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
     let out = output(area.name);
+    // cargo-mutants' baseline runs the mutated packages' tests only (its
+    // `run_baseline` passes them, not `--test-package`'s), where another
+    // package's test targets do not exist: such an area's unmutated tree
+    // is tested here instead, and cargo-mutants skips its own.
+    let own_baseline = area
+        .test_packages
+        .iter()
+        .any(|package| !area.packages.contains(package));
     let mutants = |test_packages: &[&str], tests: &[&str], jobs: u32| {
         let mut command = cargo();
         command.arg("mutants");
@@ -205,17 +213,10 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         }
         let timeout = options.timeout.unwrap_or(area.timeout);
         command.args(["--timeout", &timeout.to_string()]);
-        if area.binary {
-            // The proxy's and the daemon's tests run `limiter` built from
-            // the mutated tree (with the unmutated XDP object).
-            command
-                .env_remove("LIMITER_BIN")
-                .env("LIMITER_TESTS_BUILD_BIN", "1")
-                .env(
-                    "LIMITER_EBPF_OBJECT",
-                    root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter"),
-                );
+        if own_baseline {
+            command.arg("--baseline=skip");
         }
+        with_binary_env(area, &mut command);
         if !tests.is_empty() {
             command.arg("--").args(tests);
         }
@@ -245,6 +246,20 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
                     root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter"),
                 ),
         )?;
+    }
+    if own_baseline {
+        step(&format!(
+            "mutants: area {}: its tests on the unmutated tree must pass",
+            area.name
+        ));
+        let mut baseline = cargo();
+        baseline.arg("test");
+        for package in area.test_packages {
+            baseline.args(["--package", package]);
+        }
+        with_binary_env(area, &mut baseline);
+        crate::status(baseline.args(area.tests))
+            .context("the area's tests fail on the unmutated tree: no mutant can be judged")?;
     }
     // cargo-mutants' lists after `--iterate` hold that run's mutants only.
     let before = if options.iterate {
@@ -283,6 +298,20 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         tally = read_tally(&out)?;
     }
     Ok(tally)
+}
+
+/// The tests of a `binary` area run `limiter` built from the tree they
+/// are in (the mutated copy), with the unmutated XDP object.
+fn with_binary_env(area: &Area, command: &mut Command) {
+    if area.binary {
+        command
+            .env_remove("LIMITER_BIN")
+            .env("LIMITER_TESTS_BUILD_BIN", "1")
+            .env(
+                "LIMITER_EBPF_OBJECT",
+                root().join("limiter-ebpf/target/bpfel-unknown-none/release/limiter"),
+            );
+    }
 }
 
 /// Runs cargo-mutants; missed mutants (exit 2) and timeouts (3) are judged
