@@ -121,5 +121,9 @@ mod tests {
         };
         assert!(over_limit(&spent, &rule, Some(&minute), now, 0));
         assert!(!over_limit(&at(now), &rule, Some(&minute), now, 0));
+        // The rule's flags say whether its third word is a limit (a soft
+        // limit's meter is kept there too): without the flag it is not one.
+        rule.flags &= !rule_flag::THIRD_LIMIT;
+        assert!(!over_limit(&spent, &rule, Some(&minute), now, 0));
     }
 }
