@@ -209,7 +209,11 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
             command.arg("--iterate");
         }
         if area.shards > 1 && !options.full {
-            command.arg(format!("--shard=0/{}", area.shards));
+            // Round robin: one in N over the whole list (cargo-mutants'
+            // default takes the first Nth, a file or two).
+            command
+                .arg(format!("--shard=0/{}", area.shards))
+                .arg("--sharding=round-robin");
         }
         let timeout = options.timeout.unwrap_or(area.timeout);
         command.args(["--timeout", &timeout.to_string()]);
