@@ -126,4 +126,52 @@ mod tests {
         rule.flags &= !rule_flag::THIRD_LIMIT;
         assert!(!over_limit(&spent, &rule, Some(&minute), now, 0));
     }
+
+    #[test]
+    fn over_limit_reads_each_window_meter_by_its_algorithm() {
+        use crate::{keytable::pack_counts, window::WindowState};
+        let second = 1_000_000_000;
+        let start = 1_700_000_000 * second;
+        let ten = crate::window::Window::new(10, second).unwrap();
+        let mut rule = RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            algorithm: algorithm::FIXED_WINDOW,
+            ..RuleConfig::default()
+        };
+        rule.packets.window = ten;
+        // A whole last window and 4 in this one, a tenth of it gone: the
+        // fixed window has room for 6, the sliding one weighs the last
+        // window at 9 of 10 and is over.
+        let counts = |previous, current| {
+            pack_counts(&WindowState {
+                start,
+                previous,
+                current,
+            })
+        };
+        let state = KeyState {
+            meters: [start, counts(10, 4), 0],
+            ..KeyState::default()
+        };
+        let now = start + second / 10;
+        assert!(!over_limit(&state, &rule, None, now, 0), "fixed");
+        rule.algorithm = algorithm::SLIDING_WINDOW;
+        assert!(over_limit(&state, &rule, None, now, 0), "sliding");
+        // The clock the windows take is the realtime one: the same state a
+        // second later (by the offset) is in the next window.
+        assert!(
+            !over_limit(&state, &rule, None, start, second),
+            "sliding, next window"
+        );
+        // The byte meter is the key's third word, the packet meter its second.
+        rule.algorithm = algorithm::FIXED_WINDOW;
+        rule.flags = rule_flag::LIMIT_BYTES;
+        rule.bytes.window = ten;
+        let bytes_spent = KeyState {
+            meters: [start, 0, counts(0, 10)],
+            ..KeyState::default()
+        };
+        assert!(over_limit(&bytes_spent, &rule, None, now, 0), "bytes spent");
+        assert!(!over_limit(&state, &rule, None, now, 0), "bytes untouched");
+    }
 }

@@ -280,6 +280,88 @@ fn escalation_matches_the_reference() {
     assert_eq!(replayed, 4, "escalation traces replayed");
 }
 
+/// Guards escalation with scope `source` through `Engine::escalate`, which
+/// the escalation traces (scope `key`) leave out: the key's source is
+/// blocked, the block is listed as the rule's, and the kernel drops the
+/// source's packets once its bucket has room again. And, under a rule with
+/// an aggregate, a key that only the aggregate refuses is not over its
+/// limit (its count of refusals includes the aggregate's).
+#[test]
+fn escalation_by_source_blocks_for_its_rule_and_not_for_an_aggregate() {
+    let mut dp = loaded_object(
+        &test_clock_object(),
+        "rules:
+  - { name: src, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 10, unit: second, burst: 5 }, escalate: { after: 1s, block: 1h, scope: source } }
+  - { name: agg, match: { source: 198.20.0.0/16 }, key: source, limit: { rate: 100, unit: second }, aggregate: { rate: 5, unit: second }, escalate: { after: 1s, block: 1h, scope: source } }
+",
+    );
+    // The test clock well before the real monotonic clock, by which the
+    // engine dates a block's end.
+    let start = 1_000_000_000;
+    let ms = 1_000_000;
+    let flooder = Ipv4Addr::new(198, 18, 0, 1);
+    let sharing = [Ipv4Addr::new(198, 20, 0, 1), Ipv4Addr::new(198, 20, 0, 2)];
+    let mut escalated = Vec::new();
+    for look in 1..=3 {
+        let from = start + (look - 1) * 1_000 * ms;
+        for i in 0..100 {
+            let t = from + i * 10 * ms;
+            verdict(&mut dp, flooder, t);
+            if i % 8 == 0 {
+                for source in sharing {
+                    verdict(&mut dp, source, t);
+                }
+            }
+        }
+        dp.engine
+            .datapath_mut()
+            .maps_mut()
+            .test_clock
+            .as_mut()
+            .expect("test clock")
+            .set(0, start + look * 1_000 * ms, 0)
+            .expect("setting the clock");
+        for e in dp.engine.escalate().expect("escalating") {
+            assert!(e.enforced && e.hold.is_none(), "{e:?}");
+            escalated.push((look, e.prefix.to_string(), e.rule));
+        }
+    }
+    let refused = totals(&dp, rule_id(&dp, "agg"));
+    assert!(
+        refused.aggregate_excess > 0,
+        "the aggregate refused some: {refused:?}"
+    );
+    assert_eq!(
+        escalated,
+        [(3, "198.18.0.1/32".to_owned(), "src".to_owned())],
+        "the flooder alone (refused since the look before at looks 2 and 3, 1 s \
+         apart), not the aggregate's keys"
+    );
+    let listed = dp.engine.blocks().expect("blocks");
+    let block = listed
+        .iter()
+        .find(|b| b.prefix == "198.18.0.1/32")
+        .unwrap_or_else(|| panic!("the flooder's block: {listed:?}"));
+    assert_eq!(block.escalated_by.as_deref(), Some("src"), "{block:?}");
+    // Its bucket full again a second later: the block drops it.
+    assert_eq!(verdict(&mut dp, flooder, start + 5_000 * ms), XDP_DROP);
+    assert_eq!(
+        verdict(&mut dp, Ipv4Addr::new(198, 18, 0, 2), start + 5_000 * ms),
+        XDP_PASS,
+        "another source of the rule"
+    );
+}
+
+/// The id of rule `name`.
+fn rule_id(dp: &Loaded, name: &str) -> u32 {
+    snapshot(dp)
+        .rules
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("rule {name}"))
+        .id
+}
+
 #[test]
 fn the_kernel_refuses_what_only_layer_7_can_do() {
     let mut dp = loaded_object(&test_clock_object(), "rules: []\n");

@@ -336,3 +336,37 @@ impl Engine {
         counts
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::abi::rule_flag;
+
+    use super::*;
+
+    /// A hold moves only the meters the rule has (`KeyTable::hold` leaves
+    /// a `None` word as it is: the key's other words are not its meters).
+    #[test]
+    fn an_escalation_holds_only_the_rules_meters() {
+        let mut rule = RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            ..RuleConfig::default()
+        };
+        rule.packets.gcra = Gcra::new(10, 1_000_000_000, 5).unwrap();
+        rule.bytes.gcra = Gcra::new(1_000, 1_000_000_000, 500).unwrap();
+        let escalation = Escalation {
+            after_ns: 1,
+            block_ns: 3_000_000_000,
+        };
+        let now = 7_000_000_000;
+        let end = now + escalation.block_ns;
+        assert_eq!(
+            held_tats(&rule, &escalation, now),
+            [Some(end + rule.packets.gcra.capacity_ns), None]
+        );
+        rule.flags = rule_flag::LIMIT_BYTES;
+        assert_eq!(
+            held_tats(&rule, &escalation, now),
+            [None, Some(end + rule.bytes.gcra.capacity_ns)]
+        );
+    }
+}
