@@ -394,6 +394,10 @@ mod tests {
                 of: 250
             }
         );
+        // The third word of a rule without a third limit (a soft limit's
+        // meter is kept there) is no budget.
+        rule.flags &= !rule_flag::THIRD_LIMIT;
+        assert_eq!(kernel_budgets(&rule, Some(&day), &third, 0).len(), 1);
     }
 
     #[test]

@@ -620,6 +620,73 @@ async fn the_proxy_traces_its_decisions() {
             assert!(line["refused_by"].is_null(), "{line}");
         }
     }
+    // As text, refusals only: the header, then a line per 429, each
+    // starting with its time of day.
+    let out = dir.0.join("trace.txt");
+    let p = limiter_tests::proxy_printing(
+        &config,
+        &upstream,
+        &[
+            "--trusted-proxy",
+            "127.0.0.0/8",
+            "--trace",
+            "--trace-verdict",
+            "dropped",
+        ],
+        &out,
+    );
+    let (p, statuses) = tokio::task::spawn_blocking(move || {
+        let request =
+            b"GET /x HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.1\r\nConnection: close\r\n\r\n";
+        let statuses: Vec<String> = (0..5)
+            .map(|_| status(&exchange(p.addr, request)).to_owned())
+            .collect();
+        (p, statuses)
+    })
+    .await
+    .unwrap();
+    assert_eq!(statuses, ["200", "200", "200", "429", "429"]);
+    // Lines are written by a thread of their own: read once they are all
+    // there (or a second later, if more come), before the proxy stops.
+    let after_header = |text: &str| -> Option<Vec<String>> {
+        let header = text
+            .lines()
+            .position(|l| l.starts_with("TIME ") && l.contains("VERDICT"))?;
+        Some(
+            text.lines()
+                .skip(header + 1)
+                // (The line saying where it listens comes after the header.)
+                .filter(|l| !l.starts_with("limiter proxy: listening"))
+                .map(str::to_owned)
+                .collect(),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while after_header(&std::fs::read_to_string(&out).unwrap()).map_or(0, |l| l.len()) < 2
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(p);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let traced = after_header(&text).unwrap_or_else(|| panic!("no header: {text}"));
+    assert_eq!(traced.len(), 2, "the refusals only: {text}");
+    for line in &traced {
+        let time = line.split_whitespace().next().unwrap_or_default();
+        let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+        let parts: Vec<&str> = time.split([':', '.']).collect();
+        assert!(
+            parts.len() == 4 && parts[..3].iter().all(|p| digits(p, 2)) && digits(parts[3], 6),
+            "a time of day to the microsecond first: {line}"
+        );
+        assert!(
+            line.contains(" clients ")
+                && line.contains(" dropped ")
+                && line.contains("by key packets"),
+            "{line}"
+        );
+    }
 }
 
 /// Guards client-side pacing against `limiter proxy`: 40 requests at once
