@@ -1554,3 +1554,70 @@ fn encoded_slashes_do_not_escape_a_path_rule() {
         "{routed:?}"
     );
 }
+
+/// Guards `limit.delay` in the proxy's own relay (`l7.rs`'s pacing test
+/// goes through the tower layer instead): on one connection, requests
+/// over a burst of 1 at 10 a second are each held until they conform,
+/// about 100 ms, then answered.
+#[test]
+fn paced_requests_are_answered_once_they_conform() {
+    let rt = runtime();
+    let (up, seen) = upstream(&rt);
+    let dir = TempDir::new("proxy-paced");
+    let p = Proxy::start(
+        &dir,
+        "rules:\n  - { name: paced, limit: { rate: 10, unit: second, burst: 1, delay: 1s } }\n",
+        up,
+        &[],
+        &[],
+    );
+    let started = Instant::now();
+    let statuses = statuses_on_one_connection(p.addr, 4, Duration::ZERO);
+    let took = started.elapsed();
+    assert_eq!(statuses, ["200"; 4]);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 4);
+    // A floor only: a slow machine takes longer, never shorter.
+    assert!(
+        took >= Duration::from_millis(280),
+        "3 of 4 held about 100 ms each, answered in {took:?}"
+    );
+}
+
+/// Guards the one retry of `Relay::ask`: only a request that is safe to
+/// repeat, sent on a kept-alive connection the upstream had closed, goes
+/// again on a new one. An upstream that takes a GET on a new connection
+/// and closes it without a word gets the request once, and the client a
+/// 502 at once (asking again and again would hold it until the upstream
+/// timeout, and send the upstream the request as many times).
+#[test]
+fn an_upstream_that_closes_without_answering_is_asked_once() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&connections);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            counted.fetch_add(1, Ordering::SeqCst);
+            // The request read, then closed unanswered.
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+        }
+    });
+    let dir = TempDir::new("proxy-closes");
+    let p = Proxy::start(&dir, OPEN, up, &["--upstream-timeout", "5s"], &[]);
+    let started = Instant::now();
+    let answer = exchange(
+        p.addr,
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let took = started.elapsed();
+    assert_eq!(status(&answer), "502", "{answer}");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "asked once, on a new connection"
+    );
+    assert!(took < Duration::from_secs(4), "answered in {took:?}");
+}

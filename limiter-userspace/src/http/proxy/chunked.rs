@@ -181,4 +181,14 @@ mod tests {
         let long = [b'1'; MAX_LINE + 1];
         assert!(ChunkedEnd::default().advance(&long).is_err());
     }
+
+    #[test]
+    fn a_trailer_line_may_be_as_long_as_a_line_and_no_longer() {
+        // The last chunk, then one trailer line of `n` bytes.
+        let body = |n: usize| [&b"0\r\nx:"[..], &vec![b'a'; n - 2], b"\r\n\r\n"].concat();
+        let mut end = ChunkedEnd::default();
+        assert_eq!(end.advance(&body(MAX_LINE)).ok(), Some(MAX_LINE + 7));
+        assert!(end.done());
+        assert!(ChunkedEnd::default().advance(&body(MAX_LINE + 1)).is_err());
+    }
 }
