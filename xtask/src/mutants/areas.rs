@@ -155,7 +155,12 @@ const ESCALATION: Area = Area {
         "limiter-common/src/escalation.rs",
         "limiter-userspace/src/engine/escalate.rs",
     ],
-    test_packages: &["limiter-common", "limiter-conformance", "limiter-tests"],
+    test_packages: &[
+        "limiter-common",
+        "limiter-userspace",
+        "limiter-conformance",
+        "limiter-tests",
+    ],
     tests: &[
         "--lib",
         "--test",
