@@ -352,6 +352,92 @@ fn escalation_by_source_blocks_for_its_rule_and_not_for_an_aggregate() {
     );
 }
 
+/// Guards the rule file's `escalation` through `Engine::escalate` (the
+/// daemon's test of it runs on real traffic, and so only counts at least
+/// one of each): a key in `never_block` is never blocked, and of three
+/// keys due at one look only `max_per_minute` (2) are; each left out is
+/// counted by why, at every look it is due again, and each block counted
+/// for its rule.
+#[test]
+fn escalation_spares_never_block_and_caps_blocks_a_minute() {
+    let mut dp = loaded_object(
+        &test_clock_object(),
+        "escalation: { never_block: [198.18.0.0/24], max_per_minute: 2 }
+rules:
+  - { name: held, match: { source: 198.18.0.0/16 }, key: source, limit: { rate: 10, unit: second, burst: 5 }, escalate: { after: 1s, block: 1h, scope: source } }
+",
+    );
+    let start = 1_000_000_000;
+    let ms = 1_000_000;
+    let spared = Ipv4Addr::new(198, 18, 0, 1);
+    let abusive = [
+        Ipv4Addr::new(198, 18, 1, 1),
+        Ipv4Addr::new(198, 18, 1, 2),
+        Ipv4Addr::new(198, 18, 1, 3),
+    ];
+    let mut blocked = Vec::new();
+    let mut left_out = Vec::new();
+    for look in 1..=5 {
+        let from = start + (look - 1) * 1_000 * ms;
+        for i in 0..100 {
+            for source in std::iter::once(spared).chain(abusive) {
+                verdict(&mut dp, source, from + i * 10 * ms);
+            }
+        }
+        dp.engine
+            .datapath_mut()
+            .maps_mut()
+            .test_clock
+            .as_mut()
+            .expect("test clock")
+            .set(0, start + look * 1_000 * ms, 0)
+            .expect("setting the clock");
+        let mut made: Vec<String> = dp
+            .engine
+            .escalate()
+            .expect("escalating")
+            .into_iter()
+            .map(|e| e.prefix.to_string())
+            .collect();
+        made.sort();
+        blocked.push(made);
+        left_out.push(dp.engine.escalations_left_out());
+    }
+    let counts = |spared: u64, capped: u64| {
+        let mut counts = Vec::new();
+        if capped > 0 {
+            counts.push(("max_per_minute".to_owned(), capped));
+        }
+        if spared > 0 {
+            counts.push(("never_block".to_owned(), spared));
+        }
+        counts
+    };
+    // Due at look 3 (over at looks 2 and 3, 1 s apart): two blocked, the
+    // third capped; the capped key is due again at look 5, and capped
+    // again (two blocks this minute already).
+    let (first, second) = (blocked[2].clone(), blocked[4].clone());
+    assert_eq!(first.len(), 2, "{blocked:?}");
+    assert!(second.is_empty(), "{blocked:?}");
+    assert!(
+        blocked[..2].iter().chain(&blocked[3..4]).all(Vec::is_empty),
+        "{blocked:?}"
+    );
+    assert!(!first.contains(&"198.18.0.1/32".to_owned()), "{first:?}");
+    assert_eq!(
+        left_out,
+        [
+            counts(0, 0),
+            counts(0, 0),
+            counts(1, 1),
+            counts(1, 1),
+            counts(2, 2)
+        ],
+        "left out, by why, after each look"
+    );
+    assert_eq!(dp.engine.escalations(), [("held".to_owned(), 2)]);
+}
+
 /// The id of rule `name`.
 fn rule_id(dp: &Loaded, name: &str) -> u32 {
     snapshot(dp)
