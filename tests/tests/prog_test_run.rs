@@ -927,9 +927,16 @@ fn a_lock_held_elsewhere_refuses_by_contention() {
     set_lock(&mut dp, 1);
     assert_eq!(send(&dp), XDP_DROP, "the aggregate's lock held elsewhere");
     let c = counters(&dp, "window");
+    let len = frames::udp4(source, 9, 0).len() as u64;
     assert_eq!(
-        (c.contended, c.dropped_packets, c.passed_packets),
-        (1, 1, 1),
+        (
+            c.contended,
+            c.dropped_packets,
+            c.dropped_bytes,
+            c.passed_packets,
+            c.passed_bytes
+        ),
+        (1, 1, len, 1, len),
         "{c:?}"
     );
     set_lock(&mut dp, 0);
