@@ -188,6 +188,33 @@ impl Gcra {
 mod tests {
     use super::*;
 
+    #[test]
+    fn remaining_is_what_would_conform_now() {
+        let g = Gcra::new(10, 1_000_000_000, 5).unwrap();
+        let now = 50_000_000_000;
+        assert_eq!(g.remaining(now, now), 5, "a full bucket");
+        assert_eq!(g.remaining(now - 1, now), 5, "a TAT in the past");
+        // Two and a half requests' worth in use: two whole ones left.
+        assert_eq!(g.remaining(now + 250_000_000, now), 2);
+        assert_eq!(g.remaining(now + g.capacity_ns, now), 0, "spent");
+        assert_eq!(g.remaining(now + 10 * g.capacity_ns, now), 0, "in debt");
+    }
+
+    #[test]
+    fn a_carried_debt_is_the_same_share_of_the_new_burst() {
+        let old = Gcra::new(10, 1_000_000_000, 4).unwrap();
+        let new = Gcra::new(10, 1_000_000_000, 8).unwrap();
+        let now = 50_000_000_000;
+        // A quarter of the old burst in use: a quarter of the new.
+        let tat = now + old.capacity_ns / 4;
+        assert_eq!(old.carried(tat, now, &new), now + new.capacity_ns / 4);
+        assert_eq!(
+            old.carried(now - 5, now, &new),
+            now - 5,
+            "a full bucket stays"
+        );
+    }
+
     /// Admitted at once from `tat` at `now` (each request of cost 1).
     fn admitted_at_once(g: &Gcra, mut tat: u64, now: u64) -> u64 {
         let mut n = 0;

@@ -257,6 +257,47 @@ mod tests {
     use crate::window::Window;
 
     #[test]
+    fn slots_are_one_per_bucket_and_way() {
+        let mut seen = std::collections::BTreeSet::new();
+        for bucket in 0..64 {
+            for way in 0..WAYS {
+                let i = slot_index(bucket, way);
+                assert!(i < 64 * WAYS as u32);
+                assert!(seen.insert(i), "slot {i} twice");
+            }
+        }
+    }
+
+    /// Sequential sources (a /18 under one rule, which differ in their
+    /// last bytes only) spread over the buckets as random keys would, and
+    /// over the ways they are first looked for in: a hash that left the
+    /// bucket bits to the high bytes of the key would put them in a few
+    /// buckets, which is a flood's way to evict a victim's key.
+    #[test]
+    fn sequential_sources_spread_over_buckets_and_ways() {
+        let buckets = 4096;
+        let seed = 0x0123_4567_89ab_cdef;
+        let mut load = vec![0u32; buckets as usize];
+        let mut ways = [0u32; WAYS];
+        for n in 0u32..16_384 {
+            let [_, _, c, d] = n.to_be_bytes();
+            let key = FlowKey::v4(3, [198, 18, c, d], [255; 4]);
+            let h = hash(&key, seed);
+            load[bucket_of(h, buckets) as usize] += 1;
+            ways[preferred_way(tag_of(h))] += 1;
+        }
+        // 4 a bucket on average: a Poisson maximum over 4096 buckets is
+        // about 12.
+        let max = load.iter().max().copied().unwrap_or(0);
+        assert!(max <= 16, "a bucket of {max} keys");
+        // 2048 a way on average.
+        assert!(
+            ways.iter().all(|&n| (1_700..2_400).contains(&n)),
+            "{ways:?}"
+        );
+    }
+
+    #[test]
     fn buckets_are_powers_of_two_covering_max_keys() {
         assert_eq!(buckets_for(0), 1);
         assert_eq!(buckets_for(1), 1);

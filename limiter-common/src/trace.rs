@@ -192,6 +192,20 @@ const _: () = assert!(core::mem::size_of::<TraceEvent>() == 128);
 mod tests {
     use super::*;
 
+    #[test]
+    fn every_verdict_and_reason_has_a_name_of_its_own() {
+        extern crate std;
+        use std::collections::BTreeSet;
+        let verdicts: BTreeSet<&str> = (0..verdict::COUNT).map(verdict::name).collect();
+        assert_eq!(verdicts.len(), usize::from(verdict::COUNT));
+        assert!(verdicts.iter().all(|n| !n.is_empty() && *n != "unknown"));
+        assert_eq!(verdict::name(verdict::DROPPED), "dropped");
+        let reasons: BTreeSet<&str> = (0..=reason::ORPHAN_FRAGMENT).map(reason::name).collect();
+        assert_eq!(reasons.len(), usize::from(reason::ORPHAN_FRAGMENT) + 1);
+        assert!(reasons.iter().all(|n| !n.is_empty()));
+        assert_eq!(reason::name(reason::NONE), "");
+    }
+
     fn event(family: u8, addr: [u8; 4]) -> TraceEvent {
         let mut e = TraceEvent {
             family,

@@ -227,6 +227,29 @@ mod tests {
     const SEC: u64 = 1_000_000_000;
 
     #[test]
+    fn used_and_remaining_weigh_the_last_window_when_sliding() {
+        let ten = Window::new(10, SEC).unwrap();
+        let start = 1_700_000_000 * SEC;
+        let state = WindowState {
+            start,
+            previous: 10,
+            current: 4,
+        };
+        let quarter = start + SEC / 4;
+        assert_eq!(ten.used(&state, quarter, false), 4);
+        assert_eq!(ten.remaining(&state, quarter, false), 6);
+        // 4 + 10 × 3/4, rounded up: 12, over the limit.
+        assert_eq!(ten.used(&state, quarter, true), 12);
+        assert_eq!(ten.remaining(&state, quarter, true), 0);
+        let half = start + SEC / 2;
+        assert_eq!(ten.used(&state, half, true), 9);
+        assert_eq!(ten.remaining(&state, half, true), 1);
+        // The next window: this one's 4 is the last one's, weighed whole.
+        assert_eq!(ten.used(&state, start + SEC, true), 4);
+        assert_eq!(ten.used(&state, start + SEC, false), 0);
+    }
+
+    #[test]
     fn a_closed_window_admits_nothing() {
         let closed = Window::closed(SEC);
         for state in [
