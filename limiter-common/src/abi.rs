@@ -884,6 +884,92 @@ mod pod {
 mod tests {
     use super::*;
 
+    /// Guards the flag words: each flag one bit of its own (a flag that
+    /// became 0, or another's bit, would switch a feature off or on).
+    #[test]
+    fn every_flag_is_a_bit_of_its_own() {
+        let distinct_bits = |flags: &[u32]| {
+            flags.iter().all(|f| f.is_power_of_two())
+                && flags.iter().fold(0, |all, f| all | f).count_ones() as usize == flags.len()
+        };
+        assert!(distinct_bits(&[
+            rule_flag::UNLIMITED,
+            rule_flag::SHADOW,
+            rule_flag::LIMIT_PACKETS,
+            rule_flag::LIMIT_BYTES,
+            rule_flag::BLOCK,
+            rule_flag::AGGREGATE_PACKETS,
+            rule_flag::AGGREGATE_BYTES,
+            rule_flag::SOFT,
+            rule_flag::COSTS,
+            rule_flag::BYTES_COUNT_PACKETS,
+            rule_flag::THIRD_LIMIT,
+            rule_flag::THIRD_COUNTS_BYTES,
+        ]));
+        assert!(distinct_bits(&[
+            global_flag::SHADOW,
+            global_flag::DROP_ORPHAN_FRAGMENTS
+        ]));
+        assert!(distinct_bits(&[
+            candidate_flag::MATCH_PROTOCOL.into(),
+            candidate_flag::MATCH_DEST_PORT.into(),
+            candidate_flag::UNLIMITED.into(),
+            candidate_flag::MATCH_TCP_FLAGS.into(),
+        ]));
+    }
+
+    /// A port-less packet's rule, by its protocol's class: the choice
+    /// userspace made (an entry, or the default rule), or none.
+    #[test]
+    fn a_packet_without_a_port_goes_to_the_rule_chosen_for_its_protocol() {
+        for (class, protocol) in unknown_port::CLASSES {
+            assert_eq!(unknown_port::class(protocol), Some(class));
+        }
+        assert_eq!(unknown_port::class(1), None, "ICMP has no port to lack");
+        let mut candidates = Candidates {
+            len: 2,
+            ..Candidates::default()
+        };
+        candidates.entries[0].rule = 7;
+        candidates.entries[1].rule = 9;
+        candidates.unknown_port[unknown_port::UDP] = 2;
+        candidates.unknown_port[unknown_port::TCP] = unknown_port::DEFAULT;
+        candidates.unknown_port[unknown_port::SCTP] = 3;
+        assert_eq!(candidates.unknown_port_rule(17), Some(9));
+        assert_eq!(candidates.unknown_port_rule(6), Some(DEFAULT_RULE));
+        assert_eq!(candidates.unknown_port_rule(132), None, "past the entries");
+        assert_eq!(
+            candidates.unknown_port_rule(UNKNOWN_PROTOCOL),
+            None,
+            "not chosen"
+        );
+        assert_eq!(candidates.unknown_port_rule(1), None);
+    }
+
+    /// A TCP packet with a port costs its first matching class's credits;
+    /// anything else costs 1.
+    #[test]
+    fn credits_are_the_first_matching_classs() {
+        let class = |credits, mask, value| CostClass {
+            credits,
+            tcp_flags_mask: mask,
+            tcp_flags_value: value,
+            _pad: [0; 2],
+        };
+        let (syn, ack) = (0x02, 0x10);
+        let mut costs = Costs::default();
+        costs.classes[0] = class(10, syn | ack, syn);
+        costs.classes[1] = class(3, 0, 0);
+        costs.classes[2] = class(99, 0, 0);
+        costs.len = 2;
+        assert_eq!(costs.credits(6, 443, syn), 10, "a bare SYN");
+        assert_eq!(costs.credits(6, 443, syn | ack), 3, "any other segment");
+        assert_eq!(costs.credits(17, 443, syn), 1, "not TCP");
+        assert_eq!(costs.credits(6, NO_PORT, syn), 1, "no port seen");
+        costs.len = 1;
+        assert_eq!(costs.credits(6, 443, ack), 1, "no class matches");
+    }
+
     /// Guards the branch-free choice: a fleet share until it lapses, then
     /// the reserve; a local rule's meter always.
     #[test]
