@@ -297,6 +297,18 @@ mod tests {
         );
     }
 
+    /// Every bit of the seed moves every key (each step of the hash is a
+    /// bijection of its state): a table's placement cannot be learnt from
+    /// part of its seed.
+    #[test]
+    fn every_bit_of_the_seed_matters() {
+        let key = FlowKey::v4(3, [198, 18, 0, 1], [255; 4]);
+        let seed = 0x0123_4567_89ab_cdef_u64;
+        for bit in 0..64 {
+            assert_ne!(hash(&key, seed), hash(&key, seed ^ (1 << bit)), "bit {bit}");
+        }
+    }
+
     #[test]
     fn buckets_are_powers_of_two_covering_max_keys() {
         assert_eq!(buckets_for(0), 1);
