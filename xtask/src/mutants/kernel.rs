@@ -56,13 +56,16 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
             .map(|m| without_position(&format!("limiter-ebpf/{}", m.name)))
             .collect();
         last = super::read_tally(&dir)?;
-        for names in [
-            &mut last.caught,
-            &mut last.missed,
-            &mut last.timeout,
-            &mut last.unviable,
-        ] {
-            names.retain(|n| listed.contains(&without_position(n)));
+        // (A list narrowed by `--re` says nothing of the others.)
+        if options.re.is_none() {
+            for names in [
+                &mut last.caught,
+                &mut last.missed,
+                &mut last.timeout,
+                &mut last.unviable,
+            ] {
+                names.retain(|n| listed.contains(&without_position(n)));
+            }
         }
         let again: std::collections::BTreeSet<String> = last
             .missed
