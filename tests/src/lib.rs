@@ -126,6 +126,18 @@ impl std::ops::Deref for Loaded {
 /// The verdict of the test build of the program (`test_clock_object`)
 /// on `frame`, with its clock set to `monotonic`.
 pub fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
+    set_clock(dp, monotonic);
+    dp.program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
+}
+
+/// Sets the test build's clock (`test_clock_object`) to `monotonic`.
+pub fn set_clock(dp: &mut Loaded, monotonic: u64) {
     dp.engine
         .datapath_mut()
         .maps_mut()
@@ -134,13 +146,6 @@ pub fn run_at(dp: &mut Loaded, frame: &[u8], monotonic: u64) -> u32 {
         .expect("the test build has CLOCK")
         .set(0, monotonic, 0)
         .expect("setting the clock");
-    dp.program()
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN")
-        .return_value
 }
 
 /// How long a `limiter run` or `limiter daemon` may take to start

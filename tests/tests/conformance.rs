@@ -15,7 +15,7 @@ use limiter_conformance::{assert_same, assert_same_over_soft, escalation};
 use limiter_tests::{
     Loaded, XDP_DROP, XDP_PASS, frames, loaded_object,
     reference::{self, Algo},
-    rules, run_at, snapshot, test_clock_object,
+    rules, run_at, set_clock, snapshot, test_clock_object,
     traces::{corpus, escalation_corpus, replayable_as_frames},
 };
 
@@ -205,11 +205,7 @@ fn escalation_matches_the_reference() {
         // (look number, key, enforced) of each escalation.
         let mut escalated = Vec::new();
         let mut look = |dp: &mut Loaded, n: usize, t: u64| {
-            let clock = dp.engine.datapath_mut().maps_mut().test_clock.as_mut();
-            clock
-                .expect("test clock")
-                .set(0, t, 0)
-                .expect("setting the clock");
+            set_clock(dp, t);
             let mut made: Vec<(usize, u8, bool)> = dp
                 .engine
                 .escalate()
@@ -313,14 +309,7 @@ fn escalation_by_source_blocks_for_its_rule_and_not_for_an_aggregate() {
                 }
             }
         }
-        dp.engine
-            .datapath_mut()
-            .maps_mut()
-            .test_clock
-            .as_mut()
-            .expect("test clock")
-            .set(0, start + look * 1_000 * ms, 0)
-            .expect("setting the clock");
+        set_clock(&mut dp, start + look * 1_000 * ms);
         for e in dp.engine.escalate().expect("escalating") {
             assert!(e.enforced && e.hold.is_none(), "{e:?}");
             escalated.push((look, e.prefix.to_string(), e.rule));
@@ -384,14 +373,7 @@ rules:
                 verdict(&mut dp, source, from + i * 10 * ms);
             }
         }
-        dp.engine
-            .datapath_mut()
-            .maps_mut()
-            .test_clock
-            .as_mut()
-            .expect("test clock")
-            .set(0, start + look * 1_000 * ms, 0)
-            .expect("setting the clock");
+        set_clock(&mut dp, start + look * 1_000 * ms);
         let mut made: Vec<String> = dp
             .engine
             .escalate()

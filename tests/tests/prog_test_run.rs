@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::programs::{TestRun, TestRunOptions};
 use limiter::kernel::Datapath;
-use limiter_common::abi::{GlobalCounters, RuleCounters};
+use limiter_common::abi::{FlowKey, GlobalCounters, KeyState, RuleCounters};
 use limiter_tests::{
     XDP_DROP, XDP_PASS,
     frames::{self, Ext},
@@ -613,6 +613,11 @@ fn default_drop() {
     );
 }
 
+/// Every key the table holds, with its state.
+fn keys(dp: &limiter_tests::Loaded) -> Vec<(FlowKey, KeyState)> {
+    dp.engine.datapath().maps().keys.dump()
+}
+
 fn counters(dp: &Datapath, rule: &str) -> RuleCounters {
     *snapshot(dp).rule(rule).expect("rule exists")
 }
@@ -867,12 +872,7 @@ rules:
     for d in [1, 2, 1, 2, 1, 1, 2, 1] {
         assert_eq!(send(198, 19, 0, d), XDP_DROP);
     }
-    let mut refused: Vec<(u8, u32)> = dp
-        .engine
-        .datapath()
-        .maps()
-        .keys
-        .dump()
+    let mut refused: Vec<(u8, u32)> = keys(&dp)
         .into_iter()
         .filter(|(key, _)| key.addr[12..15] == [198, 19, 0])
         .map(|(key, state)| (key.addr[15], state.dropped_packets))
@@ -906,18 +906,13 @@ fn a_lock_held_elsewhere_refuses_by_contention() {
     let source = Ipv4Addr::new(198, 21, 0, 1);
     let send = |dp: &limiter_tests::Loaded| run(dp, &frames::udp4(source, 9, 0)).0;
     assert_eq!(send(&dp), XDP_PASS);
-    let rule = dp
-        .engine
-        .datapath()
-        .maps()
-        .keys
-        .dump()
+    let rule = keys(&dp)
         .into_iter()
         .find(|(key, _)| key.addr[12..] == source.octets())
         .expect("the source's key")
         .0
         .rule
-        & !limiter_common::abi::FlowKey::V4;
+        & !FlowKey::V4;
     let set_lock = |dp: &mut limiter_tests::Loaded, held: u32| {
         let aggregates = &mut dp.engine.datapath_mut().maps_mut().aggregates;
         let mut state = aggregates.get(&rule, 0).expect("the rule's aggregate");
