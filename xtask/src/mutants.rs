@@ -186,48 +186,63 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         .test_packages
         .iter()
         .any(|package| !area.packages.contains(package));
-    let mutants = |test_packages: &[&str], tests: &[&str], jobs: u32| {
-        let mut command = cargo();
-        command.arg("mutants");
-        for package in area.packages {
-            command.args(["--package", package]);
-        }
-        for file in area.files {
-            command.args(["--file", file]);
-        }
-        for test_package in test_packages {
-            command.args(["--test-package", test_package]);
-        }
-        command
-            .args(["--jobs", &jobs.to_string(), "--copy-target=true"])
-            .arg("--output")
-            .arg(&out);
-        if let Some(re) = &options.re {
-            command.args(["--re", re]);
-        }
-        if options.iterate {
-            command.arg("--iterate");
-        }
-        if area.shards > 1 && !options.full {
-            // Round robin: one in N over the whole list (cargo-mutants'
-            // default takes the first Nth, a file or two).
+    // Each run's mutants: an area's sample, or (`only`) exactly these
+    // names. (cargo-mutants' own `--iterate` retries every mutant not yet
+    // caught, those a sample left out included.)
+    let mutants =
+        |test_packages: &[&str], tests: &[&str], jobs: u32, only: Option<&BTreeSet<String>>| {
+            let mut command = cargo();
+            command.arg("mutants");
+            for package in area.packages {
+                command.args(["--package", package]);
+            }
+            for file in area.files {
+                command.args(["--file", file]);
+            }
+            for test_package in test_packages {
+                command.args(["--test-package", test_package]);
+            }
             command
-                .arg(format!("--shard=0/{}", area.shards))
-                .arg("--sharding=round-robin");
-        }
-        let timeout = options.timeout.unwrap_or(area.timeout);
-        command.args(["--timeout", &timeout.to_string()]);
-        if own_baseline {
-            command.arg("--baseline=skip");
-        }
-        with_binary_env(area, &mut command);
-        if !tests.is_empty() {
-            command.arg("--").args(tests);
-        }
-        command
-    };
+                .args(["--jobs", &jobs.to_string(), "--copy-target=true"])
+                .arg("--output")
+                .arg(&out);
+            match only {
+                Some(names) => {
+                    command.args(["--re", &exact_names(names)]);
+                }
+                None => {
+                    if let Some(re) = &options.re {
+                        command.args(["--re", re]);
+                    }
+                    if area.shards > 1 && !options.full {
+                        // Round robin: one in N over the whole list (cargo-mutants'
+                        // default takes the first Nth, a file or two).
+                        command
+                            .arg(format!("--shard=0/{}", area.shards))
+                            .arg("--sharding=round-robin");
+                    }
+                }
+            }
+            let timeout = options.timeout.unwrap_or(area.timeout);
+            command.args(["--timeout", &timeout.to_string()]);
+            if own_baseline {
+                command.arg("--baseline=skip");
+            }
+            with_binary_env(area, &mut command);
+            // The test targets go to every cargo command, the build's too, so
+            // that a mutant builds only the tests that judge it; the test
+            // binaries' arguments to the test run only.
+            let split = tests.iter().position(|a| *a == "--").unwrap_or(tests.len());
+            for arg in &tests[..split] {
+                command.arg(format!("--cargo-arg={arg}"));
+            }
+            if split < tests.len() {
+                command.args(["--", "--"]).args(&tests[split + 1..]);
+            }
+            command
+        };
     if options.list {
-        crate::status(mutants(area.test_packages, &[], 1).arg("--list"))?;
+        crate::status(mutants(area.test_packages, &[], 1, None).arg("--list"))?;
         return Ok(Tally::default());
     }
     if area.binary {
@@ -265,43 +280,74 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         crate::status(baseline.args(area.tests))
             .context("the area's tests fail on the unmutated tree: no mutant can be judged")?;
     }
-    // cargo-mutants' lists after `--iterate` hold that run's mutants only.
-    let before = if options.iterate {
+    // An iteration runs again what the last run did not catch; the rest
+    // of its outcome stands.
+    let last = if options.iterate {
         read_tally(&out)?
     } else {
         Tally::default()
     };
-    run_mutants(&mut mutants(area.test_packages, area.tests, area.jobs))?;
-    let mut tally = read_tally(&out)?.after(before);
-    if options.iterate {
-        write_tally(&out, &tally)?;
+    let again: BTreeSet<String> = last.missed.union(&last.timeout).cloned().collect();
+    if options.iterate && again.is_empty() {
+        println!("the last run of area {} caught every mutant", area.name);
+        return Ok(last);
     }
+    run_mutants(&mut mutants(
+        area.test_packages,
+        area.tests,
+        area.jobs,
+        options.iterate.then_some(&again),
+    ))?;
+    let mut tally = read_tally(&out)?.after(last);
     if let Judge::SecondPass {
         test_packages,
         tests,
     } = area.judge
+        && !tally.missed.is_empty()
     {
         step(&format!(
             "mutants: area {}, pass 2: the survivors against the XDP program rebuilt from \
              each mutated tree and the layer-7 tests, one at a time",
             area.name
         ));
-        let mut second = mutants(test_packages, tests, 1);
+        let survivors = tally.missed.clone();
+        let mut second = mutants(test_packages, tests, 1, Some(&survivors));
         // cargo-mutants' baseline runs the mutated package's tests only,
         // where these targets do not exist; pass 1 and `cargo xtask test`
         // ran them on the unmutated tree already.
         second
-            .args(["--iterate", "--baseline=skip"])
+            .arg("--baseline=skip")
             // The copy's own test-clock object, built from the mutated source.
             .env("LIMITER_TESTS_BUILD_KERNEL", "1");
         if options.timeout.is_none() {
             second.args(["--timeout", "180"]);
         }
         run_mutants(&mut second)?;
-        // `--iterate` keeps what the first pass caught and retries the rest.
-        tally = read_tally(&out)?;
+        tally = read_tally(&out)?.after(tally);
     }
+    // cargo-mutants' lists hold its last run's mutants only: the whole
+    // outcome, for the next iteration.
+    write_tally(&out, &tally)?;
     Ok(tally)
+}
+
+/// A regular expression that matches exactly these mutant names (as
+/// `--list` shows them), escaped as the `regex` crate's `escape` does.
+fn exact_names(names: &BTreeSet<String>) -> String {
+    let escaped: Vec<String> = names
+        .iter()
+        .map(|name| {
+            let mut out = String::with_capacity(name.len() + 8);
+            for c in name.chars() {
+                if "\\.+*?()|[]{}^$#&-~".contains(c) {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
+            out
+        })
+        .collect();
+    format!("^({})$", escaped.join("|"))
 }
 
 /// The tests of a `binary` area run `limiter` built from the tree they
@@ -392,6 +438,15 @@ fn without_position(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{Tally, without_position};
+
+    #[test]
+    fn exact_names_escape_what_a_regex_would_read() {
+        let names = ["a.rs:1:2: replace * with + in <impl X for F>::f".to_owned()].into();
+        assert_eq!(
+            super::exact_names(&names),
+            r"^(a\.rs:1:2: replace \* with \+ in <impl X for F>::f)$"
+        );
+    }
 
     #[test]
     fn names_lose_their_position() {
