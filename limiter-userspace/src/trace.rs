@@ -319,7 +319,8 @@ mod tests {
             sample: 0,
             ..TraceFilter::default()
         };
-        let config = filter.config(Some(3), 0).unwrap();
+        let config = filter.config(Some(3), 7).unwrap();
+        assert_eq!(config.ifindex, 7);
         assert_eq!(config.family, 4);
         assert_eq!(config.prefix_len, 32);
         assert_eq!(&config.addr[..4], &[198, 18, 0, 1]);
