@@ -402,6 +402,42 @@ mod tests {
     }
 
     #[test]
+    fn a_window_keys_budget_is_its_limit_less_its_count() {
+        use limiter_common::{
+            abi::algorithm,
+            keytable::pack_counts,
+            window::{Window, WindowState},
+        };
+        let second = 1_000_000_000;
+        let start = 1_700_000_000 * second;
+        let mut rule = RuleConfig {
+            flags: rule_flag::LIMIT_PACKETS,
+            algorithm: algorithm::FIXED_WINDOW,
+            ..RuleConfig::default()
+        };
+        rule.packets.window = Window::new(10, second).unwrap();
+        let counts = pack_counts(&WindowState {
+            start,
+            previous: 0,
+            current: 4,
+        });
+        let event = TraceEvent {
+            time_ns: start + second / 2,
+            key_state: [start, counts, 0],
+            has_key: 1,
+            ..TraceEvent::default()
+        };
+        assert_eq!(
+            kernel_budgets(&rule, None, &event, 0),
+            vec![Left {
+                meter: "key packets".into(),
+                left: 6,
+                of: 10
+            }]
+        );
+    }
+
+    #[test]
     fn text_lines_are_aligned_and_say_why() {
         let line = TraceLine {
             time: "2026-12-01T12:00:00.123456Z".into(),
