@@ -96,9 +96,9 @@ impl HttpTracer {
             (false, false) if blocked => verdict::BLOCKED,
             (false, false) => verdict::DROPPED,
         };
+        // (No rule id: layer 7 filters by the rule's name, below.)
         let mut event = TraceEvent {
             verdict,
-            rule: ANY_RULE,
             ..TraceEvent::default()
         };
         match client {
