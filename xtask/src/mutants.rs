@@ -236,8 +236,13 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
             for arg in &tests[..split] {
                 command.arg(format!("--cargo-arg={arg}"));
             }
+            // The test binaries' arguments as `--cargo-test-arg`s, not after a
+            // `--`: options added to the command later stay cargo-mutants'.
             if split < tests.len() {
-                command.args(["--", "--"]).args(&tests[split + 1..]);
+                command.arg("--cargo-test-arg=--");
+                for arg in &tests[split + 1..] {
+                    command.arg(format!("--cargo-test-arg={arg}"));
+                }
             }
             command
         };
