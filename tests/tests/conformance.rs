@@ -27,12 +27,7 @@ const REALTIME_OFFSET_NS: u64 = 1_234_567_890_123_456_789;
 
 /// The id of the trace's rule.
 fn trace_rule(dp: &Loaded) -> u32 {
-    snapshot(dp)
-        .rules
-        .iter()
-        .find(|r| r.name == "trace")
-        .expect("the trace's rule")
-        .id
+    rule_id(dp, "trace")
 }
 
 /// Packets rule `id` has counted over its soft limit (`SOFT_STATS`, every
@@ -205,11 +200,7 @@ fn escalation_matches_the_reference() {
         // (look number, key, enforced) of each escalation.
         let mut escalated = Vec::new();
         let mut look = |dp: &mut Loaded, n: usize, t: u64| {
-            set_clock(dp, t);
-            let mut made: Vec<(usize, u8, bool)> = dp
-                .engine
-                .escalate()
-                .expect("escalating")
+            let mut made: Vec<(usize, u8, bool)> = escalate_at(dp, t)
                 .into_iter()
                 .map(|e| {
                     assert_eq!(e.rule, "trace", "{name}");
@@ -309,8 +300,7 @@ fn escalation_by_source_blocks_for_its_rule_and_not_for_an_aggregate() {
                 }
             }
         }
-        set_clock(&mut dp, start + look * 1_000 * ms);
-        for e in dp.engine.escalate().expect("escalating") {
+        for e in escalate_at(&mut dp, start + look * 1_000 * ms) {
             assert!(e.enforced && e.hold.is_none(), "{e:?}");
             escalated.push((look, e.prefix.to_string(), e.rule));
         }
@@ -373,11 +363,7 @@ rules:
                 verdict(&mut dp, source, from + i * 10 * ms);
             }
         }
-        set_clock(&mut dp, start + look * 1_000 * ms);
-        let mut made: Vec<String> = dp
-            .engine
-            .escalate()
-            .expect("escalating")
+        let mut made: Vec<String> = escalate_at(&mut dp, start + look * 1_000 * ms)
             .into_iter()
             .map(|e| e.prefix.to_string())
             .collect();
@@ -418,6 +404,12 @@ rules:
         "left out, by why, after each look"
     );
     assert_eq!(dp.engine.escalations(), [("held".to_owned(), 2)]);
+}
+
+/// The daemon's look at `t` (the test clock set to it): what it escalated.
+fn escalate_at(dp: &mut Loaded, t: u64) -> Vec<limiter::engine::escalate::Escalated> {
+    set_clock(dp, t);
+    dp.engine.escalate().expect("escalating")
 }
 
 /// The id of rule `name`.

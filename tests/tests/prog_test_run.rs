@@ -911,8 +911,7 @@ fn a_lock_held_elsewhere_refuses_by_contention() {
         .find(|(key, _)| key.addr[12..] == source.octets())
         .expect("the source's key")
         .0
-        .rule
-        & !FlowKey::V4;
+        .rule_id();
     let set_lock = |dp: &mut limiter_tests::Loaded, held: u32| {
         let aggregates = &mut dp.engine.datapath_mut().maps_mut().aggregates;
         let mut state = aggregates.get(&rule, 0).expect("the rule's aggregate");
