@@ -10,6 +10,7 @@
 //! binary to fail catches the mutant; one whose build fails is unviable.
 
 use std::{
+    collections::BTreeSet,
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -43,7 +44,7 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let dir = output(area.name);
     let mut mutants = list(area, options)?;
     // cargo-mutants lists a few twice (the same name and diff).
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     mutants.retain(|m| seen.insert((m.name.clone(), m.diff.clone())));
     let mut tally = Tally::default();
     let mut last = Tally::default();
@@ -51,35 +52,38 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
         // The last run's outcome, less mutants the code no longer has (by
         // name without position: lines move); what it did not catch runs
         // again, and the rest of it stands.
-        let listed: std::collections::BTreeSet<String> = mutants
-            .iter()
-            .map(|m| without_position(&format!("limiter-ebpf/{}", m.name)))
-            .collect();
+        let named = |m: &Mutant| format!("limiter-ebpf/{}", m.name);
+        let names: BTreeSet<String> = mutants.iter().map(named).collect();
         last = super::read_tally(&dir)?;
         // (A list narrowed by `--re` says nothing of the others.)
         if options.re.is_none() {
-            for names in [
+            let listed: BTreeSet<String> = names.iter().map(|n| without_position(n)).collect();
+            for outcome in [
                 &mut last.caught,
                 &mut last.missed,
                 &mut last.timeout,
                 &mut last.unviable,
             ] {
-                names.retain(|n| listed.contains(&without_position(n)));
+                outcome.retain(|n| listed.contains(&without_position(n)));
             }
         }
-        let again: std::collections::BTreeSet<String> = last
-            .missed
+        // A survivor still where it was runs again alone; one whose line
+        // moved, with every mutant of its description.
+        let again: Vec<&String> = last.missed.iter().chain(&last.timeout).collect();
+        let moved: BTreeSet<String> = again
             .iter()
-            .chain(&last.timeout)
+            .filter(|n| !names.contains(**n))
             .map(|n| without_position(n))
             .collect();
-        mutants.retain(|m| again.contains(&without_position(&format!("limiter-ebpf/{}", m.name))));
+        mutants.retain(|m| {
+            let name = named(m);
+            again.contains(&&name) || moved.contains(&without_position(&name))
+        });
         println!("{} mutants the last run did not catch", mutants.len());
     } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
         // Every (total / SAMPLE)-th, in steps as even as whole numbers allow.
-        let picked: std::collections::BTreeSet<usize> =
-            (0..SAMPLE).map(|i| i * total / SAMPLE).collect();
+        let picked: BTreeSet<usize> = (0..SAMPLE).map(|i| i * total / SAMPLE).collect();
         mutants = mutants
             .into_iter()
             .enumerate()
