@@ -215,6 +215,17 @@ mod tests {
         );
     }
 
+    /// A debt carried past the end of the clock stops below `u64::MAX`,
+    /// the key table's mark of a slot being claimed.
+    #[test]
+    fn a_carried_tat_never_reaches_the_claimed_mark() {
+        let old = Gcra::new(10, 1_000_000_000, 4).unwrap();
+        let new = Gcra::new(10, 1_000_000_000, 8).unwrap();
+        let now = u64::MAX - 10;
+        assert_eq!(old.carried(u64::MAX - 1, now, &new), u64::MAX - 1);
+        assert_eq!(Gcra::CLOSED.carried(now + 1, now, &new), u64::MAX - 1);
+    }
+
     /// Admitted at once from `tat` at `now` (each request of cost 1).
     fn admitted_at_once(g: &Gcra, mut tat: u64, now: u64) -> u64 {
         let mut n = 0;

@@ -471,6 +471,19 @@ mod tests {
         }
     }
 
+    /// The kernel hands a clock (a closure read after each load), userspace
+    /// a time: a meter charges at the time either gives.
+    #[test]
+    fn a_clock_is_read_as_the_time_it_gives() {
+        let gcra = Gcra::new(10, SEC, 5).unwrap();
+        let by_time = Counted(AtomicU64::new(0), core::cell::Cell::new(0));
+        let by_clock = Counted(AtomicU64::new(0), core::cell::Cell::new(0));
+        assert_eq!(acquire(&by_time, &gcra, 7 * SEC, 1), Outcome::Allowed);
+        assert_eq!(acquire(&by_clock, &gcra, || 7 * SEC, 1), Outcome::Allowed);
+        assert_eq!(by_clock.load(), by_time.load());
+        assert_eq!(by_clock.load(), 7 * SEC + gcra.emission_ns);
+    }
+
     /// The kernel's third word without a third limit: a charge of 0 at
     /// time 0 to a meter that refuses nothing, then handed back when
     /// another meter refuses: the word is never written, whatever it

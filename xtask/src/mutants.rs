@@ -178,76 +178,13 @@ pub fn run(options: &Options) -> Result<()> {
 /// `common`.
 fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
     let out = output(area.name);
-    // cargo-mutants' baseline runs the mutated packages' tests only (its
-    // `run_baseline` passes them, not `--test-package`'s), where another
-    // package's test targets do not exist: such an area's unmutated tree
-    // is tested here instead, and cargo-mutants skips its own.
-    let own_baseline = area
-        .test_packages
-        .iter()
-        .any(|package| !area.packages.contains(package));
-    // Each run's mutants: an area's sample, or (`only`) exactly these
-    // names. (cargo-mutants' own `--iterate` retries every mutant not yet
-    // caught, those a sample left out included.)
-    let mutants =
-        |test_packages: &[&str], tests: &[&str], jobs: u32, only: Option<&BTreeSet<String>>| {
-            let mut command = cargo();
-            command.arg("mutants");
-            for package in area.packages {
-                command.args(["--package", package]);
-            }
-            for file in area.files {
-                command.args(["--file", file]);
-            }
-            for test_package in test_packages {
-                command.args(["--test-package", test_package]);
-            }
-            command
-                .args(["--jobs", &jobs.to_string(), "--copy-target=true"])
-                .arg("--output")
-                .arg(&out);
-            match only {
-                Some(names) => {
-                    command.args(["--re", &exact_names(names)]);
-                }
-                None => {
-                    if let Some(re) = &options.re {
-                        command.args(["--re", re]);
-                    }
-                    if area.shards > 1 && !options.full {
-                        // Round robin: one in N over the whole list (cargo-mutants'
-                        // default takes the first Nth, a file or two).
-                        command
-                            .arg(format!("--shard=0/{}", area.shards))
-                            .arg("--sharding=round-robin");
-                    }
-                }
-            }
-            let timeout = options.timeout.unwrap_or(area.timeout);
-            command.args(["--timeout", &timeout.to_string()]);
-            if own_baseline {
-                command.arg("--baseline=skip");
-            }
-            with_binary_env(area, &mut command);
-            // The test targets go to every cargo command, the build's too, so
-            // that a mutant builds only the tests that judge it; the test
-            // binaries' arguments to the test run only.
-            let split = tests.iter().position(|a| *a == "--").unwrap_or(tests.len());
-            for arg in &tests[..split] {
-                command.arg(format!("--cargo-arg={arg}"));
-            }
-            // The test binaries' arguments as `--cargo-test-arg`s, not after a
-            // `--`: options added to the command later stay cargo-mutants'.
-            if split < tests.len() {
-                command.arg("--cargo-test-arg=--");
-                for arg in &tests[split + 1..] {
-                    command.arg(format!("--cargo-test-arg={arg}"));
-                }
-            }
-            command
-        };
+    let first = first_pass(area, options);
     if options.list {
-        crate::status(mutants(area.test_packages, &[], 1, None).arg("--list"))?;
+        let list = Pass {
+            tests: &[],
+            ..first
+        };
+        crate::status(mutants_command(area, options, &list, None).arg("--list"))?;
         return Ok(Tally::default());
     }
     if area.binary {
@@ -271,7 +208,7 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
                 ),
         )?;
     }
-    if own_baseline {
+    if first.skip_baseline {
         step(&format!(
             "mutants: area {}: its tests on the unmutated tree must pass",
             area.name
@@ -297,17 +234,14 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         println!("the last run of area {} caught every mutant", area.name);
         return Ok(last);
     }
-    run_mutants(&mut mutants(
-        area.test_packages,
-        area.tests,
-        area.jobs,
+    run_mutants(&mut mutants_command(
+        area,
+        options,
+        &first,
         options.iterate.then_some(&again),
     ))?;
     let mut tally = read_tally(&out)?.after(last);
-    if let Judge::SecondPass {
-        test_packages,
-        tests,
-    } = area.judge
+    if let Some(second) = second_pass(area, options)
         && !tally.missed.is_empty()
     {
         step(&format!(
@@ -316,24 +250,150 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
             area.name
         ));
         let survivors = tally.missed.clone();
-        let mut second = mutants(test_packages, tests, 1, Some(&survivors));
-        // cargo-mutants' baseline runs the mutated package's tests only,
-        // where these targets do not exist; pass 1 and `cargo xtask test`
-        // ran them on the unmutated tree already.
-        second
-            .arg("--baseline=skip")
-            // The copy's own test-clock object, built from the mutated source.
-            .env("LIMITER_TESTS_BUILD_KERNEL", "1");
-        if options.timeout.is_none() {
-            second.args(["--timeout", "180"]);
-        }
-        run_mutants(&mut second)?;
+        run_mutants(&mut mutants_command(
+            area,
+            options,
+            &second,
+            Some(&survivors),
+        ))?;
         tally = read_tally(&out)?.after(tally);
     }
     // cargo-mutants' lists hold its last run's mutants only: the whole
     // outcome, for the next iteration.
     write_tally(&out, &tally)?;
     Ok(tally)
+}
+
+/// An area's run: its own tests.
+fn first_pass<'a>(area: &'a Area, options: &Options) -> Pass<'a> {
+    // cargo-mutants' baseline runs the mutated packages' tests only (its
+    // `run_baseline` passes them, not `--test-package`'s), where another
+    // package's test targets do not exist: such an area's unmutated tree
+    // is tested here instead, and cargo-mutants skips its own.
+    let own_baseline = area
+        .test_packages
+        .iter()
+        .any(|package| !area.packages.contains(package));
+    Pass {
+        test_packages: area.test_packages,
+        tests: area.tests,
+        jobs: area.jobs,
+        timeout: options.timeout.unwrap_or(area.timeout),
+        skip_baseline: own_baseline,
+        build_kernel: false,
+    }
+}
+
+/// The survivors of an area judged twice, against its second judges.
+fn second_pass<'a>(area: &'a Area, options: &Options) -> Option<Pass<'a>> {
+    let Judge::SecondPass {
+        test_packages,
+        tests,
+    } = area.judge
+    else {
+        return None;
+    };
+    Some(Pass {
+        test_packages,
+        tests,
+        jobs: 1,
+        timeout: options.timeout.unwrap_or(180),
+        // cargo-mutants' baseline runs the mutated package's tests only,
+        // where these targets do not exist; pass 1 and `cargo xtask test`
+        // ran them on the unmutated tree already.
+        skip_baseline: true,
+        build_kernel: true,
+    })
+}
+
+/// One cargo-mutants run over an area: its sample, or (`only`) exactly
+/// these names. (cargo-mutants' own `--iterate` retries every mutant not
+/// yet caught, those a sample left out included.) Each option is given
+/// once: cargo-mutants refuses a repeated `--baseline`.
+fn mutants_command(
+    area: &Area,
+    options: &Options,
+    pass: &Pass,
+    only: Option<&BTreeSet<String>>,
+) -> Command {
+    let Pass {
+        test_packages,
+        tests,
+        jobs,
+        timeout,
+        skip_baseline,
+        build_kernel,
+    } = *pass;
+    let mut command = cargo();
+    command.arg("mutants");
+    for package in area.packages {
+        command.args(["--package", package]);
+    }
+    for file in area.files {
+        command.args(["--file", file]);
+    }
+    for test_package in test_packages {
+        command.args(["--test-package", test_package]);
+    }
+    command
+        .args(["--jobs", &jobs.to_string(), "--copy-target=true"])
+        .arg("--output")
+        .arg(output(area.name));
+    match only {
+        Some(names) => {
+            command.args(["--re", &exact_names(names)]);
+        }
+        None => {
+            if let Some(re) = &options.re {
+                command.args(["--re", re]);
+            }
+            if area.shards > 1 && !options.full {
+                // Round robin: one in N over the whole list (cargo-mutants'
+                // default takes the first Nth, a file or two).
+                command
+                    .arg(format!("--shard=0/{}", area.shards))
+                    .arg("--sharding=round-robin");
+            }
+        }
+    }
+    command.args(["--timeout", &timeout.to_string()]);
+    if skip_baseline {
+        command.arg("--baseline=skip");
+    }
+    if build_kernel {
+        // The copy's own test-clock object, built from the mutated source.
+        command.env("LIMITER_TESTS_BUILD_KERNEL", "1");
+    }
+    with_binary_env(area, &mut command);
+    // The test targets go to every cargo command, the build's too, so
+    // that a mutant builds only the tests that judge it; the test
+    // binaries' arguments to the test run only.
+    let split = tests.iter().position(|a| *a == "--").unwrap_or(tests.len());
+    for arg in &tests[..split] {
+        command.arg(format!("--cargo-arg={arg}"));
+    }
+    // The test binaries' arguments as `--cargo-test-arg`s, not after a
+    // `--`: options added to the command later stay cargo-mutants'.
+    if split < tests.len() {
+        command.arg("--cargo-test-arg=--");
+        for arg in &tests[split + 1..] {
+            command.arg(format!("--cargo-test-arg={arg}"));
+        }
+    }
+    command
+}
+
+/// One cargo-mutants run's judges and limits.
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    test_packages: &'a [&'a str],
+    tests: &'a [&'a str],
+    jobs: u32,
+    timeout: u64,
+    /// The area's tests were run on the unmutated tree already.
+    skip_baseline: bool,
+    /// The tests build the XDP program from each mutated tree.
+    build_kernel: bool,
 }
 
 /// A regular expression that matches exactly these mutant names (as
@@ -442,7 +502,64 @@ fn without_position(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Tally, without_position};
+    use std::collections::BTreeMap;
+
+    use super::{Options, Tally, areas, without_position};
+
+    /// cargo-mutants refuses an option given twice (`--baseline`): every
+    /// run of every area, its sample, its iteration and its second pass,
+    /// names each option once, and hands the test binaries nothing of its own.
+    #[test]
+    fn every_run_names_each_option_once() {
+        let repeatable = [
+            "--package",
+            "--file",
+            "--test-package",
+            "--cargo-arg",
+            "--cargo-test-arg",
+        ];
+        let options = Options {
+            area: areas::AreaName::All,
+            re: Some("gcra".into()),
+            timeout: None,
+            list: false,
+            full: false,
+            iterate: false,
+        };
+        let only = ["a.rs:1:1: replace + with -".to_owned()].into();
+        let mut runs = 0;
+        for area in areas::chosen(areas::AreaName::All) {
+            let passes = [
+                Some(super::first_pass(area, &options)),
+                super::second_pass(area, &options),
+            ];
+            for pass in passes.iter().flatten() {
+                for only in [None, Some(&only)] {
+                    let command = super::mutants_command(area, &options, pass, only);
+                    let mut seen = BTreeMap::<String, u32>::new();
+                    for arg in command.get_args() {
+                        let arg = arg.to_string_lossy();
+                        assert_ne!(arg, "--", "{}: {command:?}", area.name);
+                        if let Some(name) = arg.strip_prefix("--") {
+                            let name = format!("--{}", name.split('=').next().unwrap_or(name));
+                            *seen.entry(name).or_default() += 1;
+                        }
+                    }
+                    for (name, n) in seen {
+                        assert!(
+                            n == 1 || repeatable.contains(&name.as_str()),
+                            "{}: {name} {n} times in {command:?}",
+                            area.name
+                        );
+                    }
+                    runs += 1;
+                }
+            }
+        }
+        // Six cargo-mutants areas (kernel's driver lists through it too),
+        // common twice.
+        assert!(runs >= 14, "{runs} runs");
+    }
 
     #[test]
     fn exact_names_escape_what_a_regex_would_read() {
