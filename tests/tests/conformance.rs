@@ -6,7 +6,10 @@
 //! the corpus does not show: dry run, default drop, full rule tables. (This
 //! build is the one `cargo xtask mutants` rebuilds from each mutant.)
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use ipnet::IpNet;
 use limiter::kernel::counters::rule_totals;
@@ -468,33 +471,70 @@ fn dry_run_and_default_drop() {
     assert_eq!(verdict(&mut dp, unmatched, t), XDP_DROP, "default: drop");
 }
 
-/// Guards the capacity of the rule tries: the largest rule file (1,023
-/// rules, each with its own prefix) fits, and so does its next version
-/// (renamed rules keep their ids) while the first generation still holds
-/// its entries.
+/// Guards the capacity of the rule tables: the largest rule file (1,023
+/// rules, each with its own prefix) fits, IPv4's and IPv6's, and so does
+/// its next version (renamed rules keep their ids) while the first
+/// generation still holds its entries.
 #[test]
 fn the_largest_rule_file_fits_both_generations() {
     let mut dp = loaded_object(&test_clock_object(), "rules: []\n");
-    let largest = |prefix: &str| {
+    let largest = |prefix: &str, source: &dyn Fn(u32) -> String| {
         let mut text = String::from("default: drop\nrules:\n");
         for i in 0..1023u32 {
             text += &format!(
-                "  - {{ name: {prefix}{i}, match: {{ source: 10.1.{}.{}/32 }}, limit: unlimited }}\n",
-                i / 256,
-                i % 256
+                "  - {{ name: {prefix}{i}, match: {{ source: {} }}, limit: unlimited }}\n",
+                source(i)
             );
         }
         text
     };
-    for prefix in ["a", "b"] {
+    let v4 = |i: u32| format!("10.1.{}.{}/32", i / 256, i % 256);
+    let v6 = |i: u32| format!("2001:db8::{i:x}/128");
+    for (prefix, source) in [
+        ("a", &v4 as &dyn Fn(u32) -> String),
+        ("b", &v4),
+        ("c", &v6),
+        ("d", &v6),
+    ] {
+        if prefix == "c" {
+            // Other matches take other ids: the IPv4 rules go first.
+            dp.engine
+                .apply(rules("rules: []\n"))
+                .expect("an empty rule file");
+        }
         dp.engine
-            .apply(rules(&largest(prefix)))
-            .expect("the largest rule file fits in the generation packets do not read");
+            .apply(rules(&largest(prefix, source)))
+            .unwrap_or_else(|e| {
+                panic!("the largest rule file ({prefix}) fits in the generation packets do not read: {e:#}")
+            });
+        let (last, past): (IpAddr, IpAddr) = if prefix < "c" {
+            (
+                Ipv4Addr::new(10, 1, 3, 254).into(),
+                Ipv4Addr::new(10, 1, 3, 255).into(),
+            )
+        } else {
+            (
+                "2001:db8::3fe".parse().unwrap(),
+                "2001:db8::3ff".parse().unwrap(),
+            )
+        };
+        assert_eq!(
+            verdict_from(&mut dp, last, 1),
+            XDP_PASS,
+            "{prefix}: the last rule applies"
+        );
+        assert_eq!(
+            verdict_from(&mut dp, past, 1),
+            XDP_DROP,
+            "{prefix}: past the last rule"
+        );
     }
-    assert_eq!(
-        verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 254), 1),
-        XDP_PASS,
-        "the last rule applies"
-    );
-    assert_eq!(verdict(&mut dp, Ipv4Addr::new(10, 1, 3, 255), 1), XDP_DROP);
+}
+
+/// The verdict on one UDP frame from `source`, of either family, at `t`.
+fn verdict_from(dp: &mut Loaded, source: IpAddr, t: u64) -> u32 {
+    match source {
+        IpAddr::V4(v4) => verdict(dp, v4, t),
+        IpAddr::V6(v6) => run_at(dp, &frames::udp6(v6, 9, 22), t),
+    }
 }

@@ -81,27 +81,33 @@ pub struct Tally {
 
 impl Tally {
     /// This run's outcome on top of an earlier run's, which it re-ran in
-    /// part: an earlier outcome stands unless this run ran the mutant
-    /// again (the same description; lines may have moved).
+    /// part: an earlier outcome stands unless this run ran that mutant
+    /// again. A survivor counts as run again when a mutant of its
+    /// description was (its line may have moved); a caught one only by its
+    /// own name (another mutant of the same description, e.g. another
+    /// `<< with >>` of the file, is not it).
     pub fn after(self, earlier: Tally) -> Tally {
-        let ran: BTreeSet<String> = [&self.caught, &self.missed, &self.timeout, &self.unviable]
+        let ran: BTreeSet<&String> = [&self.caught, &self.missed, &self.timeout, &self.unviable]
             .into_iter()
             .flatten()
-            .map(|n| without_position(n))
             .collect();
-        // An earlier outcome stands for what this run did not run again.
-        let merged = |earlier: BTreeSet<String>, now: BTreeSet<String>| -> BTreeSet<String> {
+        let ran_descriptions: BTreeSet<String> = ran.iter().map(|n| without_position(n)).collect();
+        let ran_again = |n: &String, survived: bool| {
+            ran.contains(n) || (survived && ran_descriptions.contains(&without_position(n)))
+        };
+        let merged = |earlier: &BTreeSet<String>, now: &BTreeSet<String>, survived: bool| {
             earlier
-                .into_iter()
-                .filter(|n| !ran.contains(&without_position(n)))
+                .iter()
+                .filter(|n| !ran_again(n, survived))
                 .chain(now)
-                .collect()
+                .cloned()
+                .collect::<BTreeSet<String>>()
         };
         Tally {
-            caught: merged(earlier.caught, self.caught),
-            missed: merged(earlier.missed, self.missed),
-            timeout: merged(earlier.timeout, self.timeout),
-            unviable: merged(earlier.unviable, self.unviable),
+            caught: merged(&earlier.caught, &self.caught, false),
+            missed: merged(&earlier.missed, &self.missed, true),
+            timeout: merged(&earlier.timeout, &self.timeout, true),
+            unviable: merged(&earlier.unviable, &self.unviable, false),
         }
     }
 
@@ -582,7 +588,7 @@ mod tests {
     fn an_iteration_supersedes_what_it_ran_again() {
         let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
         let earlier = Tally {
-            caught: set(&["a.rs:1:1: one", "a.rs:2:1: two"]),
+            caught: set(&["a.rs:1:1: one", "a.rs:2:1: two", "a.rs:9:1: four"]),
             missed: set(&["a.rs:3:1: three", "a.rs:4:1: four"]),
             ..Tally::default()
         };
@@ -593,7 +599,17 @@ mod tests {
             ..Tally::default()
         };
         let merged = now.after(earlier);
-        assert_eq!(merged.caught.len(), 3);
+        // The caught `four` at line 9 is another mutant of that
+        // description, not run again: it stands.
+        assert_eq!(
+            merged.caught,
+            set(&[
+                "a.rs:1:1: one",
+                "a.rs:2:1: two",
+                "a.rs:5:1: three",
+                "a.rs:9:1: four"
+            ])
+        );
         assert_eq!(merged.missed, set(&["a.rs:6:1: four"]));
     }
 
