@@ -456,6 +456,80 @@ async fn capacity_follows_the_traffic_and_never_exceeds_the_budget() {
     );
 }
 
+/// Guards the share's steps: a node takes what its refused traffic needs
+/// on top of what it holds, and gives back only what its use leaves over
+/// (acquiring or freeing the difference, not the sum).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_grows_and_shrinks_by_the_difference() {
+    const WIDE: Budget = Budget {
+        global_rate: 32_000,
+        partitions: 32,
+        reserve_rate: 100,
+    };
+    let redis = redis(None);
+    let ttl = Duration::from_millis(600);
+    let traffic = Traffic::new(6_500, WIDE.reserve_rate);
+    let mut node = Node::new(
+        Spec {
+            budget: WIDE,
+            ..spec(Fallback::Static, ttl)
+        },
+        store(&redis),
+        traffic.clone(),
+    );
+    // Ticks as a node does, for two TTLs; the shares enforced meanwhile.
+    let settle = async |node: &mut Node| {
+        let from = traffic.enforced().len();
+        let until = Instant::now() + ttl * 2;
+        while Instant::now() < until {
+            tokio::time::sleep(node.spec().tick()).await;
+            node.tick().await;
+        }
+        let shares: Vec<u64> = traffic.enforced()[from..].iter().map(|(_, l)| *l).collect();
+        shares
+    };
+    assert!(
+        tick_until(&mut node, SETTLE, || traffic.local() >= 6_500).await,
+        "{:?}",
+        node.status()
+    );
+    // 6,500: 7 partitions (7,100), or 8 after the moment of refusals
+    // the tick that granted them saw.
+    let first = settle(&mut node).await;
+    let local = traffic.local();
+    assert!(
+        (6_500..=WIDE.local_rate(8)).contains(&local),
+        "{local} held for 6,500 a second ({first:?}): {:?}",
+        node.status()
+    );
+    // 10,500 on 7 or 8 partitions: 4 more (and one for the moment of
+    // refusals the tick that granted them saw), not as many again as it
+    // held.
+    traffic.offer(10_500);
+    let grown = settle(&mut node).await;
+    let local = traffic.local();
+    assert!(
+        (10_500..=WIDE.local_rate(13)).contains(&local),
+        "{local} held for 10,500 a second ({grown:?}): {:?}",
+        node.status()
+    );
+    // 2,000: down to 4 partitions (4,100: twice the use less the
+    // reserve), by giving back the rest, not everything.
+    traffic.offer(2_000);
+    let four = WIDE.local_rate(4);
+    let down = settle(&mut node).await;
+    assert!(
+        down.iter().all(|&l| l >= four),
+        "under 4 partitions: {down:?}"
+    );
+    let steady = settle(&mut node).await;
+    assert!(
+        !steady.is_empty() && steady.iter().all(|&l| l == four),
+        "{steady:?} held for 2,000 a second: {:?}",
+        node.status()
+    );
+}
+
 /// Guards the fallback: with Redis gone, a node never enforces more than
 /// it held, and its share lapses to its reserve within one TTL
 /// (fail-static), or is the stated cap (fail-open); with Redis back on the

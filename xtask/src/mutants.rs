@@ -111,6 +111,36 @@ impl Tally {
         }
     }
 
+    /// Forgets the mutants the code no longer has (`listed`: every mutant
+    /// of the area now), by name without position: lines move.
+    pub fn forget_unlisted(&mut self, listed: &BTreeSet<String>) {
+        let listed: BTreeSet<String> = listed.iter().map(|n| without_position(n)).collect();
+        for outcome in [
+            &mut self.caught,
+            &mut self.missed,
+            &mut self.timeout,
+            &mut self.unviable,
+        ] {
+            outcome.retain(|n| listed.contains(&without_position(n)));
+        }
+    }
+
+    /// What an iteration runs of `listed`: a survivor still where it was,
+    /// alone; one whose line moved, with every mutant of its description.
+    pub fn again(&self, listed: &BTreeSet<String>) -> BTreeSet<String> {
+        let survivors: Vec<&String> = self.missed.iter().chain(&self.timeout).collect();
+        let moved: BTreeSet<String> = survivors
+            .iter()
+            .filter(|n| !listed.contains(**n))
+            .map(|n| without_position(n))
+            .collect();
+        listed
+            .iter()
+            .filter(|n| survivors.contains(n) || moved.contains(&without_position(n)))
+            .cloned()
+            .collect()
+    }
+
     fn viable(&self) -> usize {
         self.caught.len() + self.missed.len() + self.timeout.len()
     }
@@ -230,14 +260,21 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
     }
     // An iteration runs again what the last run did not catch; the rest
     // of its outcome stands.
-    let last = if options.iterate {
-        read_tally(&out)?
+    let (last, again) = if options.iterate {
+        let mut last = read_tally(&out)?;
+        let listed = listed(area)?;
+        // (A run narrowed by `--re` ran part of the list: the rest stands.)
+        if options.re.is_none() {
+            last.forget_unlisted(&listed);
+        }
+        let again = last.again(&listed);
+        (last, again)
     } else {
-        Tally::default()
+        (Tally::default(), BTreeSet::new())
     };
-    let again: BTreeSet<String> = last.missed.union(&last.timeout).cloned().collect();
     if options.iterate && again.is_empty() {
         println!("the last run of area {} caught every mutant", area.name);
+        write_tally(&out, &last)?;
         return Ok(last);
     }
     run_mutants(&mut mutants_command(
@@ -387,6 +424,32 @@ fn mutants_command(
         }
     }
     command
+}
+
+/// Every mutant of the area as the code is now (no sample, no `--re`).
+fn listed(area: &Area) -> Result<BTreeSet<String>> {
+    let mut command = cargo();
+    command.args(["mutants", "--list"]);
+    for package in area.packages {
+        command.args(["--package", package]);
+    }
+    for file in area.files {
+        command.args(["--file", file]);
+    }
+    let out = command
+        .current_dir(root())
+        .output()
+        .context("running cargo mutants --list")?;
+    if !out.status.success() {
+        bail!(
+            "cargo mutants --list failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
 }
 
 /// One cargo-mutants run's judges and limits.
@@ -581,6 +644,37 @@ mod tests {
         assert_eq!(
             without_position("limiter-common/src/gcra.rs:95:9: replace + with - in Gcra::check"),
             "limiter-common/src/gcra.rs: replace + with - in Gcra::check"
+        );
+    }
+
+    /// An iteration forgets what the code no longer has (the trace
+    /// area kept a survivor whose field was removed), runs a survivor
+    /// still at its line alone, and one whose line moved with every
+    /// mutant of its description.
+    #[test]
+    fn an_iteration_runs_the_survivors_the_code_still_has() {
+        let set = |names: &[&str]| -> std::collections::BTreeSet<String> {
+            names.iter().map(|n| n.to_string()).collect()
+        };
+        let mut last = Tally {
+            caught: set(&["a.rs:1:1: one", "a.rs:8:1: gone too"]),
+            missed: set(&["a.rs:2:1: two", "a.rs:3:1: three", "a.rs:4:1: gone"]),
+            ..Tally::default()
+        };
+        let listed = set(&[
+            "a.rs:1:1: one",
+            "a.rs:2:1: two",
+            "a.rs:5:1: two",
+            "a.rs:6:1: three",
+            "a.rs:7:1: three",
+            "a.rs:9:1: four",
+        ]);
+        last.forget_unlisted(&listed);
+        assert_eq!(last.caught, set(&["a.rs:1:1: one"]));
+        assert_eq!(last.missed, set(&["a.rs:2:1: two", "a.rs:3:1: three"]));
+        assert_eq!(
+            last.again(&listed),
+            set(&["a.rs:2:1: two", "a.rs:6:1: three", "a.rs:7:1: three"])
         );
     }
 

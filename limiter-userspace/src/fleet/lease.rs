@@ -188,10 +188,6 @@ impl Leases {
             return Err(LeaseError::TtlTooShort);
         }
         let redis = store.connect().await?;
-        let seed = {
-            use std::hash::{BuildHasher, RandomState};
-            RandomState::new().hash_one((std::process::id(), Instant::now()))
-        };
         Ok(Self {
             redis,
             // The rule in braces: a Redis Cluster keeps all its keys in
@@ -199,7 +195,7 @@ impl Leases {
             prefix: format!("limiter:{{{rule}}}:"),
             partitions,
             ttl,
-            owner: format!("{}-{}-{seed:016x}", hostname(), std::process::id()),
+            owner: owner_token(),
             held: BTreeMap::new(),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
@@ -381,8 +377,39 @@ impl Leases {
     }
 }
 
+/// The token a node's leases are held under: its host and process, for
+/// whoever reads the store, and a random part, so that a restarted
+/// process with the same pid never takes a dead one's leases for its own.
+fn owner_token() -> String {
+    let seed = {
+        use std::hash::{BuildHasher, RandomState};
+        RandomState::new().hash_one((std::process::id(), Instant::now()))
+    };
+    format!("{}-{}-{seed:016x}", hostname(), std::process::id())
+}
+
 fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    /// An operator reading the store's keys sees which host and process
+    /// holds a partition; two nodes of one process never share a token.
+    #[test]
+    fn an_owner_token_names_the_host_and_the_process() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        let token = super::owner_token();
+        let prefix = format!("{}-{}-", host.trim(), std::process::id());
+        let random = token
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{token}"));
+        assert!(
+            random.len() == 16 && random.chars().all(|c| c.is_ascii_hexdigit()),
+            "{token}"
+        );
+        assert_ne!(super::owner_token(), token);
+    }
 }

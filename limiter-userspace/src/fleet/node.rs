@@ -289,8 +289,7 @@ impl Node {
             .await?;
         let now = Instant::now();
         let (then, last) = self.last_counts.replace((now, counts))?;
-        let elapsed = now.duration_since(then).as_secs_f64().max(1e-3);
-        let per_unit = |n: u64| (n as f64 * self.spec.period.as_secs_f64() / elapsed) as u64;
+        let per_unit = |n: u64| share::per_unit(n, self.spec.period, now.duration_since(then));
         Some(Demand {
             // A rule whose counters restarted (a new id) starts over.
             admitted_rate: per_unit(counts.admitted.saturating_sub(last.admitted)),
@@ -323,7 +322,7 @@ impl Node {
         let held = leases.held(Instant::now()) as u32;
         let hungry = demand.is_some_and(|d| d.refused_rate > 0);
         let peers = leases.report(hungry).await?;
-        if peers.foreign > 0 && self.status.store_foreign_partitions == 0 {
+        if foreign_appeared(self.status.store_foreign_partitions, peers.foreign) {
             tracing::warn!(
                 event = "fleet_store_foreign_leases",
                 rule = %self.spec.rule.name,
@@ -357,13 +356,7 @@ impl Node {
         if target > held {
             let gained = leases.acquire(target - held).await?;
             self.status.leases_acquired += gained.len() as u64;
-            // Not before a few milliseconds: the store may expire a key a
-            // little after this host's clock says.
-            let soonest = Instant::now() + RETRY_MIN;
-            self.retry_at = leases
-                .next_free()
-                .map(|at| (at + RETRY_MARGIN).max(soonest))
-                .filter(|&at| at < sent + self.spec.tick());
+            self.retry_at = retry_at(leases.next_free(), Instant::now(), sent + self.spec.tick());
         } else if target < held {
             // Lowered first, given back after: never two nodes on one
             // partition. If the lower share cannot be enforced, the
@@ -390,6 +383,22 @@ impl Node {
     }
 }
 
+/// When to ask again for partitions the store said would be free at
+/// `next_free`: a little after, since the store may expire a key a little
+/// after this host's clock says, and not within a few milliseconds of
+/// `now`; not at all if the next tick comes first.
+fn retry_at(next_free: Option<Instant>, now: Instant, next_tick: Instant) -> Option<Instant> {
+    next_free
+        .map(|at| (at + RETRY_MARGIN).max(now + RETRY_MIN))
+        .filter(|&at| at < next_tick)
+}
+
+/// Foreign leases are warned of as they appear, not at every tick they
+/// stay.
+fn foreign_appeared(before: u32, now: u32) -> bool {
+    now > 0 && before == 0
+}
+
 /// `at` on the monotonic clock the kernel and layer 7 keep time in. The
 /// clock is read before the instant is, so the result errs early, never
 /// late.
@@ -398,4 +407,37 @@ fn at_ns(at: Instant) -> u64 {
     let ahead =
         u64::try_from(at.saturating_duration_since(Instant::now()).as_nanos()).unwrap_or(u64::MAX);
     monotonic.saturating_add(ahead)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{RETRY_MARGIN, RETRY_MIN, foreign_appeared, retry_at};
+
+    #[test]
+    fn a_retry_follows_the_freed_partitions_before_the_next_tick() {
+        let now = Instant::now();
+        let tick = now + Duration::from_millis(200);
+        let ms = Duration::from_millis;
+        assert_eq!(retry_at(None, now, tick), None);
+        assert_eq!(
+            retry_at(Some(now + ms(50)), now, tick),
+            Some(now + ms(50) + RETRY_MARGIN)
+        );
+        // Free already (or the store's clock ahead): a few ms from now.
+        assert_eq!(retry_at(Some(now), now, tick), Some(now + RETRY_MIN));
+        // After the next tick, which asks anyway.
+        assert_eq!(retry_at(Some(now + ms(300)), now, tick), None);
+        assert_eq!(retry_at(Some(tick - RETRY_MARGIN), now, tick), None);
+    }
+
+    #[test]
+    fn foreign_leases_are_warned_of_once() {
+        assert!(foreign_appeared(0, 3));
+        assert!(!foreign_appeared(3, 3), "still there");
+        assert!(!foreign_appeared(3, 5), "more of them");
+        assert!(!foreign_appeared(0, 0));
+        assert!(!foreign_appeared(3, 0), "gone");
+    }
 }

@@ -6,6 +6,8 @@
 //! at steady use neither takes nor gives back); its local budget from the
 //! leases valid now.
 
+use std::time::Duration;
+
 use super::lease::Peers;
 
 /// One rule's global budget, split into partitions.
@@ -70,6 +72,12 @@ pub fn target(budget: &Budget, held: u32, demand: Demand) -> u32 {
     u32::try_from(wanted).unwrap_or(u32::MAX).min(held - 1)
 }
 
+/// A count over `elapsed` as a rate per `period` (the rule's unit).
+pub fn per_unit(count: u64, period: Duration, elapsed: Duration) -> u64 {
+    let elapsed = elapsed.as_secs_f64().max(1e-3);
+    (count as f64 * period.as_secs_f64() / elapsed) as u64
+}
+
 /// While other nodes want more than they hold too, a node that wants
 /// more keeps at most an equal share of what the satisfied nodes leave
 /// (rounded up), and gives the surplus back, for them. A node whose
@@ -92,6 +100,19 @@ mod tests {
         partitions: 50,
         reserve_rate: 500,
     };
+
+    /// A rule's unit need not be a second: 300 in 2 s is 9,000 a minute.
+    #[test]
+    fn a_count_becomes_a_rate_per_the_rules_unit() {
+        let s = Duration::from_secs;
+        assert_eq!(per_unit(300, s(60), s(2)), 9_000);
+        assert_eq!(per_unit(300, s(1), s(2)), 150);
+        assert_eq!(
+            per_unit(5, s(1), Duration::ZERO),
+            5_000,
+            "at least a millisecond"
+        );
+    }
 
     #[test]
     fn the_share_never_exceeds_the_global_rate_and_the_reserve() {

@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::{Options, Tally, areas::Area, output, without_position};
+use super::{Options, Tally, areas::Area, output};
 use crate::{cargo, nightly_cargo, root, step};
 
 /// The test binaries that judge, fastest first (the first failure ends a
@@ -49,36 +49,15 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let mut tally = Tally::default();
     let mut last = Tally::default();
     if options.iterate {
-        // The last run's outcome, less mutants the code no longer has (by
-        // name without position: lines move); what it did not catch runs
-        // again, and the rest of it stands.
         let named = |m: &Mutant| format!("limiter-ebpf/{}", m.name);
         let names: BTreeSet<String> = mutants.iter().map(named).collect();
         last = super::read_tally(&dir)?;
         // (A list narrowed by `--re` says nothing of the others.)
         if options.re.is_none() {
-            let listed: BTreeSet<String> = names.iter().map(|n| without_position(n)).collect();
-            for outcome in [
-                &mut last.caught,
-                &mut last.missed,
-                &mut last.timeout,
-                &mut last.unviable,
-            ] {
-                outcome.retain(|n| listed.contains(&without_position(n)));
-            }
+            last.forget_unlisted(&names);
         }
-        // A survivor still where it was runs again alone; one whose line
-        // moved, with every mutant of its description.
-        let again: Vec<&String> = last.missed.iter().chain(&last.timeout).collect();
-        let moved: BTreeSet<String> = again
-            .iter()
-            .filter(|n| !names.contains(**n))
-            .map(|n| without_position(n))
-            .collect();
-        mutants.retain(|m| {
-            let name = named(m);
-            again.contains(&&name) || moved.contains(&without_position(&name))
-        });
+        let again = last.again(&names);
+        mutants.retain(|m| again.contains(&named(m)));
         println!("{} mutants the last run did not catch", mutants.len());
     } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
