@@ -712,6 +712,69 @@ async fn a_store_that_forgets_hands_out_nothing_until_old_leases_lapse() {
     );
 }
 
+/// Guards the counts an operator reads: a renewal that finds the store
+/// has forgotten the leases counts them lost, and none of them renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_a_store_forgot_count_as_lost_not_renewed() {
+    let mut redis = redis(None);
+    let ttl = Duration::from_millis(1000);
+    let traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let mut a = holding_everything(store(&redis), ttl, &traffic).await;
+    a.tick().await;
+    let before = a.status().clone();
+    assert!(
+        before.leases_renewed > 0 && before.leases_lost == 0,
+        "{before:?}"
+    );
+    redis.stop();
+    redis.resume().expect("redis-server again, empty");
+    // The first tick may find the connection gone; then the node renews
+    // against the empty store (which hands out nothing for a TTL).
+    let deadline = Instant::now() + ttl / 2;
+    while a.status().leases_lost == 0 && Instant::now() < deadline {
+        a.tick().await;
+    }
+    let after = a.status();
+    assert_eq!(
+        after.leases_lost,
+        u64::from(BUDGET.partitions),
+        "{before:?} {after:?}"
+    );
+    assert_eq!(after.leases_renewed, before.leases_renewed, "{after:?}");
+}
+
+/// Guards the retry: a node refused because another holds every
+/// partition is told when their leases lapse, before its next tick, and
+/// asking again then gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hungry_node_asks_again_as_the_others_leases_lapse() {
+    let redis = redis(None);
+    let ttl = Duration::from_millis(1000);
+    let a_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let a = holding_everything(store(&redis), ttl, &a_traffic).await;
+    // a stops renewing, as a node that died.
+    drop(a);
+    let b_traffic = Traffic::new(20_000, BUDGET.reserve_rate);
+    let mut b = Node::new(
+        spec(Fallback::Static, ttl),
+        store(&redis),
+        b_traffic.clone(),
+    );
+    let deadline = Instant::now() + ttl * 2;
+    let mut told = None;
+    while told.is_none() && Instant::now() < deadline {
+        b.tick().await;
+        told = b.retry_at();
+        if told.is_none() {
+            tokio::time::sleep(b.spec().tick()).await;
+        }
+    }
+    let at = told.unwrap_or_else(|| panic!("b was never told to ask again: {:?}", b.status()));
+    tokio::time::sleep_until(at.into()).await;
+    b.retry().await;
+    assert!(b.status().held > 0, "{:?}", b.status());
+}
+
 /// Guards the cluster: with `cluster: true`, leases, renewals, releases and
 /// the hosts' reports work on a real three-master Redis Cluster, for rules
 /// whose keys live in different slots (each rule's keys in one).
