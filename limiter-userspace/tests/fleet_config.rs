@@ -19,7 +19,8 @@ use std::{
 use limiter::{
     daemon::DaemonConfig,
     fleet::{
-        Enforcer, Fleet, FleetConfig, Grant, RuleCounts, RuleRef, lease::Leases, store::StoreConfig,
+        Enforcer, Fleet, FleetConfig, Grant, RuleCounts, RuleRef, lease::Leases, node::ShareStatus,
+        store::StoreConfig,
     },
     lab::store::{RedisCluster, RedisServer, certificates},
     rules::RuleSet,
@@ -138,6 +139,19 @@ fn manage(config: FleetConfig, traffic: &Arc<Flooded>) -> Fleet {
     fleet
 }
 
+/// The rule's status once `what` holds of it, or after a second (a tick
+/// publishes it after enforcing what the traffic sees).
+async fn status_when(fleet: &Fleet, what: impl Fn(&ShareStatus) -> bool) -> ShareStatus {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let status = fleet.status().lock().unwrap()["edge-fleet"].clone();
+        if what(&status) || Instant::now() >= deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn redis(password: Option<&str>) -> RedisServer {
     RedisServer::start(None, &[Ipv4Addr::LOCALHOST.into()], 0, password)
         .expect("redis-server (cargo xtask setup installs it)")
@@ -177,7 +191,8 @@ async fn the_store_down_falls_back_as_the_configuration_says() {
             "{fail_open:?}: did not lease every partition: {:?}",
             fleet.status()
         );
-        let status = fleet.status().lock().unwrap()["edge-fleet"].clone();
+        // The status is published after the tick that enforced the share.
+        let status = status_when(&fleet, |s| s.held == 8).await;
         assert!(status.store_up && status.held == 8, "{status:?}");
 
         redis.stop();
@@ -215,7 +230,7 @@ async fn the_store_down_falls_back_as_the_configuration_says() {
         let after = traffic.since(stopped);
         assert!(after.iter().all(|&local| local <= EVERYTHING), "{after:?}");
         assert_eq!(traffic.last().map(|g| g.local), Some(expected));
-        assert!(!fleet.status().lock().unwrap()["edge-fleet"].store_up);
+        assert!(!status_when(&fleet, |s| !s.store_up).await.store_up);
 
         redis.resume().expect("redis-server again");
         assert!(

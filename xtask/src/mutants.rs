@@ -44,7 +44,8 @@ pub struct Options {
     #[arg(long, value_enum, default_value = "common")]
     area: AreaName,
     /// Only mutants whose name matches this regular expression
-    /// (e.g. `gcra.rs`, `Window::roll`).
+    /// (e.g. `gcra.rs`, `Window::roll`); the outcome is merged into the
+    /// area's last one.
     #[arg(long)]
     re: Option<String>,
     /// Seconds a mutant's tests may take before it counts as a timeout
@@ -269,6 +270,10 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         }
         let again = last.again(&listed);
         (last, again)
+    } else if options.re.is_some() {
+        // A run of a few mutants by name: the rest of the last outcome
+        // stands.
+        (read_tally(&out)?, BTreeSet::new())
     } else {
         (Tally::default(), BTreeSet::new())
     };

@@ -59,6 +59,10 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
         let again = last.again(&names);
         mutants.retain(|m| again.contains(&named(m)));
         println!("{} mutants the last run did not catch", mutants.len());
+    } else if options.re.is_some() {
+        // A run of a few mutants by name: the rest of the last outcome
+        // stands.
+        last = super::read_tally(&dir)?;
     } else if !options.full && mutants.len() > SAMPLE {
         let total = mutants.len();
         // Every (total / SAMPLE)-th, in steps as even as whole numbers allow.
