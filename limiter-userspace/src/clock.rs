@@ -2,9 +2,15 @@
 //! the XDP program reads and every GCRA state is kept in) and
 //! `CLOCK_REALTIME` (window algorithms align to the Unix epoch).
 
-use std::{cell::Cell, sync::OnceLock};
+use std::{cell::Cell, sync::OnceLock, time::Duration};
 
 use nix::time::ClockId;
+
+/// How long after a switch (a generation flip, the key filter's halves, a
+/// layer-7 rule swap) what was switched from may still be read by work
+/// already under way (an XDP run takes microseconds, a decision less:
+/// this is a wide margin). Only after it is the old state touched again.
+pub const GRACE: Duration = Duration::from_millis(20);
 
 /// Now on `CLOCK_MONOTONIC`, in ns.
 pub fn monotonic_ns() -> u64 {

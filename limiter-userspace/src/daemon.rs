@@ -202,7 +202,7 @@ pub fn run(config_path: &Path) -> Result<()> {
         // The program replaced may have been a build that kept no filter:
         // keys it stored until the swap have no bit. Once packets still in
         // it are done, rebuild.
-        std::thread::sleep(crate::engine::GRACE);
+        std::thread::sleep(crate::clock::GRACE);
         engine.datapath_mut().rebuild_key_filter()?;
     }
     let metrics = metrics_addr

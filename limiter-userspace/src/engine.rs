@@ -11,7 +11,7 @@ use limiter_common::abi::{DEFAULT_RULE, MAX_RULES, RuleConfig, global_flag, rule
 use serde::Serialize;
 
 use crate::{
-    clock::{monotonic_ns, realtime_offset_ns},
+    clock::{GRACE, monotonic_ns, realtime_offset_ns},
     compile, faults,
     kernel::{
         Attachment, Datapath, Mode,
@@ -20,11 +20,6 @@ use crate::{
     rules::describe::{Description, describe},
     rules::{RuleSet, same_name_first},
 };
-
-/// How long after a generation flip the old generation may still be read
-/// by packets already in the program (XDP runs take microseconds; this is
-/// a wide margin). Only after it is the old generation touched again.
-pub const GRACE: Duration = Duration::from_millis(20);
 
 /// What a rule-set change did, by rule name.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]

@@ -3,7 +3,8 @@
 //! loaded program's maps ([`kernel`]) by the [`engine`]; [`render`] turns
 //! what it reports into text and metrics; the [`daemon`] (through
 //! [`control`]) and `limiter run` ([`session`]) drive it all. Each module
-//! imports only from those before it. Layer 7
+//! imports only from floors below its own, as `docs/architecture.md` draws
+//! them (a test holds it: `layering`). Layer 7
 //! ([`http`]) applies the same rules with `limiter-common`'s algorithms and
 //! uses no kernel module. [`lab`] is the demo's and the tests' network.
 
@@ -18,6 +19,8 @@ pub mod http;
 pub mod import;
 pub mod kernel;
 pub mod lab;
+#[cfg(test)]
+mod layering;
 pub mod listen;
 pub mod render;
 pub mod rules;

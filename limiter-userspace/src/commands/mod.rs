@@ -226,19 +226,21 @@ pub fn proxy(
             tokio::spawn(reload_rules(config, Arc::clone(&limiter), fleet, watch));
             let reloads = Arc::clone(&limiter);
             let tracer = options.trace.clone();
-            let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter| {
+            let render: limiter::http::proxy::RenderMetrics = Arc::new(move |limiter, accept| {
                 let shares: Vec<_> = status
                     .lock()
                     .expect("fleet status")
                     .values()
                     .cloned()
                     .collect();
-                openmetrics::render_http(
+                let format = openmetrics::Format::negotiate(accept);
+                let text = openmetrics::render_http(
                     limiter,
                     &shares,
                     reloads.refusals(),
                     tracer.as_ref().map(|t| t.dropped()),
-                )
+                );
+                (format.content_type(), format.encode(text))
             });
             limiter::http::proxy::serve(options, limiter, render, |addr| {
                 println!("limiter proxy: listening on {addr}, forwarding to {upstream}")

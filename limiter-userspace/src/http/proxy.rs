@@ -42,10 +42,7 @@ use self::{
     upstream::{Pooled, Upstream},
 };
 use super::{BodyCharge, ClientAddr, KeyBy, Limiter, RateLimitLayer, Reloadable};
-use crate::{
-    listen::{self, Limits, Slots},
-    render::openmetrics::Format,
-};
+use crate::listen::{self, Limits, Slots};
 
 /// Proxy settings.
 pub struct Options {
@@ -84,9 +81,11 @@ pub struct Options {
     pub trace: Option<Arc<super::trace::HttpTracer>>,
 }
 
-/// Renders the limiter's metrics exposition, as OpenMetrics (converted to
-/// the format the scraper asks for).
-pub type RenderMetrics = Arc<dyn Fn(&Limiter) -> String + Send + Sync>;
+/// Renders the limiter's metrics exposition in the format the scraper's
+/// `Accept` header asks for: its content type, and the text. (Given by the
+/// caller: layer 7 does not know the renderers, which sit above it.)
+pub type RenderMetrics =
+    Arc<dyn Fn(&Limiter, Option<&str>) -> (&'static str, String) + Send + Sync>;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -139,11 +138,8 @@ pub async fn serve(
                 let (limiter, render) = (Arc::clone(&limiter), Arc::clone(&render_metrics));
                 async move {
                     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-                    let format = Format::negotiate(accept);
-                    (
-                        [(header::CONTENT_TYPE, format.content_type())],
-                        format.encode(render(&limiter.current())),
-                    )
+                    let (content_type, text) = render(&limiter.current(), accept);
+                    ([(header::CONTENT_TYPE, content_type)], text)
                 }
             }),
         );

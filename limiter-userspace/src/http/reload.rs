@@ -376,7 +376,7 @@ impl Reloadable {
             let clock = Arc::clone(&old.clock);
             let next = Arc::clone(&next);
             let pending = std::thread::spawn(move || {
-                std::thread::sleep(crate::engine::GRACE);
+                std::thread::sleep(crate::clock::GRACE);
                 take_back(&carrying, clock.monotonic_ns());
                 if forgets {
                     next.forget_dropped_plain_keys();

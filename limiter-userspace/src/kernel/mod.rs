@@ -207,7 +207,7 @@ impl Datapath {
         // after a grace period.
         if let Some(wait) = self
             .filter_switched
-            .and_then(|at| crate::engine::GRACE.checked_sub(at.elapsed()))
+            .and_then(|at| crate::clock::GRACE.checked_sub(at.elapsed()))
         {
             std::thread::sleep(wait);
         }
