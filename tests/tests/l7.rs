@@ -197,8 +197,17 @@ async fn the_proxy_limits_and_survives_bad_clients() {
         assert!(scrape.contains(&line("passed", 3)), "{scrape}");
         assert!(scrape.contains(&line("dropped", 1)), "{scrape}");
         // The classic text format unless the scraper asks for OpenMetrics.
-        let head = |scrape: &str| scrape.split("\r\n\r\n").next().unwrap_or("").to_ascii_lowercase();
-        assert!(head(&scrape).contains("content-type: text/plain; version=0.0.4"), "{scrape}");
+        let head = |scrape: &str| {
+            scrape
+                .split("\r\n\r\n")
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        };
+        assert!(
+            head(&scrape).contains("content-type: text/plain; version=0.0.4"),
+            "{scrape}"
+        );
         assert!(!scrape.contains("# EOF"), "{scrape}");
         let openmetrics = exchange(
             metrics.parse().unwrap(),
