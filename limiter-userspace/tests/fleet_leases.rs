@@ -493,26 +493,24 @@ async fn a_share_grows_and_shrinks_by_the_difference() {
         "{:?}",
         node.status()
     );
+    // Offered `want` a second, the node settles on at most `partitions`.
+    let settles_within = async |node: &mut Node, want: u64, partitions: u32| {
+        traffic.offer(want);
+        let shares = settle(node).await;
+        let local = traffic.local();
+        assert!(
+            (want..=WIDE.local_rate(partitions)).contains(&local),
+            "{local} held for {want} a second ({shares:?}): {:?}",
+            node.status()
+        );
+    };
     // 6,500: 7 partitions (7,100), or 8 after the moment of refusals
     // the tick that granted them saw.
-    let first = settle(&mut node).await;
-    let local = traffic.local();
-    assert!(
-        (6_500..=WIDE.local_rate(8)).contains(&local),
-        "{local} held for 6,500 a second ({first:?}): {:?}",
-        node.status()
-    );
+    settles_within(&mut node, 6_500, 8).await;
     // 10,500 on 7 or 8 partitions: 4 more (and one for the moment of
     // refusals the tick that granted them saw), not as many again as it
     // held.
-    traffic.offer(10_500);
-    let grown = settle(&mut node).await;
-    let local = traffic.local();
-    assert!(
-        (10_500..=WIDE.local_rate(13)).contains(&local),
-        "{local} held for 10,500 a second ({grown:?}): {:?}",
-        node.status()
-    );
+    settles_within(&mut node, 10_500, 13).await;
     // 2,000: down to 4 partitions (4,100: twice the use less the
     // reserve), by giving back the rest, not everything.
     traffic.offer(2_000);
