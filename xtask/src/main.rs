@@ -582,6 +582,16 @@ pub fn status(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// What `command` prints, once it has succeeded; `what` it was doing
+/// names the failure, with what it said on stderr.
+pub fn stdout_of(command: &mut Command, what: &str) -> Result<Vec<u8>> {
+    let out = command.output().with_context(|| what.to_owned())?;
+    if !out.status.success() {
+        bail!("{what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out.stdout)
+}
+
 pub fn require_root(why: &str) -> Result<()> {
     // The same test as `id -u`, without a libc dependency.
     let uid = std::fs::read_to_string("/proc/self/status")?

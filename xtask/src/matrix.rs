@@ -241,26 +241,21 @@ fn report(name: &str, run: &vm::Run, took: Duration) {
 /// Builds the integration tests (as `cargo test` would, without running
 /// them) and returns the binaries `TESTS` names.
 fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
-    let out = Command::new("cargo")
-        .current_dir(root())
-        .args([
-            "test",
-            "--package",
-            "limiter-tests",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .env("LIMITER_TESTS_BUILD_KERNEL", "1")
-        .output()
-        .context("building the integration tests")?;
-    if !out.status.success() {
-        bail!(
-            "building the integration tests failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let out = crate::stdout_of(
+        Command::new("cargo")
+            .current_dir(root())
+            .args([
+                "test",
+                "--package",
+                "limiter-tests",
+                "--no-run",
+                "--message-format=json",
+            ])
+            .env("LIMITER_TESTS_BUILD_KERNEL", "1"),
+        "building the integration tests",
+    )?;
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in String::from_utf8_lossy(&out).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };

@@ -441,17 +441,8 @@ fn listed(area: &Area) -> Result<BTreeSet<String>> {
     for file in area.files {
         command.args(["--file", file]);
     }
-    let out = command
-        .current_dir(root())
-        .output()
-        .context("running cargo mutants --list")?;
-    if !out.status.success() {
-        bail!(
-            "cargo mutants --list failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    let out = crate::stdout_of(command.current_dir(root()), "cargo mutants --list")?;
+    Ok(String::from_utf8_lossy(&out)
         .lines()
         .map(str::to_owned)
         .collect())

@@ -153,15 +153,8 @@ fn list(area: &Area, options: &Options) -> Result<Vec<Mutant>> {
     if let Some(re) = &options.re {
         command.args(["--re", re]);
     }
-    let out = command.output().context("running cargo mutants --list")?;
-    if !out.status.success() {
-        bail!(
-            "cargo mutants --list failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let listed: Vec<Value> =
-        serde_json::from_slice(&out.stdout).context("cargo mutants --list --json")?;
+    let out = crate::stdout_of(&mut command, "cargo mutants --list")?;
+    let listed: Vec<Value> = serde_json::from_slice(&out).context("cargo mutants --list --json")?;
     listed
         .iter()
         .map(|m| {
