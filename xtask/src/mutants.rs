@@ -224,6 +224,30 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         crate::status(mutants_command(area, options, &list, None).arg("--list"))?;
         return Ok(Tally::default());
     }
+    // An iteration runs again what the last run did not catch; the rest
+    // of its outcome stands. (Decided before any build or baseline: an
+    // area with nothing to run again needs neither.)
+    let (last, again) = if options.iterate {
+        let mut last = read_tally(&out)?;
+        let listed = listed(area)?;
+        // (A run narrowed by `--re` ran part of the list: the rest stands.)
+        if options.re.is_none() {
+            last.forget_unlisted(&listed);
+        }
+        let again = last.again(&listed);
+        (last, again)
+    } else if options.re.is_some() {
+        // A run of a few mutants by name: the rest of the last outcome
+        // stands.
+        (read_tally(&out)?, BTreeSet::new())
+    } else {
+        (Tally::default(), BTreeSet::new())
+    };
+    if options.iterate && again.is_empty() {
+        println!("the last run of area {} caught every mutant", area.name);
+        write_tally(&out, &last)?;
+        return Ok(last);
+    }
     if area.binary {
         // Built once here, so each mutated copy (which takes `target/`
         // along) rebuilds it incrementally.
@@ -258,29 +282,6 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
         with_binary_env(area, &mut baseline);
         crate::status(baseline.args(area.tests))
             .context("the area's tests fail on the unmutated tree: no mutant can be judged")?;
-    }
-    // An iteration runs again what the last run did not catch; the rest
-    // of its outcome stands.
-    let (last, again) = if options.iterate {
-        let mut last = read_tally(&out)?;
-        let listed = listed(area)?;
-        // (A run narrowed by `--re` ran part of the list: the rest stands.)
-        if options.re.is_none() {
-            last.forget_unlisted(&listed);
-        }
-        let again = last.again(&listed);
-        (last, again)
-    } else if options.re.is_some() {
-        // A run of a few mutants by name: the rest of the last outcome
-        // stands.
-        (read_tally(&out)?, BTreeSet::new())
-    } else {
-        (Tally::default(), BTreeSet::new())
-    };
-    if options.iterate && again.is_empty() {
-        println!("the last run of area {} caught every mutant", area.name);
-        write_tally(&out, &last)?;
-        return Ok(last);
     }
     run_mutants(&mut mutants_command(
         area,
@@ -372,14 +373,7 @@ fn mutants_command(
         skip_baseline,
         build_kernel,
     } = *pass;
-    let mut command = cargo();
-    command.arg("mutants");
-    for package in area.packages {
-        command.args(["--package", package]);
-    }
-    for file in area.files {
-        command.args(["--file", file]);
-    }
+    let mut command = over_area(area);
     for test_package in test_packages {
         command.args(["--test-package", test_package]);
     }
@@ -431,17 +425,25 @@ fn mutants_command(
     command
 }
 
-/// Every mutant of the area as the code is now (no sample, no `--re`).
-fn listed(area: &Area) -> Result<BTreeSet<String>> {
+/// `cargo mutants` over the area's packages and files.
+fn over_area(area: &Area) -> Command {
     let mut command = cargo();
-    command.args(["mutants", "--list"]);
+    command.arg("mutants");
     for package in area.packages {
         command.args(["--package", package]);
     }
     for file in area.files {
         command.args(["--file", file]);
     }
-    let out = crate::stdout_of(command.current_dir(root()), "cargo mutants --list")?;
+    command
+}
+
+/// Every mutant of the area as the code is now (no sample, no `--re`).
+fn listed(area: &Area) -> Result<BTreeSet<String>> {
+    let out = crate::stdout_of(
+        over_area(area).arg("--list").current_dir(root()),
+        "cargo mutants --list",
+    )?;
     Ok(String::from_utf8_lossy(&out)
         .lines()
         .map(str::to_owned)
