@@ -6,7 +6,8 @@
 //! imports only from floors below its own, as `docs/architecture.md` draws
 //! them (a test holds it: `layering`). Layer 7
 //! ([`http`]) applies the same rules with `limiter-common`'s algorithms and
-//! uses no kernel module. [`lab`] is the demo's and the tests' network.
+//! uses no kernel module. [`lab`] is the demo's and the tests' network
+//! (feature `lab`, on by default: an embedder leaves it out).
 
 pub mod clock;
 pub mod compile;
@@ -18,6 +19,7 @@ pub mod fleet;
 pub mod http;
 pub mod import;
 pub mod kernel;
+#[cfg(feature = "lab")]
 pub mod lab;
 #[cfg(test)]
 mod layering;

@@ -273,6 +273,10 @@ fn built_bin() -> &'static PathBuf {
                 "limiter-userspace",
                 "--bin",
                 "limiter",
+                // The crash points of the fault tests, as `cargo xtask
+                // test` builds it.
+                "--features",
+                "faults",
             ])
             .arg("--target-dir")
             .arg(&target)

@@ -66,7 +66,8 @@ fn crash_during_apply(step: &str, nth: u32, lab_name: &str) {
             let out = daemon.cli(&["rules", "apply", &after.to_string_lossy()]);
             assert!(
                 !out.status.success(),
-                "the apply finished: no crash at {step}"
+                "the apply finished: no crash at {step} (is the binary built \
+                 without the `faults` feature? `cargo xtask test` builds it with)"
             );
             let status = daemon.wait_exit().expect("the daemon exits");
             assert_eq!(status.signal(), Some(9), "{status}: {}", daemon.log());

@@ -291,7 +291,7 @@ fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
     setup::all()?;
     build_once_if_clean();
     warn_if_disk_short(TEST_BUILD_BYTES);
-    let limiter = build(false)?;
+    build(false)?;
     step("lint: cargo fmt --check, cargo clippy -D warnings");
     status(cargo().args(["fmt", "--all", "--check"]))?;
     status(cargo().args([
@@ -311,7 +311,12 @@ fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
         "warnings",
     ]))?;
     step("unit and property tests");
+    // Without the crash points, as a release build: a unit test checks
+    // that no variable then kills the process.
     status(cargo().args(["test", "--workspace", "--exclude", "limiter-tests"]))?;
+    // Building the package's tests left a `limiter` without them where
+    // the debug build was: built again (a link, the rest is cached).
+    let limiter = build(false)?;
     // Every build the project ships is checked against the verifier's
     // budget (tests/tests/verifier_budget.rs).
     let no_trace = build_without_trace()?;
@@ -379,6 +384,10 @@ fn warn_if_disk_short(need: u64) {
     }
 }
 
+/// `limiter-userspace`'s feature of crash points (`faults.rs`), which
+/// every debug build (the one the tests run) has and no release build.
+pub const FAULTS: &str = "faults";
+
 /// Builds the kernel object, then `limiter` with it embedded; returns the binary.
 fn build(release: bool) -> Result<PathBuf> {
     step("building the XDP program (nightly, bpfel-unknown-none)");
@@ -396,6 +405,10 @@ fn build(release: bool) -> Result<PathBuf> {
         .env("LIMITER_EBPF_OBJECT", &object);
     if release {
         command.arg("--release");
+    } else {
+        // The binary the tests run: with the crash points of the fault
+        // tests, which a release build leaves out.
+        command.args(["--features", FAULTS]);
     }
     status(&mut command)?;
     let binary = root()

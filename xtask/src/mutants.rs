@@ -260,6 +260,8 @@ fn run_cargo_mutants(area: &Area, options: &Options) -> Result<Tally> {
                     "limiter-userspace",
                     "--bin",
                     "limiter",
+                    "--features",
+                    crate::FAULTS,
                 ])
                 .arg("--target-dir")
                 .arg(root().join(areas::TESTS_BIN_TARGET))
