@@ -13,7 +13,6 @@ use std::{
 use redis::{IntoConnectionInfo, aio::ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 
-use super::lease::LeaseError;
 
 /// The `store:` section of the daemon's configuration.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -81,6 +80,9 @@ pub enum StoreError {
     TlsOnly(&'static str),
     #[error("store: cert_file and key_file go together")]
     HalfAClientCertificate,
+    /// Connecting failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
 }
 
 /// A file named by `store.<field>` that could not be read.
@@ -216,7 +218,7 @@ impl StoreConfig {
     }
 
     /// Connects: to one Redis (reconnecting by itself), or to a cluster.
-    pub async fn connect(&self) -> Result<Connection, LeaseError> {
+    pub async fn connect(&self) -> Result<Connection, StoreError> {
         Ok(if self.cluster {
             Connection::Cluster(self.cluster_client()?.get_async_connection().await?)
         } else {

@@ -11,30 +11,10 @@ use aya::programs::{
 };
 use limiter_common::abi::{MAX_IFACES, MAX_IFINDEX, map_name};
 
-use super::{Datapath, KernelError, maps::map_error};
+use super::{Datapath, KernelError, maps::map_error, mode::Mode};
 
 /// Pinned links live here, one file per interface.
 pub const LINKS_DIR: &str = "links";
-
-/// How to attach: `auto` tries native (driver) mode and falls back to skb.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    #[default]
-    Auto,
-    Native,
-    Skb,
-}
 
 /// An interface the program is attached to, and how.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

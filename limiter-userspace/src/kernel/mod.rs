@@ -13,6 +13,7 @@ pub mod keys;
 pub mod links;
 pub mod mapped;
 pub mod maps;
+pub mod mode;
 pub mod netlink;
 pub mod object;
 pub mod offloads;
@@ -33,7 +34,8 @@ use aya::{
 };
 use limiter_common::abi::{GlobalConfig, MAX_IFACES};
 
-pub use links::{Attachment, Mode, detach_all, if_index};
+pub use links::{Attachment, detach_all, if_index};
+pub use mode::Mode;
 pub use maps::Maps;
 use maps::map_error;
 pub use object::{OBJECT, PROGRAM};
