@@ -55,6 +55,7 @@ pub struct BlockView {
 
 pub mod escalate;
 mod fleet;
+mod watch;
 
 pub struct Engine {
     datapath: Datapath,
@@ -63,7 +64,7 @@ pub struct Engine {
     /// Fleet rules' shares in force.
     fleet_shares: HashMap<crate::fleet::RuleRef, crate::fleet::Grant>,
     /// Keys over their limit, and the blocks escalation made.
-    watch: escalate::Watch,
+    watch: watch::Watch,
 }
 
 impl Engine {
@@ -73,7 +74,7 @@ impl Engine {
             datapath: Datapath::open(pin_dir, max_keys)?,
             applied: None,
             fleet_shares: HashMap::new(),
-            watch: escalate::Watch::default(),
+            watch: watch::Watch::default(),
         })
     }
 
@@ -84,7 +85,7 @@ impl Engine {
             datapath: Datapath::open_object(object, pin_dir, max_keys)?,
             applied: None,
             fleet_shares: HashMap::new(),
-            watch: escalate::Watch::default(),
+            watch: watch::Watch::default(),
         })
     }
 

@@ -9,7 +9,7 @@
 //! watch (`limiter_common::escalation`) is layer 7's too.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, HashSet},
     time::Duration,
 };
 
@@ -23,33 +23,6 @@ use limiter_common::{
 
 use super::Engine;
 use crate::{kernel::keys::KeyTable, rules::EscalateScope};
-
-/// Keys over their limit since when, escalations per rule, and the blocks
-/// they made.
-#[derive(Default)]
-pub struct Watch {
-    over_since: HashMap<FlowKey, u64>,
-    /// Each key's count of refused packets at the last look (keys that
-    /// have refused any): a key that refused one since is over its limit.
-    dropped: HashMap<FlowKey, u32>,
-    /// The rules (by id) the last look looked at: a key of another has no
-    /// count to compare with yet (its refusals may be old).
-    looked: HashSet<u32>,
-    /// Keys a dry run would have blocked, or held by their rule, until
-    /// when: not counted again meanwhile (a held key is over its limit
-    /// at every look), as a block would have stopped them, nor at the
-    /// first look after.
-    dry_until: HashMap<FlowKey, u64>,
-    /// Escalations per rule name, since the process started.
-    counts: HashMap<String, u64>,
-    made: HashMap<IpNet, String>,
-    /// When each block of the last minute was made (`max_per_minute`).
-    recent: VecDeque<u64>,
-    /// Escalations left out, by why (`never_block`, `max_per_minute`).
-    left_out: HashMap<&'static str, u64>,
-    /// When the last escalation left out for the cap was logged.
-    cap_logged: u64,
-}
 
 /// A rule that escalates, as a look needs it: its name, escalation, dry
 /// run, kernel config, third limit and scope.
@@ -79,13 +52,6 @@ fn held_tats(rule: &RuleConfig, escalation: &Escalation, now: u64) -> [Option<u6
 
 /// A minute, in ns of the clock escalation looks by.
 const MINUTE_NS: u64 = 60_000_000_000;
-
-impl Watch {
-    /// The rule whose escalation made the block of `net`, if one did.
-    pub fn made_by(&self, net: &IpNet) -> Option<String> {
-        self.made.get(net).cloned()
-    }
-}
 
 /// Whether a rule has an aggregate limit, whose refusals a key's count
 /// of refusals includes.

@@ -13,7 +13,6 @@ use std::{
 use redis::{IntoConnectionInfo, aio::ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 
-
 /// The `store:` section of the daemon's configuration.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -13,7 +13,7 @@ use std::{
 
 use aya::maps::MapData;
 
-use super::{Datapath, KernelError, maps::pinned_data, pins};
+use super::{KernelError, maps::pinned_data, pins};
 
 /// The daemon's own references: a handle on each pinned map, and a file
 /// descriptor of each pinned link with where it was pinned.
@@ -87,35 +87,32 @@ impl Held {
         self.links.push((path.to_owned(), fd));
         Ok(())
     }
-}
 
-impl Datapath {
     /// Whether everything pinned is still there (the maps' and the links'
     /// pins).
-    pub fn pins_intact(&self) -> bool {
-        self.held
-            .maps
+    pub fn intact(&self, pin_dir: &Path) -> bool {
+        self.maps
             .iter()
-            .all(|(name, _)| self.pin_dir.join(name).exists())
-            && self.held.links.iter().all(|(path, _)| path.exists())
+            .all(|(name, _)| pin_dir.join(name).exists())
+            && self.links.iter().all(|(path, _)| path.exists())
     }
 
     /// Lets go of the links (a detach): they live on only by their pins,
     /// which the detach removes, and are never pinned again.
     pub fn release_links(&mut self) {
-        self.held.links.clear();
-        self.held.released = true;
+        self.links.clear();
+        self.released = true;
     }
 
     /// Pins again what is missing, once the nearest existing ancestor of
     /// the pin directory is a bpffs; returns how many pins were written
     /// (0: nothing to do, or no bpffs to write them in yet).
-    pub fn repin(&mut self) -> Result<usize, KernelError> {
-        if self.held.released || self.pins_intact() {
+    pub fn repin(&mut self, pin_dir: &Path) -> Result<usize, KernelError> {
+        if self.released || self.intact(pin_dir) {
             return Ok(0);
         }
-        let absolute = std::path::absolute(&self.pin_dir).map_err(|source| KernelError::Io {
-            path: self.pin_dir.clone(),
+        let absolute = std::path::absolute(pin_dir).map_err(|source| KernelError::Io {
+            path: pin_dir.to_owned(),
             source,
         })?;
         let existing = absolute
@@ -125,10 +122,10 @@ impl Datapath {
         if !pins::is_bpffs(existing).unwrap_or(false) {
             return Ok(0);
         }
-        pins::private_dir(&self.pin_dir)?;
+        pins::private_dir(pin_dir)?;
         let mut written = 0;
-        for (name, data) in &self.held.maps {
-            let path = self.pin_dir.join(name);
+        for (name, data) in &self.maps {
+            let path = pin_dir.join(name);
             if !path.exists() {
                 data.pin(&path).map_err(|e| KernelError::Adopt {
                     path: path.clone(),
@@ -138,7 +135,7 @@ impl Datapath {
             }
         }
         // A borrowed descriptor: a failure here loses no link.
-        for (path, fd) in &self.held.links {
+        for (path, fd) in &self.links {
             if !path.exists() {
                 pins::private_dir(path.parent().expect("a links dir"))?;
                 obj(BPF_OBJ_PIN, path, fd.as_raw_fd() as u32).map_err(|source| {
