@@ -26,7 +26,12 @@ use tokio::{
 };
 
 use super::{
-    HOP_BY_HOP, X_FORWARDED_FOR, chunked::ChunkedEnd, strip_hop_by_hop, target, upstream::Upstream,
+    answers::{BAD_GATEWAY, log_unanswered},
+    chunked::ChunkedEnd,
+    forward::{X_FORWARDED_FOR, forwarded_for},
+    hop_by_hop::{HOP_BY_HOP, strip_hop_by_hop},
+    target,
+    upstream::Upstream,
 };
 use crate::{
     http::{
@@ -69,7 +74,7 @@ impl Relay {
         F: FnOnce(Prefixed<TcpStream>) -> Fut,
         Fut: Future<Output = hyper::Result<()>>,
     {
-        let forwarded_for = super::forwarded_for(peer);
+        let forwarded_for = forwarded_for(peer);
         let mut read = BytesMut::with_capacity(READ_SIZE);
         let mut answer = BytesMut::with_capacity(READ_SIZE);
         // What is written: to the upstream, and to the client.
@@ -157,9 +162,9 @@ impl Relay {
                     }
                 }
                 Err(e) => {
-                    super::log_unanswered(&e);
+                    log_unanswered(&e);
                     out.clear();
-                    exchange.write_own(&mut out, "502 Bad Gateway", super::BAD_GATEWAY);
+                    exchange.write_own(&mut out, "502 Bad Gateway", BAD_GATEWAY);
                     write_client(&mut client, &out, limits).await?;
                 }
             }
