@@ -117,7 +117,11 @@ const RELAY: Area = Area {
            framing tests (limiter proxy built from each mutant, real sockets)",
     packages: &["limiter-userspace"],
     files: &[
-        "limiter-userspace/src/http/proxy/relay.rs",
+        "limiter-userspace/src/http/proxy/relay/mod.rs",
+        "limiter-userspace/src/http/proxy/relay/connection.rs",
+        "limiter-userspace/src/http/proxy/relay/request.rs",
+        "limiter-userspace/src/http/proxy/relay/answer.rs",
+        "limiter-userspace/src/http/proxy/relay/io.rs",
         "limiter-userspace/src/http/proxy/chunked.rs",
     ],
     test_packages: &["limiter-userspace", "limiter-tests"],

@@ -18,7 +18,7 @@ use crate::rules::request::escape_at;
 /// what the upstream will get: those the `Connection` field names go now,
 /// not after the rules judged them.
 pub fn canonicalize<B>(request: &mut Request<B>) {
-    super::strip_connection_named(request.headers_mut());
+    super::hop_by_hop::strip_connection_named(request.headers_mut());
     // An absolute target (or HTTP/2's `:authority`) says the host: the
     // limiter judges it, so the upstream must get it too.
     if let Some(authority) = request.uri().authority() {
