@@ -20,6 +20,7 @@ use crate::rules::{
     Algorithm, Fallback, FragmentPolicy, Limit, Rate, Rule, RuleSet,
     matching::{all_prefixes, covering_rules, key_masks},
 };
+use v4_table::V4Table;
 
 /// Everything the kernel needs for one generation of a rule set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,8 +32,8 @@ pub struct Tables {
     pub drop_orphan_fragments: bool,
     /// (rule id, config); id [`DEFAULT_RULE`] is the default.
     pub rules: Vec<(u32, RuleConfig)>,
-    /// IPv4: (prefix, length, candidates), for [`v4_table::V4Table`].
-    pub v4: Vec<v4_table::Prefix>,
+    /// IPv4: the generation's table, whole.
+    pub v4: V4Table,
     /// IPv6: (LPM prefix length, key, value), the generation in the key's
     /// first byte.
     pub v6: Vec<(u32, PrefixKey<16>, Candidates)>,
@@ -69,7 +70,7 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
         },
         drop_orphan_fragments: set.fragments == FragmentPolicy::Drop,
         rules,
-        v4: Vec::new(),
+        v4: V4Table::default(),
         v6: Vec::new(),
         third_word: set
             .rules
@@ -87,11 +88,12 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
             .filter_map(|(rule, &id)| Some((id, kernel_costs(rule)?)))
             .collect(),
     };
+    let mut v4 = Vec::new();
     for (net, candidates) in prefixes(set, ids) {
         // The generation goes first in the key: 8 more bits to match.
         let prefix_len = 8 + u32::from(net.prefix_len());
         match net.addr() {
-            IpAddr::V4(a) => tables.v4.push((a.octets(), net.prefix_len(), candidates)),
+            IpAddr::V4(a) => v4.push((a.octets(), net.prefix_len(), candidates)),
             IpAddr::V6(a) => {
                 let key = PrefixKey {
                     generation,
@@ -101,6 +103,7 @@ pub fn build(set: &RuleSet, ids: &[u32], generation: u8) -> Tables {
             }
         }
     }
+    tables.v4 = V4Table::build(u32::from(generation), &v4);
     tables
 }
 
@@ -318,7 +321,7 @@ mod tests {
   - { name: net16, match: { source: 10.1.0.0/16 }, limit: unlimited }
 ",
         );
-        let (_, _, net16) = t.v4.iter().find(|e| e.1 == 16).unwrap();
+        let net16 = t.v4.candidates([10, 1, 0, 0]);
         let order: Vec<u16> = net16.entries[..net16.len as usize]
             .iter()
             .map(|c| c.rule)
@@ -352,7 +355,7 @@ rules:
             )
         };
         let t = tables(&text("pass"));
-        let (_, _, list) = t.v4.iter().find(|e| e.1 == 8).unwrap();
+        let list = t.v4.candidates([10, 0, 0, 1]);
         let rule_of = |choice: u8| match choice {
             unknown_port::DEFAULT => "default".to_owned(),
             0 => "none".to_owned(),
@@ -373,7 +376,7 @@ rules:
         assert_eq!(chosen, ["ssh", "discard", "default", "ssh"]);
         // A default that drops is the strictest of all where it may apply.
         let t = tables(&text("drop"));
-        let (_, _, list) = t.v4.iter().find(|e| e.1 == 8).unwrap();
+        let list = t.v4.candidates([10, 0, 0, 1]);
         assert_eq!(
             list.unknown_port,
             [3, 4, unknown_port::DEFAULT, unknown_port::DEFAULT]

@@ -7,7 +7,7 @@ use limiter_common::abi::{Candidates, v4_table};
 
 /// One generation of the table, its indices absolute (generation base
 /// included), ready to be written over that generation's part of the maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct V4Table {
     pub generation: u32,
     /// The generation's `V4_L16` entries, one per /16 (its 256 blocks).
@@ -117,6 +117,11 @@ impl V4Table {
             entry = subtable(&self.l32, entry, addr[3]);
         }
         entry
+    }
+
+    /// The candidates the kernel finds for `addr`.
+    pub fn candidates(&self, addr: [u8; 4]) -> &Candidates {
+        &self.lists[(self.lookup(addr) - self.generation * v4_table::LISTS) as usize]
     }
 }
 

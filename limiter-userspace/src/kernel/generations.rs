@@ -71,7 +71,7 @@ impl Datapath {
         for (id, rule) in &tables.rules {
             self.set_rule(generation, *id, rule)?;
         }
-        self.write_v4_table(&V4Table::build(generation, &tables.v4))?;
+        self.write_v4_table(&tables.v4)?;
         for (prefix, key, candidates) in &tables.v6 {
             self.maps
                 .lpm_v6
