@@ -1,7 +1,7 @@
 //! The rule file's errors, each with its file, line and field, and what
 //! valid files mean.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use super::*;
 
