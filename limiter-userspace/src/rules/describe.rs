@@ -2,8 +2,9 @@
 //! as `limiter check`, `rules show` and the lab print it.
 
 use super::{
-    Algorithm, KeyPart, Limit, Rate, RequestMatch, Rule,
-    request::{HeaderCondition, PathMatch},
+    raw::Algorithm,
+    request::{HeaderCondition, KeyPart, PathMatch, RequestMatch},
+    set::{Limit, Rate, Rule},
 };
 use crate::units::{count, per};
 
@@ -123,8 +124,8 @@ pub fn describe(rule: &Rule) -> Description {
                     "{limit}; over it {} {} {}",
                     humantime::format_duration(std::time::Duration::from_nanos(e.after_ns)),
                     match rule.escalate_scope {
-                        super::EscalateScope::Key => "holds the key",
-                        super::EscalateScope::Source => "blocks the source",
+                        super::raw::EscalateScope::Key => "holds the key",
+                        super::raw::EscalateScope::Source => "blocks the source",
                     },
                     humantime::format_duration(std::time::Duration::from_nanos(e.block_ns))
                 ),

@@ -7,8 +7,8 @@ use std::{collections::HashMap, net::IpAddr};
 use ipnet::IpNet;
 
 use super::{
-    KeyPart, Match, Rule, RuleSet,
-    request::{HttpRequest, PathMatch, RequestMatch, keyable},
+    request::{HttpRequest, KeyPart, PathMatch, RequestMatch, keyable},
+    set::{Match, Rule, RuleSet},
 };
 
 /// The masks that turn a source address into the rule's key, for IPv4 and
