@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{raw, set::RuleSet, validate};
+use super::{invalid::InvalidField, raw, set::RuleSet, validate};
 use crate::yaml::{self, InvalidFile};
 
 /// The default rule file, used by the lab and shown in the README.
@@ -18,7 +18,7 @@ impl RuleSet {
     /// Validates rule-file text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, InvalidFile> {
         let raw: raw::RuleFile = yaml::parse(text, origin)?;
-        validate::rule_set(raw).map_err(|(field, message)| InvalidFile {
+        validate::rule_set(raw).map_err(|InvalidField { field, message }| InvalidFile {
             file: origin.to_owned(),
             line: yaml::Lines::index(text).line(&field),
             field,

@@ -7,6 +7,7 @@
 
 pub mod describe;
 mod fingerprint;
+mod invalid;
 mod load;
 pub mod matching;
 mod raw;
@@ -17,6 +18,7 @@ pub mod watch;
 
 pub use crate::yaml::InvalidFile;
 pub use fingerprint::same_name_first;
+pub use invalid::InvalidField;
 pub use load::EXAMPLE;
 pub use raw::{Algorithm, EscalateScope, Fallback, FragmentPolicy, Scope};
 pub use request::{HttpRequest, KeyPart, RequestMatch};

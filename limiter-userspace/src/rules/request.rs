@@ -8,7 +8,10 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName, Method, Uri};
 
-use super::raw;
+use super::{
+    invalid::{InvalidField, invalid},
+    raw,
+};
 use crate::yaml::quoted;
 
 /// A request as layer 7 sees it, besides its addresses.
@@ -246,14 +249,8 @@ pub fn keyable(parts: &[KeyPart], request: Option<&HttpRequest<'_>>) -> bool {
         .all(|p| *p == KeyPart::Source || p.of(request).is_some())
 }
 
-type Invalid = (String, String);
-
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> Invalid {
-    (field.into(), message.into())
-}
-
 /// The layer-7 fields of a rule's `match`.
-pub(super) fn request_match(fields: &raw::MatchFields) -> Result<RequestMatch, Invalid> {
+pub(super) fn request_match(fields: &raw::MatchFields) -> Result<RequestMatch, InvalidField> {
     let methods = match &fields.method {
         None => Vec::new(),
         Some(raw::Strings(list)) if list.is_empty() => {
@@ -303,7 +300,7 @@ pub(super) fn request_match(fields: &raw::MatchFields) -> Result<RequestMatch, I
         .iter()
         .flatten()
         .enumerate()
-        .map(|(i, h)| header_match(h).map_err(|(f, m)| (format!("match.headers[{i}].{f}"), m)))
+        .map(|(i, h)| header_match(h).map_err(|e| e.within(|f| format!("match.headers[{i}].{f}"))))
         .collect::<Result<_, _>>()?;
     Ok(RequestMatch {
         methods,
@@ -313,7 +310,7 @@ pub(super) fn request_match(fields: &raw::MatchFields) -> Result<RequestMatch, I
     })
 }
 
-fn path_field(path: &str, field: &str) -> Result<String, Invalid> {
+fn path_field(path: &str, field: &str) -> Result<String, InvalidField> {
     if !path.starts_with('/') || path.contains(['?', '#']) {
         return Err(invalid(
             field,
@@ -326,7 +323,7 @@ fn path_field(path: &str, field: &str) -> Result<String, Invalid> {
     Ok(path.to_owned())
 }
 
-fn header_match(fields: &raw::HeaderFields) -> Result<HeaderMatch, Invalid> {
+fn header_match(fields: &raw::HeaderFields) -> Result<HeaderMatch, InvalidField> {
     let name = header_name(&fields.name).map_err(|m| invalid("name", m))?;
     let condition = match (&fields.equals, fields.present) {
         (Some(_), Some(_)) => {

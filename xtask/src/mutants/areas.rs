@@ -226,7 +226,7 @@ const VALIDATION: Area = Area {
         "limiter-userspace/src/rules/validate/cost.rs",
         "limiter-userspace/src/rules/validate/escalation.rs",
         "limiter-userspace/src/rules/validate/text.rs",
-        "limiter-userspace/src/rules/validate/invalid.rs",
+        "limiter-userspace/src/rules/invalid.rs",
         "limiter-userspace/src/rules/raw.rs",
     ],
     test_packages: &["limiter-userspace"],

@@ -3,10 +3,8 @@
 
 use limiter_common::abi::MAX_COST_CLASSES;
 
-use super::{
-    invalid::{Invalid, invalid},
-    text::tcp_flags,
-};
+use super::text::tcp_flags;
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::rules::{
     raw, request,
     set::{CostClass, Limit, Rate, Rates},
@@ -21,7 +19,7 @@ pub(super) fn cost_classes(
     aggregate: Option<&Rates>,
     // The soft limit, the second and third packet limits, if any.
     others: [Option<&Rate>; 3],
-) -> Result<Vec<CostClass>, Invalid> {
+) -> Result<Vec<CostClass>, InvalidField> {
     let Limit::Metered {
         packets: Some(packets),
         ..
@@ -75,7 +73,7 @@ pub(super) fn cost_classes(
             .map(tcp_flags)
             .transpose()
             .map_err(|e| invalid(at("match.tcp_flags"), e))?;
-        let request = request::request_match(m).map_err(|(f, e)| (at(&f), e))?;
+        let request = request::request_match(m).map_err(|e| e.within(at))?;
         match (tcp_flags.is_some(), request.is_empty()) {
             (true, false) => {
                 return Err(invalid(

@@ -2,10 +2,8 @@
 //! enough that a forger cannot block a neighbour) and the file's
 //! `escalation` policy (prefixes never blocked, blocks a minute).
 
-use super::{
-    invalid::{Invalid, invalid},
-    text::parse_net,
-};
+use super::text::parse_net;
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::{
     rules::{
         raw,
@@ -18,7 +16,7 @@ use crate::{
 /// `escalation: { never_block, max_per_minute }`.
 pub(super) fn escalation_policy(
     fields: &raw::EscalationPolicyFields,
-) -> Result<EscalationPolicy, Invalid> {
+) -> Result<EscalationPolicy, InvalidField> {
     let mut policy = EscalationPolicy::default();
     for (i, text) in fields.never_block.iter().flatten().enumerate() {
         let net =
@@ -46,7 +44,7 @@ const ESCALATE_WIDEST_V6: u8 = 48;
 
 /// Refuses `escalate` on a key that blocks more than a /24 (IPv4) or a
 /// /48 (IPv6): `key: all`, or a `source/N` that wide.
-pub(super) fn escalation_key(keyed_by: &[KeyPart], key: KeyPrefix) -> Result<(), Invalid> {
+pub(super) fn escalation_key(keyed_by: &[KeyPart], key: KeyPrefix) -> Result<(), InvalidField> {
     if keyed_by.is_empty() {
         return Err(invalid(
             "escalate",
@@ -76,7 +74,7 @@ pub(super) fn escalation_key(keyed_by: &[KeyPart], key: KeyPrefix) -> Result<(),
 pub(super) fn escalation(
     fields: &raw::EscalateFields,
     limit: &Limit,
-) -> Result<limiter_common::escalation::Escalation, Invalid> {
+) -> Result<limiter_common::escalation::Escalation, InvalidField> {
     if matches!(limit, Limit::Unlimited) {
         return Err(invalid("escalate", "has no effect on an unlimited rule"));
     }

@@ -12,12 +12,9 @@ use limiter_common::{
 };
 
 use super::{
-    escalation::escalation_policy,
-    fleet::local_only,
-    invalid::{Invalid, invalid},
-    limits::validate_rates,
-    rule::validate_rule,
+    escalation::escalation_policy, fleet::local_only, limits::validate_rates, rule::validate_rule,
 };
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::rules::{
     matching,
     raw::{self, Algorithm},
@@ -25,7 +22,7 @@ use crate::rules::{
     set::{EscalationPolicy, Match, Rate, Rule, RuleSet},
 };
 
-pub(in crate::rules) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid> {
+pub(in crate::rules) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, InvalidField> {
     let max_keys = file.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
     if max_keys == 0 {
         return Err(invalid("max_keys", "must be at least 1"));
@@ -47,7 +44,7 @@ pub(in crate::rules) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid
     let mut rules = Vec::with_capacity(file.rules.len());
     for (i, raw) in file.rules.iter().enumerate() {
         let at = |field: &str| format!("rules[{i}].{field}");
-        let rule = validate_rule(raw).map_err(|(field, message)| (at(&field), message))?;
+        let rule = validate_rule(raw).map_err(|e| e.within(at))?;
         if let Some(first) = names.insert(&raw.name, i) {
             return Err(invalid(
                 at("name"),
@@ -73,7 +70,7 @@ pub(in crate::rules) fn rule_set(file: raw::RuleFile) -> Result<RuleSet, Invalid
         rules.push(rule);
     }
     let new_keys = match &file.new_keys {
-        Some(fields) => new_keys(fields).map_err(|(field, m)| (format!("new_keys.{field}"), m))?,
+        Some(fields) => new_keys(fields).map_err(|e| e.within(|f| format!("new_keys.{f}")))?,
         None => default_new_keys(max_keys),
     };
     let escalation = match &file.escalation {
@@ -128,7 +125,7 @@ fn keys_whenever(earlier: &Rule, later: &Rule) -> bool {
 }
 
 /// A key-creation budget: keys per unit, with a burst.
-fn new_keys(fields: &raw::RateFields) -> Result<Rate, Invalid> {
+fn new_keys(fields: &raw::RateFields) -> Result<Rate, InvalidField> {
     if fields.bytes.is_some() || fields.burst_bytes.is_some() {
         return Err(invalid(
             "bytes",
@@ -162,7 +159,7 @@ fn default_new_keys(max_keys: u32) -> Rate {
 
 /// No source prefix may be covered by more rules than a trie entry of the
 /// kernel holds; the error names the rule whose prefix overflows.
-fn fits_the_tries(set: &RuleSet) -> Result<(), Invalid> {
+fn fits_the_tries(set: &RuleSet) -> Result<(), InvalidField> {
     for net in matching::all_prefixes(set) {
         let covering = matching::covering_rules(set, net);
         if covering.len() > MAX_CANDIDATES {

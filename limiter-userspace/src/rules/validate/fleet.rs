@@ -3,14 +3,14 @@
 
 use limiter_common::gcra::Gcra;
 
-use super::invalid::{Invalid, invalid};
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::rules::{
     raw,
     set::{FleetShare, Rates},
 };
 
 /// `scope`, `partitions` and `reserve` belong to an aggregate.
-pub(super) fn local_only(fields: &raw::RateFields) -> Result<(), Invalid> {
+pub(super) fn local_only(fields: &raw::RateFields) -> Result<(), InvalidField> {
     let given = [
         ("scope", fields.scope.is_some()),
         ("partitions", fields.partitions.is_some()),
@@ -33,7 +33,7 @@ pub const MAX_PARTITIONS: u32 = 1000;
 pub(super) fn fleet_share(
     fields: &raw::RateFields,
     rates: &Rates,
-) -> Result<Option<FleetShare>, Invalid> {
+) -> Result<Option<FleetShare>, InvalidField> {
     if fields.scope != Some(raw::Scope::Fleet) {
         let stray = [
             ("partitions", fields.partitions.is_some()),

@@ -4,11 +4,8 @@
 
 use limiter_common::{gcra::Gcra, keytable::MAX_WINDOW_LIMIT, window::Window};
 
-use super::{
-    fleet::local_only,
-    invalid::{Invalid, invalid},
-    text::parse_unit,
-};
+use super::{fleet::local_only, text::parse_unit};
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::rules::{
     raw::{self, Algorithm},
     set::{Limit, Rate, Rates, ThirdLimit},
@@ -17,7 +14,7 @@ use crate::rules::{
 pub(super) fn validate_rates(
     rates: &raw::RateFields,
     algorithm: Algorithm,
-) -> Result<Rates, Invalid> {
+) -> Result<Rates, InvalidField> {
     let period = parse_unit(&rates.unit).map_err(|m| invalid("unit", m))?;
     let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
     let meter = |rate_field: &str, rate: Option<u64>, burst_field: &str, burst: Option<u64>| {
@@ -64,7 +61,7 @@ pub(super) fn validate_rates(
 
 /// A key's window counts are 31-bit (`keytable::MAX_WINDOW_LIMIT`: 60
 /// bytes a key); a rule's aggregate has no such bound.
-pub(super) fn key_window_fits(rates: &Rates) -> Result<(), Invalid> {
+pub(super) fn key_window_fits(rates: &Rates) -> Result<(), InvalidField> {
     for (field, rate) in [("rate", &rates.packets), ("bytes", &rates.bytes)] {
         if let Some(rate) = rate
             && rate.window.length_ns != 0
@@ -98,7 +95,7 @@ pub(super) struct SeveralLimits {
 pub(super) fn several_limits(
     list: &[raw::RateFields],
     algorithm: Algorithm,
-) -> Result<SeveralLimits, Invalid> {
+) -> Result<SeveralLimits, InvalidField> {
     let mut packets: Vec<Rate> = Vec::new();
     let mut bytes: Vec<Rate> = Vec::new();
     for (i, fields) in list.iter().enumerate() {
@@ -109,9 +106,9 @@ pub(super) fn several_limits(
                 "pacing takes one `limit`, not `limits`",
             ));
         }
-        local_only(fields).map_err(|(f, m)| (at(&f), m))?;
-        let m = validate_rates(fields, algorithm).map_err(|(f, m)| (at(&f), m))?;
-        key_window_fits(&m).map_err(|(f, m)| (at(&f), m))?;
+        local_only(fields).map_err(|e| e.within(at))?;
+        let m = validate_rates(fields, algorithm).map_err(|e| e.within(at))?;
+        key_window_fits(&m).map_err(|e| e.within(at))?;
         packets.extend(m.packets);
         bytes.extend(m.bytes);
     }
@@ -179,7 +176,7 @@ pub(super) fn soft_limit(
     limit: &Limit,
     second: Option<&Rate>,
     algorithm: Algorithm,
-) -> Result<Rate, Invalid> {
+) -> Result<Rate, InvalidField> {
     if algorithm != Algorithm::Gcra {
         return Err(invalid(
             "soft",
@@ -207,8 +204,8 @@ pub(super) fn soft_limit(
             "a soft limit is a packet (request) rate: `rate`, `unit` and `burst`",
         ));
     }
-    local_only(fields).map_err(|(f, m)| (format!("soft.{f}"), m))?;
-    let rates = validate_rates(fields, algorithm).map_err(|(f, m)| (format!("soft.{f}"), m))?;
+    local_only(fields).map_err(|e| e.within(|f| format!("soft.{f}")))?;
+    let rates = validate_rates(fields, algorithm).map_err(|e| e.within(|f| format!("soft.{f}")))?;
     let soft = rates
         .packets
         .ok_or_else(|| invalid("soft.rate", "a soft limit needs `rate`"))?;

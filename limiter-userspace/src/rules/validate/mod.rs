@@ -5,13 +5,12 @@
 //!
 //! The file as a whole (`file`), one rule (`rule`), its rates (`limits`),
 //! fleet fields (`fleet`), costs (`cost`), escalation (`escalation`),
-//! fields written as text (`text`), the error (`invalid`).
+//! fields written as text (`text`).
 
 mod cost;
 mod escalation;
 mod file;
 mod fleet;
-mod invalid;
 mod limits;
 mod rule;
 mod text;

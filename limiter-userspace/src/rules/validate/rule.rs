@@ -8,10 +8,10 @@ use super::{
     cost::cost_classes,
     escalation::{escalation, escalation_key},
     fleet::{fleet_share, local_only},
-    invalid::{Invalid, invalid},
     limits::{key_window_fits, several_limits, soft_limit, validate_rates},
     text::{parse_key, parse_prefix, tcp_flags},
 };
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::{
     rules::{
         raw::{self, Algorithm, EscalateScope},
@@ -21,7 +21,7 @@ use crate::{
     yaml::quoted,
 };
 
-pub(super) fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
+pub(super) fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, InvalidField> {
     if raw.name.is_empty() || raw.name.len() >= RULE_NAME_LEN {
         return Err(invalid(
             "name",
@@ -89,8 +89,9 @@ pub(super) fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         }
         (Some(raw::LimitField::Unlimited), None) => Limit::Unlimited,
         (Some(raw::LimitField::Rates(rates)), None) => {
-            let m = validate_rates(rates, algorithm).map_err(|(f, m)| (format!("limit.{f}"), m))?;
-            key_window_fits(&m).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+            let m =
+                validate_rates(rates, algorithm).map_err(|e| e.within(|f| format!("limit.{f}")))?;
+            key_window_fits(&m).map_err(|e| e.within(|f| format!("limit.{f}")))?;
             Limit::Metered {
                 packets: m.packets,
                 bytes: m.bytes,
@@ -134,14 +135,14 @@ pub(super) fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
         _ => None,
     };
     if let Some(raw::LimitField::Rates(fields)) = &raw.limit {
-        local_only(fields).map_err(|(f, m)| (format!("limit.{f}"), m))?;
+        local_only(fields).map_err(|e| e.within(|f| format!("limit.{f}")))?;
     }
     let aggregate = raw
         .aggregate
         .as_ref()
         .map(|rates| validate_rates(rates, algorithm))
         .transpose()
-        .map_err(|(f, m)| (format!("aggregate.{f}"), m))?;
+        .map_err(|e| e.within(|f| format!("aggregate.{f}")))?;
     let soft = raw
         .soft
         .as_ref()
@@ -200,7 +201,7 @@ pub(super) fn validate_rule(raw: &raw::RuleEntry) -> Result<Rule, Invalid> {
     }
     let fleet = match (&raw.aggregate, aggregate) {
         (Some(fields), Some(rates)) => {
-            fleet_share(fields, &rates).map_err(|(f, m)| (format!("aggregate.{f}"), m))?
+            fleet_share(fields, &rates).map_err(|e| e.within(|f| format!("aggregate.{f}")))?
         }
         _ => None,
     };

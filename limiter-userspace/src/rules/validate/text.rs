@@ -5,13 +5,13 @@ use std::{net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 
-use super::invalid::{Invalid, invalid};
+use crate::rules::invalid::{InvalidField, invalid};
 use crate::{
     rules::set::{KeyPrefix, TcpFlags},
     yaml::quoted,
 };
 
-pub(super) fn parse_prefix(text: &str) -> Result<IpNet, Invalid> {
+pub(super) fn parse_prefix(text: &str) -> Result<IpNet, InvalidField> {
     parse_net(text).map_err(|message| invalid("match.source", message))
 }
 
