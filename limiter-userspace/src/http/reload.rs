@@ -21,8 +21,10 @@ use limiter_common::{
 };
 
 use super::{
-    Limiter, StateKey,
+    identity::StateKey,
     keys::{PlainKeys, SharedState},
+    limiter::Limiter,
+    state::State,
 };
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
@@ -147,7 +149,7 @@ impl Limiter {
         // unless an escalation's block on it still holds: it stays among
         // the others, where the block does (`KeyStore::with_plain` finds
         // it there).
-        let plain_key = |j: usize, key: &StateKey, state: &super::State| {
+        let plain_key = |j: usize, key: &StateKey, state: &State| {
             let blocked = state
                 .blocked_until
                 .load(std::sync::atomic::Ordering::Relaxed)
