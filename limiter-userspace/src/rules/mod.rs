@@ -1,13 +1,16 @@
 //! The rule file: the validated rule set and what it means, shared by the
 //! kernel and layer 7. The fields as written (`raw`), the checks
 //! (`validate`), which rule applies to a packet ([`matching`]), what
-//! identifies a rule's buckets (`fingerprint`), and a rule in words
+//! identifies a rule's buckets (`fingerprint`), which new rule takes
+//! which old one's state ([`pairing`]), and a rule in words
 //! ([`describe`]). Reading YAML, with file, line and field in every
 //! error, is [`crate::yaml`]'s.
 
 pub mod describe;
 mod fingerprint;
 pub mod matching;
+pub mod pairing;
+pub use pairing::same_name_first;
 mod raw;
 pub mod request;
 mod validate;
@@ -17,7 +20,6 @@ use std::{path::Path, time::Duration};
 
 use crate::yaml;
 pub use crate::yaml::InvalidFile;
-pub use fingerprint::same_name_first;
 use ipnet::IpNet;
 use limiter_common::{gcra::Gcra, window::Window};
 pub use raw::{Algorithm, EscalateScope, Fallback, FragmentPolicy, Scope};
