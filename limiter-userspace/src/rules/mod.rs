@@ -10,7 +10,6 @@ pub mod describe;
 mod fingerprint;
 pub mod matching;
 pub mod pairing;
-pub use pairing::same_name_first;
 mod raw;
 pub mod request;
 mod validate;

@@ -96,7 +96,7 @@ pub fn pair(old: &[OldRule<'_>], new: &[Rule]) -> Vec<Option<Paired>> {
 /// Which of `candidates` (old rules with a new rule's identity) carries
 /// its keys over: the one of the same name if any (so a file that swaps
 /// two rules' limits pairs them by name, in both layers), else the first.
-pub fn same_name_first<T>(candidates: &[T], same_name: impl Fn(&T) -> bool) -> Option<usize> {
+fn same_name_first<T>(candidates: &[T], same_name: impl Fn(&T) -> bool) -> Option<usize> {
     if candidates.is_empty() {
         return None;
     }
