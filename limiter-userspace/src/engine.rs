@@ -18,7 +18,10 @@ use crate::{
         counters::{self, Snapshot},
     },
     rules::describe::{Description, describe},
-    rules::{RuleSet, same_name_first},
+    rules::{
+        RuleSet,
+        pairing::{OldRule, Paired, pair},
+    },
 };
 
 /// What a rule-set change did, by rule name.
@@ -127,41 +130,29 @@ impl Engine {
             .filter(|(id, _)| *id != DEFAULT_RULE)
             .collect();
 
-        // Ids: reuse by fingerprint, allocate the rest round-robin so that a
-        // freed id is not handed out again soon.
-        let mut reusable: HashMap<u64, Vec<u32>> = HashMap::new();
-        for (id, rule) in &old {
-            reusable.entry(rule.fingerprint).or_default().push(*id);
-        }
-        let mut ids: Vec<Option<u32>> = set
-            .rules
+        // Ids: reuse by fingerprint, and a rule whose limits alone changed
+        // keeps the id, and the keys, of the old rule with its identity
+        // (`rules::pairing`, as layer 7's reload pairs them): its state is
+        // carried over to the new limits below. Allocate the rest
+        // round-robin so that a freed id is not handed out again soon.
+        let held: Vec<OldRule<'_>> = old
             .iter()
-            .map(|rule| reusable.get_mut(&rule.fingerprint()).and_then(Vec::pop))
+            .map(|(_, rule)| OldRule {
+                fingerprint: rule.fingerprint,
+                identity: rule.identity,
+                name: rule.name(),
+            })
             .collect();
-        // Then a rule whose limits alone changed keeps the id, and the
-        // keys, of the old rule with its identity: its state is carried
-        // over to the new limits below.
-        let mut same_keys: HashMap<u32, Vec<(u32, RuleConfig)>> = HashMap::new();
-        for (id, rule) in &old {
-            if rule.identity != 0 && !ids.contains(&Some(*id)) {
-                same_keys
-                    .entry(rule.identity)
-                    .or_default()
-                    .push((*id, *rule));
-            }
-        }
-        let mut carried: Vec<(u32, RuleConfig)> = Vec::new();
-        for (slot, rule) in ids.iter_mut().zip(&set.rules) {
-            if slot.is_none()
-                && let Some(candidates) = same_keys.get_mut(&rule.identity())
-                && let Some(i) =
-                    same_name_first(candidates, |(_, r)| r.name() == rule.name.as_bytes())
-            {
-                let (id, old_rule) = candidates.remove(i);
-                *slot = Some(id);
-                carried.push((id, old_rule));
-            }
-        }
+        let pairs = pair(&held, &set.rules);
+        let mut ids: Vec<Option<u32>> = pairs.iter().map(|p| p.map(|p| old[p.old()].0)).collect();
+        let carried: Vec<(u32, RuleConfig)> = pairs
+            .iter()
+            .flatten()
+            .filter_map(|p| match *p {
+                Paired::Carried(i) => Some(old[i]),
+                Paired::Kept(_) => None,
+            })
+            .collect();
         let mut taken: Vec<u32> = old.iter().map(|(id, _)| *id).collect();
         let mut cursor = config.next_rule_id.clamp(1, MAX_RULES - 1);
         let mut fresh = Vec::new();

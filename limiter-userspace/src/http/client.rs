@@ -311,7 +311,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::test_headers as headers;
+    use crate::http::tests::test_headers as headers;
 
     #[test]
     fn the_server_says_how_long_to_wait() {

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context;
 
-use super::Limiter;
+use super::limiter::Limiter;
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
     rules::{Rate, Rule},

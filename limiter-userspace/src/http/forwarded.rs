@@ -102,7 +102,7 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::test_headers as headers;
+    use crate::http::tests::test_headers as headers;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use limiter_common::trace::reason;
 
-use super::{Admission, Limiter};
+use super::{admission::Admission, limiter::Limiter};
 use crate::rules::{Limit, Rule};
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -18,7 +18,7 @@ use std::{
 use dashmap::{DashMap, mapref::entry::Entry};
 use foldhash::fast::RandomState;
 
-use super::{State, StateKey};
+use super::{identity::StateKey, state::State};
 
 pub(super) struct KeyStore {
     /// Hashed with a per-process random seed (foldhash). Its inputs are
@@ -343,7 +343,7 @@ enum Resting {
     Plain(u64),
 }
 
-/// The keys of plain rules ([`super::is_plain`]) by IPv4 client: the
+/// The keys of plain rules ([`super::classify::is_plain`]) by IPv4 client: the
 /// common case, kept in 24-byte entries (the rule's slot and the address
 /// in one word, then the key's [`Plain`] state), where any other key is a
 /// 32-byte entry and a 64-byte state. At 10,000 keys these fit this
@@ -365,7 +365,7 @@ pub(super) struct PlainKeys {
 }
 
 /// A plain rule's key state: its GCRA request meter and when it was last
-/// seen (see [`super::State`]'s fields of the same names).
+/// seen (see [`super::state::State`]'s fields of the same names).
 pub(super) struct Plain {
     pub(super) tat: AtomicU64,
     pub(super) last_seen: AtomicU64,
@@ -373,7 +373,7 @@ pub(super) struct Plain {
 
 impl Plain {
     pub(super) fn last_seen(&self) -> u64 {
-        super::last_seen(&self.last_seen)
+        super::state::last_seen(&self.last_seen)
     }
 }
 

@@ -13,7 +13,12 @@ use std::{
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use super::{Admission, BodyMeter, Limiter, Reloadable, RequestMeta};
+use super::{
+    admission::{Admission, RequestMeta},
+    body::BodyMeter,
+    limiter::Limiter,
+    reload::Reloadable,
+};
 use crate::rules::HttpRequest;
 
 /// What identifies a client.

@@ -21,12 +21,17 @@ use limiter_common::{
 };
 
 use super::{
-    Limiter, StateKey,
+    identity::StateKey,
     keys::{PlainKeys, SharedState},
+    limiter::Limiter,
+    state::State,
 };
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
-    rules::{Algorithm, Rule, RuleSet, same_name_first},
+    rules::{
+        Algorithm, Rule, RuleSet,
+        pairing::{OldRule, Paired, pair},
+    },
 };
 
 impl Limiter {
@@ -48,39 +53,21 @@ impl Limiter {
     fn sharing_with(&self, rules: RuleSet) -> Sharing {
         let mut next = Limiter::new(rules, Arc::clone(&self.clock));
         next.digest = Arc::clone(&self.digest);
-        let old: HashMap<u64, usize> = self
-            .rules
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.fingerprint(), i))
-            .collect();
-        let mut kept: HashMap<usize, usize> = next
-            .rules
-            .rules
-            .iter()
-            .enumerate()
-            .filter_map(|(j, r)| old.get(&r.fingerprint()).map(|&i| (i, j)))
-            .collect();
-        // Then rules whose limits alone changed, paired as the kernel's
-        // are (`Engine::apply`).
-        let mut same_keys: HashMap<u32, Vec<usize>> = HashMap::new();
-        for (i, r) in self.rules.rules.iter().enumerate() {
-            if !kept.contains_key(&i) {
-                same_keys.entry(r.identity()).or_default().push(i);
-            }
-        }
-        let kept_new: Vec<usize> = kept.values().copied().collect();
+        // By fingerprint, then rules whose limits alone changed: paired as
+        // the kernel's are (`rules::pairing`).
+        let old: Vec<OldRule<'_>> = self.rules.rules.iter().map(OldRule::from).collect();
+        let mut kept = HashMap::new();
         let mut changed = HashMap::new();
-        for (j, r) in next.rules.rules.iter().enumerate() {
-            if !kept_new.contains(&j)
-                && let Some(candidates) = same_keys.get_mut(&r.identity())
-                && let Some(k) =
-                    same_name_first(candidates, |&i| self.rules.rules[i].name == r.name)
-            {
-                let i = candidates.remove(k);
-                kept.insert(i, j);
-                changed.insert(i, j);
+        for (j, paired) in pair(&old, &next.rules.rules).into_iter().enumerate() {
+            match paired {
+                Some(Paired::Kept(i)) => {
+                    kept.insert(i, j);
+                }
+                Some(Paired::Carried(i)) => {
+                    kept.insert(i, j);
+                    changed.insert(i, j);
+                }
+                None => {}
             }
         }
         for (&i, &j) in &kept {
@@ -147,7 +134,7 @@ impl Limiter {
         // unless an escalation's block on it still holds: it stays among
         // the others, where the block does (`KeyStore::with_plain` finds
         // it there).
-        let plain_key = |j: usize, key: &StateKey, state: &super::State| {
+        let plain_key = |j: usize, key: &StateKey, state: &State| {
             let blocked = state
                 .blocked_until
                 .load(std::sync::atomic::Ordering::Relaxed)

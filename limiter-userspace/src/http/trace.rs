@@ -21,7 +21,7 @@ use std::{
 use anyhow::Result;
 use limiter_common::trace::{ANY_RULE, TraceConfig, TraceEvent, verdict};
 
-use super::{Admission, Limiter};
+use super::{admission::Admission, limiter::Limiter};
 use crate::{
     rules::{HttpRequest, KeyPart},
     trace::{JudgedRequest, Left, TraceFilter, TraceLine, header, limit_name, refused_by, time_of},

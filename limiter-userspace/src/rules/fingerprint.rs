@@ -126,16 +126,6 @@ impl Rule {
     }
 }
 
-/// Which of `candidates` (old rules with a new rule's identity) carries
-/// its keys over: the one of the same name if any (so a file that swaps
-/// two rules' limits pairs them by name, in both layers), else the first.
-pub fn same_name_first<T>(candidates: &[T], same_name: impl Fn(&T) -> bool) -> Option<usize> {
-    if candidates.is_empty() {
-        return None;
-    }
-    Some(candidates.iter().position(same_name).unwrap_or(0))
-}
-
 /// FNV-1a of `text`: the same in every build.
 fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {

@@ -1,7 +1,9 @@
 //! The rule file: the validated rule set and what it means (`set`),
 //! shared by the kernel and layer 7. The fields as written (`raw`), the
-//! checks (`validate`), reading a file through both (`load`), which rule applies to a packet ([`matching`]), what
-//! identifies a rule's buckets (`fingerprint`), and a rule in words
+//! checks (`validate`), reading a file through both (`load`), which rule
+//! applies to a packet ([`matching`]), what identifies a rule's buckets
+//! (`fingerprint`), which new rule takes which old one's state
+//! ([`pairing`]), and a rule in words
 //! ([`describe`]). Reading YAML, with file, line and field in every
 //! error, is [`crate::yaml`]'s.
 
@@ -10,6 +12,7 @@ mod fingerprint;
 mod invalid;
 mod load;
 pub mod matching;
+pub mod pairing;
 mod raw;
 pub mod request;
 mod set;
@@ -17,7 +20,6 @@ mod validate;
 pub mod watch;
 
 pub use crate::yaml::InvalidFile;
-pub use fingerprint::same_name_first;
 pub use invalid::InvalidField;
 pub use load::EXAMPLE;
 pub use raw::{Algorithm, EscalateScope, Fallback, FragmentPolicy, Scope};
