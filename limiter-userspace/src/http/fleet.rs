@@ -2,36 +2,15 @@
 //! written by the fleet loop (`crate::fleet`) with the moment it lapses,
 //! after which the reserve applies, as in the kernel.
 
-use std::{
-    borrow::Cow,
-    sync::{Mutex, atomic::Ordering},
-};
+use std::{borrow::Cow, sync::atomic::Ordering};
 
 use anyhow::Context;
 
 use super::limiter::Limiter;
 use crate::{
     fleet::{Enforcer, Grant, RuleCounts, RuleRef},
-    rules::{Rate, Rule},
+    rules::Rate,
 };
-
-pub(super) struct FleetMeter {
-    /// The share and until when (the limiter's monotonic ns).
-    share: Mutex<(Rate, u64)>,
-    reserve: Rate,
-}
-
-impl FleetMeter {
-    /// The meter of `rule` if it is fleet-wide: its reserve until a share
-    /// is granted.
-    pub(super) fn of(rule: &Rule) -> Option<Self> {
-        let reserve = rule.fleet_rate()?.share(rule.fleet?.reserve);
-        Some(Self {
-            share: Mutex::new((reserve, 0)),
-            reserve,
-        })
-    }
-}
 
 impl Limiter {
     /// The aggregate request meter of rule `index` now: the rule's own,

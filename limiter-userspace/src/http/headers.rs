@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use limiter_common::trace::reason;
 
-use super::{admission::Admission, limiter::Limiter};
+use super::admission::{Admission, Quota};
 use crate::rules::{Limit, Rule};
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -18,7 +18,7 @@ const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset
 const X_RATELIMIT_OVER_SOFT: HeaderName = HeaderName::from_static("x-ratelimit-over-soft");
 
 /// What a rule's responses always say, written once per rule.
-pub(super) struct RuleFields {
+pub struct RuleFields {
     /// The rule's name as a Structured Field string.
     name: String,
     /// `RateLimit-Policy` and `X-RateLimit-Limit`, for a packet limit.
@@ -44,12 +44,14 @@ impl RuleFields {
     }
 }
 
-/// The fields that describe `admission` (made by `limiter`), for its
-/// response. The policy is named after the rule that applied. `t`,
+/// The fields that describe `admission`, for its response: from what the
+/// rule that applied always says (`rule`: `None`, the default) and its
+/// key's `quota` as the request left it (`Limiter::quota`). The policy is
+/// named after the rule. `t`,
 /// `X-RateLimit-Reset` and `Retry-After` are whole seconds, rounded up:
 /// the fields allow no less, so a client may be told to wait 1 s when its
 /// next request would conform in a millisecond.
-pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
+pub fn fields(admission: &Admission, rule: Option<&RuleFields>, quota: Option<Quota>) -> Fields {
     let mut fields = Fields::default();
     if admission.blocked_for_ns > 0 {
         // Blocked by escalation: no meter to describe, only the wait.
@@ -58,14 +60,13 @@ pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
         return fields;
     }
     if admission.over_soft
-        && let Some(index) = admission.rule
+        && let Some(rule) = rule
     {
-        let name = &limiter.header_fields[index].name;
-        fields.0[6] = HeaderValue::from_str(name)
+        fields.0[6] = HeaderValue::from_str(&rule.name)
             .ok()
             .map(|name| (X_RATELIMIT_OVER_SOFT, name));
     }
-    let (Some(index), Some(p)) = (admission.rule, limiter.quota(admission)) else {
+    let (Some(rule), Some(p)) = (rule, quota) else {
         // Refused with no meter to say when: too many in flight, or no
         // room for a new key. A second is a hint, not a promise; a request
         // no rule admits (`default: block`) is told nothing (retrying
@@ -79,7 +80,6 @@ pub fn fields(admission: &Admission, limiter: &Limiter) -> Fields {
         }
         return fields;
     };
-    let rule = &limiter.header_fields[index];
     let Some((policy, limit)) = &rule.policy else {
         return fields;
     };

@@ -238,7 +238,11 @@ impl RateLimitLayer {
     pub(crate) fn judge<B>(&self, request: &Request<B>, peer: Option<SocketAddr>) -> Verdict {
         let limiter = self.limiter.load();
         let (admission, body_charge) = self.admit(request, peer, &limiter);
-        let fields = super::headers::fields(&admission, &limiter);
+        let fields = super::headers::fields(
+            &admission,
+            limiter.rule_fields(&admission),
+            limiter.quota(&admission),
+        );
         let refusal = (!admission.allowed).then(|| {
             let rule = limiter.rule_name(&admission);
             if admission.too_many_in_flight {

@@ -10,7 +10,7 @@ use super::{
     classify::{is_plain, rest_ns},
     clock::Clock,
     counters::HttpCounters,
-    fleet, headers,
+    fleet_meter, headers,
     identity::{KeyDigest, StateKey},
     keys,
     state::State,
@@ -40,7 +40,7 @@ pub struct Limiter {
     pub(super) aggregates: Vec<Arc<State>>,
     pub counters: Vec<Arc<HttpCounters>>,
     /// By rule index: the share of a fleet rule's aggregate.
-    pub(super) fleet: Vec<Option<fleet::FleetMeter>>,
+    pub(super) fleet: Vec<Option<fleet_meter::FleetMeter>>,
     /// By rule index: for a rule of one GCRA request limit and nothing
     /// besides (a plain per-client limit), which [`Limiter::decide_plain`]
     /// judges, its slot among the plain keys ([`keys::PlainKeys`]).
@@ -56,7 +56,11 @@ impl Limiter {
         clock.monotonic_ns();
         Self {
             aggregates: (0..n).map(|_| Arc::default()).collect(),
-            fleet: rules.rules.iter().map(fleet::FleetMeter::of).collect(),
+            fleet: rules
+                .rules
+                .iter()
+                .map(fleet_meter::FleetMeter::of)
+                .collect(),
             plain: (rules.rules.iter())
                 .map(|r| is_plain(r).then(|| keys.plain.new_slot()))
                 .collect(),
@@ -171,6 +175,12 @@ impl Limiter {
         };
         counter.add(1);
         Admission::plain(rule.shadow, rule.shadow, Some(index), Some(refused_by))
+    }
+
+    /// What the responses of the rule that judged `admission` always say
+    /// (`None`: the default rule).
+    pub fn rule_fields(&self, admission: &Admission) -> Option<&headers::RuleFields> {
+        admission.rule.map(|i| &self.header_fields[i])
     }
 
     /// The rule's name in an admission (`default` for none).

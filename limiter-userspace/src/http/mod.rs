@@ -19,6 +19,7 @@ mod counters;
 mod decide;
 mod escalation;
 mod fleet;
+mod fleet_meter;
 pub mod forwarded;
 pub mod headers;
 mod identity;
