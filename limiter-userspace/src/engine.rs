@@ -11,11 +11,12 @@ use limiter_common::abi::{DEFAULT_RULE, MAX_RULES, RuleConfig, global_flag, rule
 use serde::Serialize;
 
 use crate::{
-    clock::{GRACE, monotonic_ns, realtime_offset_ns},
-    compile, faults,
+    clock::{monotonic_ns, realtime_offset_ns},
+    compile,
     kernel::{
         Attachment, Datapath, Mode,
         counters::{self, Snapshot},
+        flip::Switch,
     },
     rules::describe::{Description, describe},
     rules::{
@@ -120,7 +121,7 @@ impl Engine {
     /// fraction of the burst in use; window counts kept).
     pub fn apply(&mut self, set: RuleSet) -> Result<Change> {
         set.kernel_compatible().map_err(anyhow::Error::msg)?;
-        let mut config = self.datapath.config()?;
+        let config = self.datapath.config()?;
         let active = config.generation & 1;
         let next = active ^ 1;
         let old: Vec<(u32, RuleConfig)> = self
@@ -174,60 +175,21 @@ impl Engine {
             cursor = id % (MAX_RULES - 1) + 1;
         }
         let ids: Vec<u32> = ids.into_iter().map(|id| id.expect("assigned")).collect();
-        for &id in &fresh {
-            self.datapath.reset_rule_state(id)?;
-        }
-        // Normally forgotten when their rule went; not if a limiter died
-        // between a flip and that sweep.
-        self.datapath.forget_keys(&fresh)?;
-        faults::crash_point("reset");
-
-        self.datapath.clear_generation(next)?;
         let mut tables = compile::build(&set, &ids, next as u8);
         self.carry_fleet_shares(&set, &mut tables, &ids);
-        self.datapath.write_generation(next, &tables)?;
-        let mut carrying = Vec::new();
-        for (id, old_rule) in &carried {
-            if let Some((_, new_rule)) = tables.rules.iter().find(|(i, _)| i == id) {
-                // The third limit's meter, old and new, if both have one
-                // (of one kind: the identity says so).
-                let third = tables
-                    .third_word
-                    .iter()
-                    .find(|(i, _)| i == id)
-                    .and_then(|(_, new)| {
-                        Some((self.datapath.third_word(config.generation, *id)?, *new))
-                    });
-                let third = third.as_ref().map(|(old, new)| (old, new));
-                carrying.push(
-                    self.datapath
-                        .carry_rule_state(*id, old_rule, new_rule, third)?,
-                );
-            }
-        }
-        faults::crash_point("written");
-        config.generation = next;
-        config.malformed_action = tables.malformed_action;
-        if tables.drop_orphan_fragments {
-            config.flags |= global_flag::DROP_ORPHAN_FRAGMENTS;
-        } else {
-            config.flags &= !global_flag::DROP_ORPHAN_FRAGMENTS;
-        }
-        config.next_rule_id = cursor;
-        config.realtime_offset_ns = realtime_offset_ns();
-        self.datapath.set_config(config)?;
-        std::thread::sleep(GRACE);
-        faults::crash_point("flipped");
-        for carrying in &carrying {
-            self.datapath.finish_carrying(carrying)?;
-        }
-
         let freed: Vec<u32> = old
             .iter()
             .map(|(id, _)| *id)
             .filter(|id| !ids.contains(id))
             .collect();
-        let forgotten_keys = self.datapath.sweep_keys(&freed)?;
+        let forgotten_keys = self.datapath.switch(Switch {
+            config,
+            fresh: &fresh,
+            carried: &carried,
+            freed: &freed,
+            tables: &tables,
+            next_rule_id: cursor,
+        })?;
         let carried_ids: Vec<u32> = carried.iter().map(|(id, _)| *id).collect();
         let change = diff(&old, &set, &ids, &carried_ids, next, forgotten_keys);
         self.applied = Some((set, ids));

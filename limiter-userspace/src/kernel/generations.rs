@@ -250,15 +250,6 @@ impl Datapath {
     pub fn forget_keys(&mut self, ids: &[u32]) -> Result<usize, KernelError> {
         Ok(self.maps.keys.forget(ids))
     }
-
-    /// [`Datapath::forget_keys`] for the keys of rules a flip took out of
-    /// force (a crash point after each, for the fault tests).
-    pub fn sweep_keys(&mut self, ids: &[u32]) -> Result<usize, KernelError> {
-        Ok(self
-            .maps
-            .keys
-            .forget_each(ids, || crate::faults::crash_point("sweeping")))
-    }
 }
 
 /// Removes one generation's entries from an LPM trie of rules.

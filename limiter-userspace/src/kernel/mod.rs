@@ -10,6 +10,7 @@ pub mod capabilities;
 pub mod counters;
 mod datapath;
 mod error;
+pub mod flip;
 pub mod generations;
 pub mod keys;
 pub mod links;
