@@ -5,7 +5,7 @@
 
 use crate::{
     abi::{KeyState, RuleConfig, algorithm, rule_flag},
-    gcra::{Decision, Gcra},
+    gcra::{Check, Gcra},
     keytable::window_state,
 };
 
@@ -51,8 +51,7 @@ pub fn over_limit(
     realtime_offset_ns: u64,
 ) -> bool {
     let third_over = third.is_some_and(|g| {
-        rule.flags & rule_flag::THIRD_LIMIT != 0
-            && g.check(state.meters[2], now, 1) == Decision::Deny
+        rule.flags & rule_flag::THIRD_LIMIT != 0 && g.check(state.meters[2], now, 1) == Check::Deny
     });
     let meters = [
         (rule_flag::LIMIT_PACKETS, &rule.packets, 0),
@@ -64,7 +63,7 @@ pub fn over_limit(
                 return false;
             }
             if rule.algorithm == algorithm::GCRA {
-                return meter.gcra.check(state.meters[*i], now, 1) == Decision::Deny;
+                return meter.gcra.check(state.meters[*i], now, 1) == Check::Deny;
             }
             let sliding = rule.algorithm == algorithm::SLIDING_WINDOW;
             let window = window_state(state, i + 1);

@@ -57,7 +57,7 @@ impl core::fmt::Display for LimitError {
 
 /// The outcome of checking one request against a meter's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Check {
     /// Conforms; store this TAT.
     Allow { new_tat: u64 },
     /// Does not conform; the state is left as it was (denials are not charged).
@@ -108,20 +108,20 @@ impl Gcra {
     /// until the clock catches up, at most as long as the jump, and never
     /// gets a fresh burst from a jump (fail closed).
     #[inline(always)]
-    pub fn check(&self, tat: u64, now: u64, cost: u64) -> Decision {
+    pub fn check(&self, tat: u64, now: u64, cost: u64) -> Check {
         let base = if tat > now { tat } else { now };
         if cost > self.burst {
-            return Decision::Deny;
+            return Check::Deny;
         }
         // cost ≤ B, so cost × T ≤ B × T, which `new` proved fits. The sum
         // overflows only with a clock near 2^64; fail closed then.
         let Some(new_tat) = base.checked_add(cost * self.emission_ns) else {
-            return Decision::Deny;
+            return Check::Deny;
         };
         if new_tat - now <= self.capacity_ns {
-            Decision::Allow { new_tat }
+            Check::Allow { new_tat }
         } else {
-            Decision::Deny
+            Check::Deny
         }
     }
 
@@ -229,7 +229,7 @@ mod tests {
     /// Admitted at once from `tat` at `now` (each request of cost 1).
     fn admitted_at_once(g: &Gcra, mut tat: u64, now: u64) -> u64 {
         let mut n = 0;
-        while let Decision::Allow { new_tat } = g.check(tat, now, 1) {
+        while let Check::Allow { new_tat } = g.check(tat, now, 1) {
             tat = new_tat;
             n += 1;
         }
@@ -289,7 +289,7 @@ mod tests {
     #[test]
     fn a_closed_meter_admits_nothing() {
         for (tat, now) in [(0, 0), (0, SEC), (5 * SEC, SEC), (u64::MAX, 0)] {
-            assert_eq!(Gcra::CLOSED.check(tat, now, 1), Decision::Deny);
+            assert_eq!(Gcra::CLOSED.check(tat, now, 1), Check::Deny);
         }
         assert_eq!(Gcra::CLOSED.wait_ns(0, SEC, 1), u64::MAX);
     }
@@ -321,7 +321,7 @@ mod tests {
         let mut tat = 0;
         let mut admitted = 0;
         for _ in 0..20 {
-            if let Decision::Allow { new_tat } = g.check(tat, now, 1) {
+            if let Check::Allow { new_tat } = g.check(tat, now, 1) {
                 tat = new_tat;
                 admitted += 1;
             }
@@ -330,9 +330,9 @@ mod tests {
         // 100 ms later exactly one more unit has accrued.
         assert!(matches!(
             g.check(tat, now + SEC / 10, 1),
-            Decision::Allow { .. }
+            Check::Allow { .. }
         ));
-        assert_eq!(g.check(tat, now + SEC / 10 - 1, 1), Decision::Deny);
+        assert_eq!(g.check(tat, now + SEC / 10 - 1, 1), Check::Deny);
     }
 
     /// Guards against a clamp that refills the bucket when the clock jumps
@@ -343,13 +343,13 @@ mod tests {
         let emptied_at = 1_000 * SEC;
         let tat = emptied_at + g.capacity_ns;
         let jumped = emptied_at - 10 * SEC;
-        assert_eq!(g.check(tat, jumped, 1), Decision::Deny);
+        assert_eq!(g.check(tat, jumped, 1), Check::Deny);
         assert_eq!(g.wait_ns(tat, jumped, 1), 10 * SEC + g.emission_ns);
         let recovered = emptied_at + g.emission_ns;
-        assert_eq!(g.check(tat, recovered - 1, 1), Decision::Deny);
+        assert_eq!(g.check(tat, recovered - 1, 1), Check::Deny);
         assert_eq!(
             g.check(tat, recovered, 1),
-            Decision::Allow {
+            Check::Allow {
                 new_tat: tat + g.emission_ns
             }
         );
@@ -358,19 +358,19 @@ mod tests {
     #[test]
     fn fails_closed_at_extremes() {
         let g = Gcra::new(1, SEC, 1).unwrap();
-        assert_eq!(g.check(0, u64::MAX, 1), Decision::Deny);
+        assert_eq!(g.check(0, u64::MAX, 1), Check::Deny);
         assert_eq!(
             g.check(0, u64::MAX - SEC, 1),
-            Decision::Allow { new_tat: u64::MAX }
+            Check::Allow { new_tat: u64::MAX }
         );
-        assert_eq!(g.check(0, 0, u64::MAX), Decision::Deny);
+        assert_eq!(g.check(0, 0, u64::MAX), Check::Deny);
     }
 
     #[test]
     fn refund_restores_budget() {
         let g = Gcra::new(10, SEC, 2).unwrap();
         let now = 50 * SEC;
-        let Decision::Allow { new_tat } = g.check(0, now, 1) else {
+        let Check::Allow { new_tat } = g.check(0, now, 1) else {
             panic!("first request must conform")
         };
         assert_eq!(g.refunded(new_tat, now, 1), Some(now));

@@ -16,7 +16,7 @@
 //! passes the reading itself.
 
 use crate::{
-    gcra::{Decision, Gcra},
+    gcra::{Check, Gcra},
     window::{Window, WindowState},
 };
 
@@ -105,11 +105,11 @@ pub fn acquire<C: AtomicCell + ?Sized>(cell: &C, gcra: &Gcra, now: impl Now, cos
     for _ in 0..MAX_CAS_ATTEMPTS {
         // Read after the snapshot: never older than the TAT it judges.
         match gcra.check(seen, now.now(), cost) {
-            Decision::Deny => return Outcome::Denied,
+            Check::Deny => return Outcome::Denied,
             // A charge that changes nothing (nothing to charge, a TAT not
             // past) writes nothing: it holds as of the load.
-            Decision::Allow { new_tat } if new_tat == seen => return Outcome::Allowed,
-            Decision::Allow { new_tat } => match cell.compare_exchange(seen, new_tat) {
+            Check::Allow { new_tat } if new_tat == seen => return Outcome::Allowed,
+            Check::Allow { new_tat } => match cell.compare_exchange(seen, new_tat) {
                 Ok(()) => return Outcome::Allowed,
                 Err(actual) => seen = actual,
             },
@@ -341,7 +341,7 @@ pub fn acquire_delayed<C: AtomicCell + ?Sized>(
         if wait > max_delay_ns {
             return None;
         }
-        let Decision::Allow { new_tat } = gcra.check(seen, now.saturating_add(wait), cost) else {
+        let Check::Allow { new_tat } = gcra.check(seen, now.saturating_add(wait), cost) else {
             return None;
         };
         match cell.compare_exchange(seen, new_tat) {

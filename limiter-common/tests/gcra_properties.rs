@@ -1,6 +1,6 @@
 //! Properties of the shared GCRA, checked on random arrival sequences.
 
-use limiter_common::gcra::{Decision, Gcra};
+use limiter_common::gcra::{Check, Gcra};
 use proptest::prelude::*;
 
 /// Runs arrivals (ns, cost) through one meter; returns the admitted ones.
@@ -10,11 +10,11 @@ fn admitted(gcra: &Gcra, arrivals: &[(u64, u64)]) -> Vec<(u64, u64)> {
         .iter()
         .copied()
         .filter(|&(now, cost)| match gcra.check(tat, now, cost) {
-            Decision::Allow { new_tat } => {
+            Check::Allow { new_tat } => {
                 tat = new_tat;
                 true
             }
-            Decision::Deny => false,
+            Check::Deny => false,
         })
         .collect()
 }
@@ -113,9 +113,9 @@ proptest! {
         let conforms = done_by <= u128::from(u64::MAX)
             && done_by - u128::from(now) <= u128::from(gcra.capacity_ns);
         let expected = if conforms {
-            Decision::Allow { new_tat: done_by as u64 }
+            Check::Allow { new_tat: done_by as u64 }
         } else {
-            Decision::Deny
+            Check::Deny
         };
         prop_assert_eq!(gcra.check(tat, now, cost), expected);
     }

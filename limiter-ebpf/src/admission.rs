@@ -3,7 +3,7 @@
 
 use limiter_common::{
     abi::{FlowKey, GlobalConfig, GlobalCounters, RuleConfig, RuleCounters, algorithm, rule_flag},
-    gcra::{Decision, Gcra},
+    gcra::{Check, Gcra},
     keytable::Slot,
     meter::{Outcome, Verdict, acquire, order, refund},
 };
@@ -13,7 +13,7 @@ use crate::{
     decide::{KEY_ALLOC_FAILED, REFUSED_ADMISSION},
     keys,
     maps::{ADMISSIONS, AGGREGATES},
-    meter::Charged,
+    meter::Cost,
 };
 
 /// The state of a source not yet tracked, created empty (a full bucket),
@@ -33,9 +33,9 @@ pub fn new_key(
     key: &FlowKey,
     counters: &mut RuleCounters,
     now: u64,
-    charged: Charged,
+    cost: Cost,
 ) -> Result<*mut Slot, Verdict> {
-    let Charged { len, credits } = charged;
+    let Cost { len, credits } = cost;
     let refused = |refused_by| {
         Err(Verdict {
             outcome: Outcome::Denied,
@@ -46,7 +46,7 @@ pub fn new_key(
         && let Some(aggregate) = AGGREGATES.get(rule_id)
     {
         let has = |flag: u32| rule.flags & flag != 0;
-        let deny = |gcra: &Gcra, tat: u64, cost: u64| gcra.check(tat, now, cost) == Decision::Deny;
+        let deny = |gcra: &Gcra, tat: u64, cost: u64| gcra.check(tat, now, cost) == Check::Deny;
         if has(rule_flag::AGGREGATE_PACKETS)
             && deny(
                 &rule.aggregate_packets_at(now).gcra,

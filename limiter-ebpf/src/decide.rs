@@ -20,10 +20,10 @@ use crate::{
     admission, blocks, clock, fragments, handoff, keys,
     maps::{CONFIG, COSTS, GLOBAL_STATS, IFACE_MTU, RULE_STATS, RULES},
     matching,
-    meter::{self, Charged},
+    meter::{self, Cost},
     parse::Source,
     profile, report,
-    trace::Decided,
+    trace::Decision,
 };
 
 /// `Verdict::refused_by` beyond the meters' (`order`), as `trace::reason`
@@ -56,13 +56,13 @@ pub fn run(ctx: &XdpContext) -> u32 {
             global.packets,
         ));
     }
-    let decided = decide(config, global, handed);
-    report::finish(ctx, &decided)
+    let decision = decide(config, global, handed);
+    report::finish(ctx, &decision)
 }
 
 /// Finds the packet's rule, applies a manual block or the rule, and counts.
 #[inline(always)]
-fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Handoff) -> Decided {
+fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Handoff) -> Decision {
     let global_shadow = config.flags & global_flag::SHADOW != 0;
     let generation = handed.generation;
     let source = handoff::source(handed);
@@ -90,7 +90,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
             } else {
                 (action::DROP, traced::DROPPED)
             };
-            return Decided::new(action, verdict, reason::ORPHAN_FRAGMENT);
+            return Decision::new(action, verdict, reason::ORPHAN_FRAGMENT);
         }
     }
     if handed.flags & handoff_flag::TINY_FRAGMENT != 0 {
@@ -102,21 +102,21 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         } else {
             action::DROP
         };
-        return Decided::new(action, traced::MALFORMED, reason::TINY_FRAGMENT);
+        return Decision::new(action, traced::MALFORMED, reason::TINY_FRAGMENT);
     }
     if profile::stop_after(profile::RULE_MATCHED) {
-        return profile::decided(u64::from(rule_id));
+        return profile::decision(u64::from(rule_id));
     }
     let (Some(rule), Some(counters)) = (
         RULES.get(rule_slot(generation, rule_id)),
         RULE_STATS.get_ptr_mut(counter_slot(handed.iface, rule_id)),
     ) else {
-        return Decided::new(action::PASS, traced::PASSED, reason::NONE);
+        return Decision::new(action::PASS, traced::PASSED, reason::NONE);
     };
     // SAFETY: a per-CPU value, as `global`.
     let counters = unsafe { &mut *counters };
     if profile::stop_after(profile::RULE_LOADED) {
-        return profile::decided(profile::both(
+        return profile::decision(profile::both(
             u64::from(rule.flags),
             counters.passed_packets,
         ));
@@ -145,7 +145,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         None
     };
     if profile::stop_after(profile::KEY_FOUND) {
-        return profile::decided(slot.map_or(0, |s| s.as_ptr() as u64));
+        return profile::decision(slot.map_or(0, |s| s.as_ptr() as u64));
     }
     // A key that is one whole address remembers the block epoch at which
     // its source was last found unblocked (a masked key covers addresses
@@ -163,7 +163,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
             } else {
                 (action::DROP, traced::BLOCKED)
             };
-            return Decided::new(action, verdict, reason::BLOCK);
+            return Decision::new(action, verdict, reason::BLOCK);
         }
         if let Some(slot) = block_cache {
             // SAFETY: as above: this slot's `block_epoch`, an aligned u32 of a `KEYS`
@@ -172,13 +172,13 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         }
     }
     if profile::stop_after(profile::BLOCK_CHECKED) {
-        return profile::decided(u64::from(epoch));
+        return profile::decision(u64::from(epoch));
     }
     let now = clock::now();
     if profile::stop_after(profile::CLOCK_READ) {
-        return profile::decided(now);
+        return profile::decision(now);
     }
-    let charged = Charged { len, credits };
+    let cost = Cost { len, credits };
     let verdict = if rule.flags & rule_flag::BLOCK != 0 {
         Verdict {
             outcome: Outcome::Denied,
@@ -198,16 +198,16 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
         let slot = match slot {
             Some(slot) => Ok(slot.as_ptr()),
             None => admission::new_key(
-                config, generation, global, rule_id, rule, &key, counters, now, charged,
+                config, generation, global, rule_id, rule, &key, counters, now, cost,
             ),
         };
         match slot {
-            Ok(slot) => meter::charge_key(config, handed, rule_id, rule, slot, now, charged),
+            Ok(slot) => meter::charge_key(config, handed, rule_id, rule, slot, now, cost),
             Err(verdict) => verdict,
         }
     };
     if profile::stop_after(profile::METERED) {
-        return profile::decided(verdict.outcome as u64);
+        return profile::decision(verdict.outcome as u64);
     }
     let allowed = verdict.outcome == Outcome::Allowed;
     let shadow = global_shadow || rule.flags & rule_flag::SHADOW != 0;
@@ -253,7 +253,7 @@ fn decide(config: &GlobalConfig, global: &mut GlobalCounters, handed: &mut Hando
     } else {
         verdict.refused_by as u8
     };
-    Decided::new(action, verdict_traced, why)
+    Decision::new(action, verdict_traced, why)
 }
 
 /// The frames the packet stands for (`limiter_common::segments`). Its

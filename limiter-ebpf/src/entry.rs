@@ -13,7 +13,7 @@ use crate::{
     maps::{CONFIG, GLOBAL_STATS, IFACES},
     parse::{self, Packet, Source},
     profile,
-    trace::{self, Decided},
+    trace::{self, Decision},
 };
 
 /// The entry program: an IP packet goes on to the decision program; what
@@ -52,12 +52,12 @@ pub fn run(ctx: &XdpContext) -> u32 {
     // wholly by one generation's rules.
     // SAFETY: an aligned u32 in a map value; a volatile read is one load.
     handed.generation = unsafe { core::ptr::read_volatile(&config.generation) };
-    let decided = match &parsed {
+    let decision = match &parsed {
         Ok(Some(packet)) => {
             record(global, handed, packet);
             // Returns only if the decision program is not there.
             handoff::hand_over(ctx);
-            Decided::new(action::PASS, traced::PASSED, reason::NONE)
+            Decision::new(action::PASS, traced::PASSED, reason::NONE)
         }
         Ok(None) => {
             // Not IP: no source to limit or to trace.
@@ -67,10 +67,10 @@ pub fn run(ctx: &XdpContext) -> u32 {
         Err(parse::Malformed) => {
             global.malformed += 1;
             handed.flags = 0;
-            Decided::new(config.malformed_action, traced::MALFORMED, reason::NONE)
+            Decision::new(config.malformed_action, traced::MALFORMED, reason::NONE)
         }
     };
-    trace::finish(ctx, &decided)
+    trace::finish(ctx, &decision)
 }
 
 /// Counts an IP packet and writes what the decision program needs of it.

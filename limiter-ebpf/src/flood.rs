@@ -36,7 +36,7 @@ use aya_ebpf::{
 use cell::MapCell;
 use limiter_common::{
     abi::FlowKey,
-    gcra::{Decision, Gcra},
+    gcra::{Check, Gcra},
     keytable,
     meter::AtomicCell,
 };
@@ -190,7 +190,7 @@ pub fn floor_gcra(ctx: XdpContext) -> u32 {
     let cell = unsafe { MapCell::at(tat) };
     let seen = cell.load();
     match FLOOR_LIMIT.check(seen, now, 1) {
-        Decision::Allow { new_tat } if cell.compare_exchange(seen, new_tat).is_ok() => {
+        Check::Allow { new_tat } if cell.compare_exchange(seen, new_tat).is_ok() => {
             xdp_action::XDP_PASS
         }
         _ => xdp_action::XDP_DROP,

@@ -193,7 +193,7 @@ pub static HANDOFF: PerCpuArray<Handoff> = PerCpuArray::pinned(1, 0);
 #[map]
 pub static REPORT_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
-/// The decision handed to the report program (`Decided::packed`), per CPU.
+/// The decision handed to the report program (`Decision::packed`), per CPU.
 #[map]
 pub static REPORT_SCRATCH: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 

@@ -26,7 +26,7 @@ pub fn match_rule(generation: u32, source: &Source, packet: &Handoff) -> u32 {
     let Some(candidates) = candidates else {
         return DEFAULT_RULE;
     };
-    // Charged to the strictest rule it may belong to: the first, as below,
+    // Cost to the strictest rule it may belong to: the first, as below,
     // let a datagram sent first fragment last put its bulk on a looser
     // rule than its port's.
     if port_unknown && let Some(rule) = candidates.unknown_port_rule(packet.protocol) {

@@ -26,12 +26,12 @@ use crate::{
 /// What a packet costs: its length to the byte meters, its credits (1
 /// unless the rule has `cost`) to the packet meters.
 #[derive(Clone, Copy)]
-pub struct Charged {
+pub struct Cost {
     pub len: u64,
     pub credits: u64,
 }
 
-impl Charged {
+impl Cost {
     /// In one word, as a subprogram takes it (five arguments at most): a
     /// frame's length fits 32 bits, and so do credits.
     #[inline(always)]
@@ -57,13 +57,13 @@ pub fn charge_key(
     rule: &RuleConfig,
     slot: *mut Slot,
     now: u64,
-    charged: Charged,
+    cost: Cost,
 ) -> Verdict {
     let generation = handed.generation;
     // SAFETY: a slot of the key table (a map value); the pointer, not a
     // reference, as other CPUs update it.
     let key_state = unsafe { &raw mut (*slot).state };
-    let verdict = meter(config, generation, rule_id, rule, key_state, now, charged);
+    let verdict = meter(config, generation, rule_id, rule, key_state, now, cost);
     if verdict.outcome == Outcome::Allowed
         && rule.flags & rule_flag::SOFT != 0
         && rule.algorithm == algorithm::GCRA
@@ -74,7 +74,7 @@ pub fn charge_key(
             rule_id,
             key_state,
             now,
-            charged.credits,
+            cost.credits,
         );
     }
     // For `limiter top`; see `KeyState::passed_packets`. A pass writes the
@@ -130,7 +130,7 @@ fn meter(
     rule: &RuleConfig,
     state: *mut KeyState,
     now: u64,
-    charged: Charged,
+    cost: Cost,
 ) -> Verdict {
     let Some(aggregate) = AGGREGATES.get_ptr_mut(rule_id) else {
         return Verdict {
@@ -148,7 +148,7 @@ fn meter(
         };
         let packet = GcraCharge {
             now,
-            charged: charged.word(),
+            cost: cost.word(),
             third,
         };
         meter_gcra_call(rule, state, aggregate, &packet)
@@ -156,7 +156,7 @@ fn meter(
         let packet = PacketCharge {
             now,
             realtime_offset_ns: config.realtime_offset_ns,
-            charged,
+            cost,
         };
         meter_windows_call(rule, state, aggregate, &packet)
     };
@@ -224,8 +224,8 @@ fn pick(bit: u64, if_set: u64, if_clear: u64) -> u64 {
 /// [`meter_gcra_call`].
 struct GcraCharge<'a> {
     now: u64,
-    /// [`Charged::word`].
-    charged: u64,
+    /// [`Cost::word`].
+    cost: u64,
     third: &'a Gcra,
 }
 
@@ -243,7 +243,7 @@ fn meter_gcra_call(
         state,
         aggregate,
         packet.now,
-        Charged::of_word(packet.charged),
+        Cost::of_word(packet.cost),
         packet.third,
     ))
 }
@@ -254,7 +254,7 @@ struct PacketCharge {
     now: u64,
     /// `GlobalConfig::realtime_offset_ns`: windows are kept in epoch ns.
     realtime_offset_ns: u64,
-    charged: Charged,
+    cost: Cost,
 }
 
 /// [`meter_windows`] as a BPF subprogram: each meter's stack frame is its
@@ -278,10 +278,10 @@ fn meter_gcra(
     state: *mut KeyState,
     aggregate: *mut AggregateState,
     now: u64,
-    charged: Charged,
+    cost: Cost,
     third: &Gcra,
 ) -> Verdict {
-    let Charged { len, credits } = charged;
+    let Cost { len, credits } = cost;
     let charges = KeyMeters {
         state,
         aggregate,
@@ -454,7 +454,7 @@ fn meter_windows(
     let PacketCharge {
         now,
         realtime_offset_ns,
-        charged: Charged { len, credits },
+        cost: Cost { len, credits },
     } = *packet;
     let contended = Verdict {
         outcome: Outcome::Contended,

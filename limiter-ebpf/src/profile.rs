@@ -9,7 +9,7 @@ use limiter_common::{
     trace::{reason, verdict as traced},
 };
 
-use crate::trace::Decided;
+use crate::trace::Decision;
 
 /// The stages, in the order a packet goes through them.
 pub const CONFIG_READ: u32 = 1;
@@ -70,11 +70,11 @@ pub fn both(a: u64, b: u64) -> u64 {
 /// Here rather than in `decide`: what only the cut builds compile is kept
 /// out of the files `cargo xtask mutants --area kernel` mutates.
 #[inline(always)]
-pub fn decided(value: u64) -> Decided {
+pub fn decision(value: u64) -> Decision {
     let action = if verdict(value) == aya_ebpf::bindings::xdp_action::XDP_DROP {
         action::DROP
     } else {
         action::PASS
     };
-    Decided::new(action, traced::PASSED, reason::NONE)
+    Decision::new(action, traced::PASSED, reason::NONE)
 }

@@ -18,7 +18,7 @@ use crate::{
     clock, drops, handoff,
     maps::{CONFIG, REPORT_PROG, REPORT_SCRATCH, REPORT_STATE},
     parse::Source,
-    trace::{self, Decided},
+    trace::{self, Decision},
 };
 
 /// The kinds reported, by `trace::reason`: their index in `ReportState`.
@@ -51,9 +51,9 @@ pub struct ReportState {
 /// Ends the decision program: through the report program when the packet
 /// met a rare event, else as `trace::finish` does.
 #[inline(always)]
-pub fn finish(ctx: &XdpContext, decided: &Decided) -> u32 {
-    let refused = decided.reason() != reason::NONE;
-    if (kind(decided.reason()).is_some() || refused && drops::old_waiting())
+pub fn finish(ctx: &XdpContext, decision: &Decision) -> u32 {
+    let refused = decision.reason() != reason::NONE;
+    if (kind(decision.reason()).is_some() || refused && drops::old_waiting())
         && let Some(scratch) = REPORT_SCRATCH.get_ptr_mut(0)
     {
         // SAFETY: this CPU's `REPORT_SCRATCH` value, which only this CPU's
@@ -61,11 +61,11 @@ pub fn finish(ctx: &XdpContext, decided: &Decided) -> u32 {
         // included); the tail call hands this XDP program's own context to an
         // XDP program (`limiter_report`) and returns only if it failed.
         unsafe {
-            *scratch = decided.packed();
+            *scratch = decision.packed();
             REPORT_PROG.tail_call(ctx, 0);
         }
     }
-    trace::finish(ctx, decided)
+    trace::finish(ctx, decision)
 }
 
 /// The report program: logs the event the decision program handed over
@@ -76,11 +76,11 @@ pub fn limiter_report(ctx: XdpContext) -> u32 {
     let Some(packed) = REPORT_SCRATCH.get(0).copied() else {
         return aya_ebpf::bindings::xdp_action::XDP_PASS;
     };
-    let decided = Decided::unpacked(packed);
+    let decision = Decision::unpacked(packed);
     if let Some(config) = CONFIG.get(0) {
         drops::move_old(config);
     }
-    if let Some(kind) = kind(decided.reason()).filter(|&k| k < KINDS)
+    if let Some(kind) = kind(decision.reason()).filter(|&k| k < KINDS)
         && let Some(state) = REPORT_STATE.get_ptr_mut(0)
     {
         let now = clock::now();
@@ -89,14 +89,14 @@ pub fn limiter_report(ctx: XdpContext) -> u32 {
         let (last, left_out) =
             unsafe { (&mut (*state).last_ns[kind], &mut (*state).left_out[kind]) };
         if *last == 0 || now.wrapping_sub(*last) >= INTERVAL_NS {
-            log(&ctx, decided.reason(), *left_out);
+            log(&ctx, decision.reason(), *left_out);
             *last = now.max(1);
             *left_out = 0;
         } else {
             *left_out += 1;
         }
     }
-    trace::finish(&ctx, &decided)
+    trace::finish(&ctx, &decision)
 }
 
 /// One line per event, naming the packet's rule and source.

@@ -34,14 +34,14 @@ const COMPILED: bool = option_env!("LIMITER_NO_TRACE").is_none();
 /// two small values stay live to the end of the limiter, and the
 /// verifier's pruning of its paths is kept.
 #[derive(Clone, Copy)]
-pub struct Decided {
+pub struct Decision {
     /// `abi::action`.
     pub action: u32,
     /// `trace::verdict` | `trace::reason` << 8.
     why: u32,
 }
 
-impl Decided {
+impl Decision {
     #[inline(always)]
     pub fn new(action: u32, verdict: u8, reason: u8) -> Self {
         Self {
@@ -85,7 +85,7 @@ pub fn on() -> bool {
 /// Hands the decision to the trace program, which returns the packet's
 /// verdict; returns only if the trace program is not there.
 #[inline(always)]
-pub fn hand_over(ctx: &XdpContext, decided: &Decided) {
+pub fn hand_over(ctx: &XdpContext, decided: &Decision) {
     let Some(event) = TRACE_SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -102,7 +102,7 @@ pub fn hand_over(ctx: &XdpContext, decided: &Decided) {
 /// Ends a program with its decision: handed to the trace program first
 /// while someone traces (which then returns the verdict itself).
 #[inline(always)]
-pub fn finish(ctx: &XdpContext, decided: &Decided) -> u32 {
+pub fn finish(ctx: &XdpContext, decided: &Decision) -> u32 {
     if on() {
         hand_over(ctx, decided);
     }

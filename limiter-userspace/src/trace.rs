@@ -356,8 +356,8 @@ mod tests {
         let mut tat = now;
         for _ in 0..3 {
             match gcra.check(tat, now, 1) {
-                limiter_common::gcra::Decision::Allow { new_tat } => tat = new_tat,
-                limiter_common::gcra::Decision::Deny => panic!("within the burst"),
+                limiter_common::gcra::Check::Allow { new_tat } => tat = new_tat,
+                limiter_common::gcra::Check::Deny => panic!("within the burst"),
             }
         }
         let event = TraceEvent {

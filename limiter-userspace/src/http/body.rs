@@ -9,7 +9,7 @@ use std::{
 use limiter_common::meter::{Outcome, order};
 
 use super::{
-    admission::{RequestMeta, ipv4_mapped},
+    decision::{RequestMeta, ipv4_mapped},
     limiter::Limiter,
     meter::Charges,
     state::State,

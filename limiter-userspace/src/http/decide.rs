@@ -15,7 +15,7 @@ use limiter_common::{
 };
 
 use super::{
-    admission::{Admission, QuotaAt, RequestMeta},
+    decision::{Decision, QuotaAt, RequestMeta},
     limiter::Limiter,
     meter::{Charges, refused_wait_ns_of},
     state::{InFlight, State, seen},
@@ -29,7 +29,7 @@ impl Limiter {
         index: usize,
         request: &RequestMeta<'_>,
         state: &Arc<State>,
-    ) -> Admission {
+    ) -> Decision {
         let rule = &self.rules.rules[index];
         // A block a reload's rule left on the key goes the long way.
         if self.plain[index].is_some() && state.blocked_until.load(Ordering::Relaxed) == 0 {
@@ -44,7 +44,7 @@ impl Limiter {
         if blocked_until != 0 {
             let now = self.clock.monotonic_ns();
             if now < blocked_until {
-                return Admission {
+                return Decision {
                     blocked_for_ns: blocked_until - now,
                     ..self.excess(index, reason::ESCALATED)
                 };
@@ -58,7 +58,7 @@ impl Limiter {
                 Some(entered) => Some(Arc::new(entered)),
                 None => {
                     counters.in_flight_excess.fetch_add(1, Ordering::Relaxed);
-                    return Admission {
+                    return Decision {
                         too_many_in_flight: true,
                         ..self.excess(index, reason::IN_FLIGHT)
                     };
@@ -192,7 +192,7 @@ impl Limiter {
             (false, true) => counters.shadow.add(1),
             (false, false) => counters.dropped.add(1),
         };
-        Admission {
+        Decision {
             allowed: allowed || shadow,
             shadow,
             rule: Some(index),
@@ -218,7 +218,7 @@ impl Limiter {
         index: usize,
         rule: &Rule,
         (tat, last_seen): (&AtomicU64, &AtomicU64),
-    ) -> Admission {
+    ) -> Decision {
         let [Some(limit), ..] = rule.key_meters() else {
             unreachable!("a plain rule has a request limit")
         };
@@ -234,7 +234,7 @@ impl Limiter {
         } else {
             counters.dropped.add(1);
         }
-        Admission {
+        Decision {
             allowed,
             shadow: false,
             rule: Some(index),

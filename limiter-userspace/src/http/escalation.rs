@@ -3,7 +3,7 @@
 
 use std::{net::IpAddr, sync::atomic::Ordering, time::Duration};
 
-use limiter_common::{escalation::Escalation, gcra::Decision};
+use limiter_common::{escalation::Escalation, gcra::Check};
 
 use super::{counters::HttpCounters, limiter::Limiter, state::State};
 use crate::rules::{Algorithm, Rule};
@@ -27,7 +27,7 @@ impl Limiter {
         let over = match rule.algorithm {
             Algorithm::Gcra => meters.iter().zip(&state.cells).any(|(meter, cell)| {
                 meter.is_some_and(|m| {
-                    m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Decision::Deny
+                    m.gcra.check(cell.load(Ordering::Acquire), now, 1) == Check::Deny
                 })
             }),
             Algorithm::SlidingLog => {

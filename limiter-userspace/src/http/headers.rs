@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use limiter_common::trace::reason;
 
-use super::admission::{Admission, Quota};
+use super::decision::{Decision, Quota};
 use crate::rules::{Limit, Rule};
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -44,22 +44,22 @@ impl RuleFields {
     }
 }
 
-/// The fields that describe `admission`, for its response: from what the
+/// The fields that describe `decision`, for its response: from what the
 /// rule that applied always says (`rule`: `None`, the default) and its
 /// key's `quota` as the request left it (`Limiter::quota`). The policy is
 /// named after the rule. `t`,
 /// `X-RateLimit-Reset` and `Retry-After` are whole seconds, rounded up:
 /// the fields allow no less, so a client may be told to wait 1 s when its
 /// next request would conform in a millisecond.
-pub fn fields(admission: &Admission, rule: Option<&RuleFields>, quota: Option<Quota>) -> Fields {
+pub fn fields(decision: &Decision, rule: Option<&RuleFields>, quota: Option<Quota>) -> Fields {
     let mut fields = Fields::default();
-    if admission.blocked_for_ns > 0 {
+    if decision.blocked_for_ns > 0 {
         // Blocked by escalation: no meter to describe, only the wait.
-        let secs = admission.blocked_for_ns.div_ceil(1_000_000_000);
+        let secs = decision.blocked_for_ns.div_ceil(1_000_000_000);
         fields.0[5] = Some((http::header::RETRY_AFTER, HeaderValue::from(secs)));
         return fields;
     }
-    if admission.over_soft
+    if decision.over_soft
         && let Some(rule) = rule
     {
         fields.0[6] = HeaderValue::from_str(&rule.name)
@@ -72,10 +72,10 @@ pub fn fields(admission: &Admission, rule: Option<&RuleFields>, quota: Option<Qu
         // no rule admits (`default: block`) is told nothing (retrying
         // will not help).
         let hint = matches!(
-            admission.refused_by,
+            decision.refused_by,
             Some(reason::IN_FLIGHT | reason::NO_SLOT)
         );
-        if !admission.allowed && hint {
+        if !decision.allowed && hint {
             fields.0[5] = Some((http::header::RETRY_AFTER, HeaderValue::from(1u64)));
         }
         return fields;
@@ -96,7 +96,7 @@ pub fn fields(admission: &Admission, rule: Option<&RuleFields>, quota: Option<Qu
         Some((X_RATELIMIT_LIMIT, limit.clone())),
         Some((X_RATELIMIT_REMAINING, HeaderValue::from(p.remaining))),
         Some((X_RATELIMIT_RESET, HeaderValue::from(p.reset_secs))),
-        (!admission.allowed).then(|| {
+        (!decision.allowed).then(|| {
             (
                 http::header::RETRY_AFTER,
                 HeaderValue::from(p.retry_after_secs.max(1)),

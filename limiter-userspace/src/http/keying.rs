@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use limiter_common::abi::FlowKey;
 
 use super::{
-    admission::RequestMeta,
+    decision::RequestMeta,
     identity::{KeyBytes, StateKey},
     keys,
     limiter::Limiter,

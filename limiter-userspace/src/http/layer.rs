@@ -14,8 +14,8 @@ use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use super::{
-    admission::{Admission, RequestMeta},
     body::BodyMeter,
+    decision::{Decision, RequestMeta},
     limiter::Limiter,
     reload::Reloadable,
 };
@@ -189,8 +189,8 @@ where
                 .get::<axum::extract::ConnectInfo<SocketAddr>>()
                 .map(|c| c.0)
         });
-        let Verdict {
-            admission,
+        let Judged {
+            decision,
             fields,
             refusal,
             body_charge,
@@ -206,15 +206,15 @@ where
         }
         let future = self.inner.call(request);
         Box::pin(async move {
-            if admission.delay_ns > 0 {
-                tokio::time::sleep(std::time::Duration::from_nanos(admission.delay_ns)).await;
+            if decision.delay_ns > 0 {
+                tokio::time::sleep(std::time::Duration::from_nanos(decision.delay_ns)).await;
             }
             let mut response = future.await?;
             fields.apply(response.headers_mut());
             // In flight until the response is dropped: with its head, or,
             // for whoever takes it from here and holds it with the body
             // (`limiter proxy` does), when the body ends.
-            if let Some(in_flight) = admission.in_flight {
+            if let Some(in_flight) = decision.in_flight {
                 response.extensions_mut().insert(in_flight);
             }
             Ok(response)
@@ -223,8 +223,8 @@ where
 }
 
 /// A request judged: whether it goes on, and what its answer says.
-pub(crate) struct Verdict {
-    pub admission: Admission,
+pub(crate) struct Judged {
+    pub decision: Decision,
     /// The rate-limit fields of its answer.
     pub fields: super::headers::Fields,
     /// The body of its 429, when refused.
@@ -235,29 +235,29 @@ pub(crate) struct Verdict {
 
 impl RateLimitLayer {
     /// Judges `request`, from the client at `peer` (unknown: `0.0.0.0`).
-    pub(crate) fn judge<B>(&self, request: &Request<B>, peer: Option<SocketAddr>) -> Verdict {
+    pub(crate) fn judge<B>(&self, request: &Request<B>, peer: Option<SocketAddr>) -> Judged {
         let limiter = self.limiter.load();
-        let (admission, body_charge) = self.admit(request, peer, &limiter);
+        let (decision, body_charge) = self.admit(request, peer, &limiter);
         let fields = super::headers::fields(
-            &admission,
-            limiter.rule_fields(&admission),
-            limiter.quota(&admission),
+            &decision,
+            limiter.rule_fields(&decision),
+            limiter.quota(&decision),
         );
-        let refusal = (!admission.allowed).then(|| {
-            let rule = limiter.rule_name(&admission);
-            if admission.too_many_in_flight {
+        let refusal = (!decision.allowed).then(|| {
+            let rule = limiter.rule_name(&decision);
+            if decision.too_many_in_flight {
                 format!("429 Too Many Requests: too many requests in flight (rule {rule:?})\n")
-            } else if admission.blocked_for_ns > 0 {
+            } else if decision.blocked_for_ns > 0 {
                 format!(
                     "429 Too Many Requests: blocked by rule {rule:?} for {} s more, after staying over its limit\n",
-                    admission.blocked_for_ns.div_ceil(1_000_000_000)
+                    decision.blocked_for_ns.div_ceil(1_000_000_000)
                 )
             } else {
                 format!("429 Too Many Requests: rate limited by rule {rule:?}\n")
             }
         });
-        Verdict {
-            admission,
+        Judged {
+            decision,
             fields,
             refusal,
             body_charge,
@@ -269,7 +269,7 @@ impl RateLimitLayer {
         request: &Request<B>,
         peer: Option<SocketAddr>,
         limiter: &Arc<Limiter>,
-    ) -> (Admission, Option<BodyCharge>) {
+    ) -> (Decision, Option<BodyCharge>) {
         let client = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
         let client = if self.trusted_proxies.is_empty() {
             client
@@ -314,10 +314,10 @@ impl RateLimitLayer {
                 headers,
             }),
         };
-        let admission = limiter.check(&meta);
+        let decision = limiter.check(&meta);
         if let Some(tracer) = &self.trace {
             tracer.record(
-                &admission,
+                &decision,
                 limiter,
                 client,
                 self.port,
@@ -333,7 +333,7 @@ impl RateLimitLayer {
             && length.is_none()
             && (headers.contains_key(http::header::TRANSFER_ENCODING)
                 || request.version() >= http::Version::HTTP_2);
-        let charge = (admission.allowed && streams)
+        let charge = (decision.allowed && streams)
             .then(|| limiter.body_meter(&meta))
             .flatten()
             .map(|meter| BodyCharge {
@@ -341,6 +341,6 @@ impl RateLimitLayer {
                 meter,
                 over: Default::default(),
             });
-        (admission, charge)
+        (decision, charge)
     }
 }

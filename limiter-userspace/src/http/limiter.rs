@@ -6,10 +6,10 @@ use std::sync::{Arc, atomic::Ordering};
 use limiter_common::trace::reason;
 
 use super::{
-    admission::{Admission, RequestMeta, ipv4_mapped},
     classify::{is_plain, rest_ns},
     clock::Clock,
     counters::HttpCounters,
+    decision::{Decision, RequestMeta, ipv4_mapped},
     fleet_meter, headers,
     identity::{KeyDigest, StateKey},
     keys,
@@ -106,14 +106,14 @@ impl Limiter {
     }
 
     /// Meters one request and decides.
-    pub fn check(&self, request: &RequestMeta<'_>) -> Admission {
+    pub fn check(&self, request: &RequestMeta<'_>) -> Decision {
         if let Some(request) = ipv4_mapped(request) {
             return self.check(&request);
         }
         let Some(index) = self.rule_of(request) else {
             let allowed = self.rules.default == Fallback::Pass;
             let refused_by = (!allowed).then_some(reason::RULE_BLOCKS);
-            return Admission::plain(allowed, false, None, refused_by);
+            return Decision::plain(allowed, false, None, refused_by);
         };
         let rule = &self.rules.rules[index];
         let clock = &self.clock;
@@ -141,9 +141,9 @@ impl Limiter {
     /// [`Limiter::check`] of a request whose key is not a plain key (out
     /// of line: the plain key's path is the one kept short).
     #[inline(never)]
-    fn check_keyed(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>) -> Admission {
+    fn check_keyed(&self, index: usize, rule: &Rule, request: &RequestMeta<'_>) -> Decision {
         if matches!(rule.limit, Limit::Unlimited) && rule.concurrent.is_none() {
-            return Admission::plain(true, false, Some(index), None);
+            return Decision::plain(true, false, Some(index), None);
         }
         let clock = &self.clock;
         let key = self.state_key(index, rule, request);
@@ -165,7 +165,7 @@ impl Limiter {
 
     /// Counts a request refused (or, under a dry run, let through) and
     /// says so.
-    pub(super) fn excess(&self, index: usize, refused_by: u8) -> Admission {
+    pub(super) fn excess(&self, index: usize, refused_by: u8) -> Decision {
         let rule = &self.rules.rules[index];
         let counters = &self.counters[index];
         let counter = if rule.shadow {
@@ -174,18 +174,18 @@ impl Limiter {
             &counters.dropped
         };
         counter.add(1);
-        Admission::plain(rule.shadow, rule.shadow, Some(index), Some(refused_by))
+        Decision::plain(rule.shadow, rule.shadow, Some(index), Some(refused_by))
     }
 
-    /// What the responses of the rule that judged `admission` always say
+    /// What the responses of the rule that judged `decision` always say
     /// (`None`: the default rule).
-    pub fn rule_fields(&self, admission: &Admission) -> Option<&headers::RuleFields> {
-        admission.rule.map(|i| &self.header_fields[i])
+    pub fn rule_fields(&self, decision: &Decision) -> Option<&headers::RuleFields> {
+        decision.rule.map(|i| &self.header_fields[i])
     }
 
-    /// The rule's name in an admission (`default` for none).
-    pub fn rule_name(&self, admission: &Admission) -> &str {
-        admission
+    /// The rule's name in a decision (`default` for none).
+    pub fn rule_name(&self, decision: &Decision) -> &str {
+        decision
             .rule
             .map_or("default", |i| &self.rules.rules[i].name)
     }

@@ -10,13 +10,13 @@
 //! ...), importing its siblings directly; this file only declares them
 //! and re-exports what callers use.
 
-mod admission;
 mod body;
 mod classify;
 pub mod client;
 mod clock;
 mod counters;
 mod decide;
+mod decision;
 mod escalation;
 mod fleet;
 mod fleet_meter;
@@ -37,10 +37,10 @@ pub mod striped;
 mod tests;
 pub mod trace;
 
-pub use admission::{Admission, Quota, RequestMeta};
 pub use body::BodyMeter;
 pub use clock::{Clock, SystemClock};
 pub use counters::HttpCounters;
+pub use decision::{Decision, Quota, RequestMeta};
 pub use layer::{BodyCharge, ClientAddr, CostBy, KeyBy, RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use reload::Reloadable;

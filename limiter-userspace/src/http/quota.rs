@@ -4,7 +4,7 @@
 use limiter_common::{log::Log, meter::AtomicCell, window::WindowState};
 
 use super::{
-    admission::{Admission, Quota, QuotaAt},
+    decision::{Decision, Quota, QuotaAt},
     limiter::Limiter,
     state::State,
 };
@@ -12,9 +12,9 @@ use crate::rules::{Algorithm, Rate, Rule};
 
 impl Limiter {
     /// Quota, remaining and timing of the request meter of the key an
-    /// admission judged, for the response's fields.
-    pub fn quota(&self, admission: &Admission) -> Option<Quota> {
-        match admission.quota? {
+    /// decision judged, for the response's fields.
+    pub fn quota(&self, decision: &Decision) -> Option<Quota> {
+        match decision.quota? {
             QuotaAt::Ready(quota) => Some(quota),
             QuotaAt::Gcra {
                 tats,
@@ -22,7 +22,7 @@ impl Limiter {
                 cost,
                 refused_wait_ns,
             } => {
-                let rule = &self.rules.rules[admission.rule?];
+                let rule = &self.rules.rules[decision.rule?];
                 let quota = |meter: Rate, tat: u64| {
                     let g = meter.gcra;
                     let used = tat.saturating_sub(now).min(g.capacity_ns);
@@ -50,11 +50,11 @@ impl Limiter {
         }
     }
 
-    /// What is left of the request meter of the key an admission judged,
+    /// What is left of the request meter of the key a decision judged,
     /// and the budget's whole size (the burst, or the window's limit).
-    pub fn budget(&self, admission: &Admission) -> Option<(u64, u64)> {
-        let quota = self.quota(admission)?;
-        let rule = &self.rules.rules[admission.rule?];
+    pub fn budget(&self, decision: &Decision) -> Option<(u64, u64)> {
+        let quota = self.quota(decision)?;
+        let rule = &self.rules.rules[decision.rule?];
         let meter = rule.packet_rate()?;
         let of = match rule.algorithm {
             Algorithm::Gcra => meter.gcra.burst,

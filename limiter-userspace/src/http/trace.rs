@@ -21,7 +21,7 @@ use std::{
 use anyhow::Result;
 use limiter_common::trace::{ANY_RULE, TraceConfig, TraceEvent, verdict};
 
-use super::{admission::Admission, limiter::Limiter};
+use super::{decision::Decision, limiter::Limiter};
 use crate::{
     rules::{HttpRequest, KeyPart},
     trace::{JudgedRequest, Left, TraceFilter, TraceLine, header, limit_name, refused_by, time_of},
@@ -82,15 +82,15 @@ impl HttpTracer {
     /// Prints the decision if the filter wants it (and the sample keeps it).
     pub fn record(
         &self,
-        admission: &Admission,
+        decision: &Decision,
         limiter: &Limiter,
         client: IpAddr,
         port: Option<u16>,
         bytes: u64,
         request: Option<&HttpRequest<'_>>,
     ) {
-        let blocked = admission.refused_by == Some(limiter_common::trace::reason::ESCALATED);
-        let verdict = match (admission.allowed, admission.shadow) {
+        let blocked = decision.refused_by == Some(limiter_common::trace::reason::ESCALATED);
+        let verdict = match (decision.allowed, decision.shadow) {
             (_, true) => verdict::SHADOW,
             (true, false) => verdict::PASSED,
             (false, false) if blocked => verdict::BLOCKED,
@@ -111,7 +111,7 @@ impl HttpTracer {
                 event.addr = a.octets();
             }
         }
-        let rule = limiter.rule_name(admission);
+        let rule = limiter.rule_name(decision);
         if !self.config.wants(&event) || self.rule.as_deref().is_some_and(|r| r != rule) {
             return;
         }
@@ -121,14 +121,14 @@ impl HttpTracer {
         {
             return;
         }
-        let rule_config = admission.rule.map(|i| &limiter.rules().rules[i]);
-        let refused_by = admission.refused_by.and_then(|r| {
+        let rule_config = decision.rule.map(|i| &limiter.rules().rules[i]);
+        let refused_by = decision.refused_by.and_then(|r| {
             let second = rule_config.is_some_and(|r| r.second_packets.is_some());
             let third_bytes = rule_config.is_some_and(|r| r.third.is_some_and(|t| t.counts_bytes));
             refused_by(r).map(|_| limit_name(r, second, third_bytes).to_owned())
         });
         let left = limiter
-            .budget(admission)
+            .budget(decision)
             .map(|(left, of)| Left {
                 meter: "key packets".into(),
                 left,

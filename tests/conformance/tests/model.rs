@@ -12,7 +12,7 @@ use std::{
 use limiter_common::{
     abi::{KeyState, RuleConfig, rule_flag},
     escalation::{Escalation, over_limit},
-    gcra::{Decision, Gcra},
+    gcra::{Check, Gcra},
     log::Log,
     meter::{Outcome, acquire, acquire_all, acquire_all_after, windows_all},
     window::{Window, WindowState},
@@ -763,11 +763,11 @@ fn watched(trace: &EscalationTrace, watch: Watch) -> (Vec<bool>, Vec<Vec<u8>>) {
         }
         let state = keys.entry(a.key).or_default();
         match gcra.check(state.meters[0], a.t, spec.credits(a)) {
-            Decision::Allow { new_tat } => {
+            Check::Allow { new_tat } => {
                 state.meters[0] = new_tat;
                 admitted.push(true);
             }
-            Decision::Deny => {
+            Check::Deny => {
                 state.dropped_packets += 1;
                 admitted.push(false);
             }

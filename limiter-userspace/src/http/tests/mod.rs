@@ -14,7 +14,7 @@ use std::{
     },
 };
 
-use super::{admission::RequestMeta, clock::Clock, limiter::Limiter, state::State};
+use super::{clock::Clock, decision::RequestMeta, limiter::Limiter, state::State};
 
 /// A header map of `fields`, in order (several of one name are kept).
 pub(crate) fn test_headers(fields: &[(&str, &str)]) -> http::HeaderMap {

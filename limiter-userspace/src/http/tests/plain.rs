@@ -35,10 +35,10 @@ fn a_plain_rule_is_judged_as_the_whole_decision_would() {
             .0
             .fetch_add((seed >> 33) % 100_000_000, Ordering::Relaxed);
         let request = from(clients[(seed >> 20) as usize % clients.len()]);
-        let admission = shortcut.check(&request);
-        assert_eq!(admission, whole.check(&request));
-        let rule = admission.rule.expect("a rule applies");
-        outcomes[rule][usize::from(admission.allowed)] += 1;
+        let decision = shortcut.check(&request);
+        assert_eq!(decision, whole.check(&request));
+        let rule = decision.rule.expect("a rule applies");
+        outcomes[rule][usize::from(decision.allowed)] += 1;
     }
     assert!(outcomes.iter().flatten().all(|&n| n > 30), "{outcomes:?}");
     for (a, b) in shortcut.counters.iter().zip(&whole.counters) {

@@ -105,14 +105,14 @@ impl Relay {
                 continue;
             }
             // Counted in flight until its answer has been passed on.
-            let _in_flight = verdict.admission.in_flight;
+            let _in_flight = verdict.decision.in_flight;
             strip_hop_by_hop(request.headers_mut());
             request
                 .headers_mut()
                 .append(X_FORWARDED_FOR, forwarded_for.clone());
             request_bytes.clear();
             write_request(&mut request_bytes, &request, &self.base);
-            let delay = Duration::from_nanos(verdict.admission.delay_ns);
+            let delay = Duration::from_nanos(verdict.decision.delay_ns);
             let asked = async {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;

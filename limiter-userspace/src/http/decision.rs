@@ -23,9 +23,10 @@ pub struct RequestMeta<'a> {
     pub http: Option<HttpRequest<'a>>,
 }
 
-/// What to tell the client.
+/// What the limiter decided of a request, and what to tell the client
+/// (the kernel's for a packet is `limiter-ebpf`'s `trace::Decision`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
+pub struct Decision {
     /// Forward the request.
     pub allowed: bool,
     /// Excess let through by a dry run.
@@ -73,7 +74,7 @@ pub(super) enum QuotaAt {
     Ready(Quota),
 }
 
-impl Admission {
+impl Decision {
     /// A decision with no meter behind it; `refused_by` what refused it.
     pub(super) fn plain(
         allowed: bool,
