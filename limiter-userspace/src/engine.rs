@@ -8,54 +8,18 @@ use std::{collections::HashMap, net::IpAddr, path::Path, time::Duration};
 use anyhow::{Context, Result, bail};
 use ipnet::IpNet;
 use limiter_common::abi::{DEFAULT_RULE, MAX_RULES, RuleConfig, global_flag, rule_flag};
-use serde::Serialize;
 
 use crate::{
     clock::{monotonic_ns, realtime_offset_ns},
     compile,
-    kernel::{
-        Attachment, Datapath, Mode,
-        counters::{self, Snapshot},
-        flip::Switch,
-    },
-    rules::describe::{Description, describe},
+    kernel::{Datapath, counters, flip::Switch},
+    rules::describe::describe,
     rules::{
         RuleSet,
         pairing::{OldRule, Paired, pair},
     },
+    wire::{Attachment, BlockView, Change, Mode, RuleView, RulesView, Snapshot},
 };
-
-/// What a rule-set change did, by rule name.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct Change {
-    pub generation: u32,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-    /// Algorithm, match or key changed: new buckets.
-    pub modified: Vec<String>,
-    /// Only the name's action changed, or nothing: buckets kept.
-    pub unchanged: Vec<String>,
-    /// Limits changed, match and key not: keys kept, their state carried
-    /// over to the new limits.
-    #[serde(default)]
-    pub carried: Vec<String>,
-    /// Keys of removed or modified rules deleted from the state map.
-    pub forgotten_keys: usize,
-}
-
-/// A manual block, as listed.
-#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct BlockView {
-    pub prefix: String,
-    /// Seconds until it expires; `None`: never.
-    pub expires_in_secs: Option<f64>,
-    pub expired: bool,
-    pub dropped_packets: u64,
-    /// The rule whose `escalate` made it, if one did (remembered by this
-    /// process only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalated_by: Option<String>,
-}
 
 pub mod escalate;
 mod fleet;
@@ -316,31 +280,6 @@ impl Engine {
     }
 }
 
-impl Change {
-    /// Logs the change as one event (`event = "rules_applied"`), its lists
-    /// as fields, for a log pipeline; `origin` says where the rules came
-    /// from.
-    pub fn log(&self, origin: &str) {
-        tracing::info!(
-            event = "rules_applied",
-            origin,
-            generation = self.generation,
-            added = ?self.added,
-            removed = ?self.removed,
-            modified = ?self.modified,
-            carried = ?self.carried,
-            unchanged = ?self.unchanged,
-            forgotten_keys = self.forgotten_keys,
-            "applied {origin}: added {:?}, removed {:?}, modified {:?}, limits changed (state carried over) {:?}, unchanged {:?}",
-            self.added,
-            self.removed,
-            self.modified,
-            self.carried,
-            self.unchanged
-        );
-    }
-}
-
 /// What `set` (rule `i` under id `ids[i]`) changed from `old`, by name; a
 /// rule whose id is in `carried` kept its keys under new limits (renamed
 /// or not: its old name is not listed as removed).
@@ -388,31 +327,6 @@ impl Engine {
         config.realtime_offset_ns = realtime_offset_ns();
         Ok(self.datapath.set_config(config)?)
     }
-}
-
-/// `limiter rules show`: the active rules with ids and counters, and blocks.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RulesView {
-    pub generation: u32,
-    /// Global dry run.
-    pub shadow: bool,
-    pub rules: Vec<RuleView>,
-    pub blocks: Vec<BlockView>,
-    /// Each fleet rule's share (filled by the daemon, which runs them).
-    #[serde(default)]
-    pub fleet: Vec<crate::fleet::node::ShareStatus>,
-}
-
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RuleView {
-    pub id: u32,
-    pub name: String,
-    #[serde(flatten)]
-    pub description: Description,
-    pub passed_packets: u64,
-    pub dropped_packets: u64,
-    pub shadow_packets: u64,
-    pub new_keys: u64,
 }
 
 impl Engine {

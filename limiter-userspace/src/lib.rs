@@ -29,4 +29,5 @@ pub mod rules;
 pub mod session;
 pub mod trace;
 pub mod units;
+pub mod wire;
 pub mod yaml;

@@ -5,10 +5,7 @@ mod commands;
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use limiter::{
-    control::DEFAULT_SOCKET,
-    kernel::{Mode, pins::DEFAULT_PIN_DIR},
-};
+use limiter::{control::DEFAULT_SOCKET, kernel::pins::DEFAULT_PIN_DIR, wire::Mode};
 
 /// The proxy allocates and frees a few small buffers per request (hyper's
 /// messages, header maps); mimalloc's per-thread free lists serve them

@@ -10,14 +10,13 @@ use anyhow::{Result, bail};
 use crate::{
     engine::Engine,
     kernel::{
-        Attachment, Mode,
-        counters::Snapshot,
         if_index,
         links::LINKS_DIR,
         pins::{self, PinLock},
         require_root,
     },
     rules::RuleSet,
+    wire::{Attachment, Mode, Snapshot},
 };
 
 /// A `limiter run`: the program attached for as long as this value lives.

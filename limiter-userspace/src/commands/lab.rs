@@ -13,12 +13,13 @@ use std::{
 
 use anyhow::Result;
 use limiter::{
-    kernel::{Mode, require_root},
+    kernel::require_root,
     lab::{self, FloodSource, Lab},
     render::text,
     rules::{EXAMPLE, RuleSet, describe::describe, matching::matching_rule},
     session::Session,
     units::count,
+    wire::Mode,
 };
 
 /// Demo sources: (address, packets per second, UDP payload bytes).

@@ -6,7 +6,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use limiter::{kernel::Mode, render::text, rules::RuleSet, session::Session};
+use limiter::{render::text, rules::RuleSet, session::Session, wire::Mode};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// How often the key table's filter is checked for bits of keys gone

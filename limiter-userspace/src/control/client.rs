@@ -10,10 +10,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::de::DeserializeOwned;
 
-use super::protocol::{
-    Change, Detached, Request, Response, RulesView, Snapshot, Status, TraceLine,
+use super::protocol::{Request, Response};
+use crate::{
+    trace::{TraceFilter, TraceLine},
+    wire::{Change, Detached, RulesView, Snapshot, Status},
 };
-use crate::trace::TraceFilter;
 
 /// The daemon at a control socket.
 pub struct Client {

@@ -14,12 +14,9 @@
 //! closed. Each request has one reply type, named below; the client
 //! ([`super::client`]) returns it typed.
 
-use std::path::PathBuf;
-
 use serde::{Deserialize, Serialize};
 
-pub use crate::{engine::Change, engine::RulesView, kernel::counters::Snapshot, trace::TraceLine};
-use crate::{kernel::Attachment, trace::TraceFilter};
+use crate::trace::TraceFilter;
 
 /// Where the daemon listens unless configured otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/control.sock";
@@ -86,22 +83,6 @@ impl Response {
             error: Some(error.to_string()),
         }
     }
-}
-
-/// The reply to [`Request::Status`].
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Status {
-    pub pin_dir: PathBuf,
-    pub rules_file: PathBuf,
-    pub interfaces: Vec<Attachment>,
-    /// Rule sets applied since the daemon started (the first is 1).
-    pub ruleset_generation: u64,
-}
-
-/// The reply to [`Request::Detach`]: the interfaces it detached from.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Detached {
-    pub detached: Vec<String>,
 }
 
 // The replies to the other requests: `Stats` → [`Snapshot`], `RulesApply`

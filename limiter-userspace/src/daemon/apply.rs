@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{fleet::sync_fleet, shared::Shared};
-use crate::{engine::Change, rules::RuleSet};
+use crate::{rules::RuleSet, wire::Change};
 
 pub async fn reload_file(shared: &Arc<Shared>) {
     let path = shared.config.rules.clone();

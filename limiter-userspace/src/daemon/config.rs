@@ -9,12 +9,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    control,
-    fleet::FleetConfig,
-    kernel::{Mode, pins},
-    listen::Limits,
-};
+use crate::{control, fleet::FleetConfig, kernel::pins, listen::Limits, wire::Mode};
 
 /// The daemon's own configuration file.
 #[derive(Clone, Debug, Deserialize, Serialize)]

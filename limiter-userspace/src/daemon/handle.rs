@@ -7,12 +7,10 @@ use anyhow::{Context, Result};
 
 use super::{apply::apply, fleet::fleet_status, shared::Shared};
 use crate::{
-    control::{
-        Request, Response,
-        protocol::{Detached, Status},
-    },
+    control::{Request, Response},
     engine::Engine,
     kernel, rules,
+    wire::{Detached, Status},
 };
 
 pub async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> {

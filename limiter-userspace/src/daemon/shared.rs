@@ -9,7 +9,7 @@ use std::sync::{
 use tokio::sync::Notify;
 
 use super::config::DaemonConfig;
-use crate::{engine::Engine, fleet::Fleet, kernel::Attachment};
+use crate::{engine::Engine, fleet::Fleet, wire::Attachment};
 
 /// State shared by the daemon's tasks.
 pub struct Shared {

@@ -6,7 +6,8 @@ use std::{io, path::PathBuf};
 use aya::{maps::MapError, programs::ProgramError};
 use limiter_common::abi::MAX_IFACES;
 
-use super::{Mode, pins};
+use super::pins;
+use crate::wire::Mode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {

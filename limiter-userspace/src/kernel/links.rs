@@ -11,19 +11,11 @@ use aya::programs::{
 };
 use limiter_common::abi::{MAX_IFACES, MAX_IFINDEX, map_name};
 
-use super::{Datapath, KernelError, maps::map_error, mode::Mode};
+use super::{Datapath, KernelError, maps::map_error};
+use crate::wire::{Attachment, Mode};
 
 /// Pinned links live here, one file per interface.
 pub const LINKS_DIR: &str = "links";
-
-/// An interface the program is attached to, and how.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Attachment {
-    pub iface: String,
-    pub mode: Mode,
-    /// The link was pinned by an earlier process and the program replaced on it.
-    pub adopted: bool,
-}
 
 impl Datapath {
     /// The counter slot of interface `ifindex`, registering it if new;

@@ -16,7 +16,6 @@ pub mod keys;
 pub mod links;
 pub mod mapped;
 pub mod maps;
-pub mod mode;
 pub mod netlink;
 pub mod object;
 pub mod offloads;
@@ -27,9 +26,8 @@ pub mod trace;
 
 pub use datapath::Datapath;
 pub use error::KernelError;
-pub use links::{Attachment, detach_all, if_index};
+pub use links::{detach_all, if_index};
 pub use maps::Maps;
-pub use mode::Mode;
 pub use object::{OBJECT, PROGRAM};
 
 /// Fails with a clear message unless running as root.

@@ -6,7 +6,7 @@
 
 use std::{io, mem::size_of, os::fd::AsRawFd};
 
-use super::mode::Mode;
+use crate::wire::Mode;
 
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWLINK: u16 = 16;

@@ -3,11 +3,10 @@
 use std::{fmt::Write, time::Duration};
 
 use crate::{
-    engine::RulesView,
     fleet::node::ShareStatus,
-    kernel::{Mode, counters::Snapshot},
     rules::{Rule, RuleSet, describe::describe},
     units::{bytes, count, per},
+    wire::{Mode, RulesView, Snapshot},
 };
 
 /// Renders rows as columns: the first left-aligned, the rest right-aligned.

@@ -8,7 +8,10 @@ use prometheus_client::{
 };
 
 use super::common::{Labels, register_build_info, register_fleet, register_rule_file_rejections};
-use crate::{fleet::node::ShareStatus, kernel::counters::Snapshot};
+use crate::{
+    fleet::node::ShareStatus,
+    wire::{InterfaceStats, Mode, Snapshot},
+};
 
 /// What the daemon knows beyond the kernel's counters.
 #[derive(Clone, Debug, Default)]
@@ -43,7 +46,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     let unadmitted = Family::<Labels, Counter>::default();
     let over_soft = Family::<Labels, Counter>::default();
     // Slot 0 ("other": unregistered interfaces, test runs) only when used.
-    let used = |iface: &&crate::kernel::counters::InterfaceStats| {
+    let used = |iface: &&InterfaceStats| {
         iface.ifindex != 0 || iface.rules.iter().any(|r| r.counters != Default::default())
     };
     for iface in snapshot.interfaces.iter().filter(used) {
@@ -186,7 +189,7 @@ pub fn render(snapshot: &Snapshot, facts: DaemonGauges) -> String {
     for iface in &snapshot.interfaces {
         if let Some(mode) = iface.xdp_mode {
             let mode = match mode {
-                crate::kernel::Mode::Skb => "skb",
+                Mode::Skb => "skb",
                 _ => "native",
             };
             attached
