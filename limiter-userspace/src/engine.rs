@@ -84,7 +84,7 @@ impl Engine {
     /// changed, their state carried over to the new limits (the same
     /// fraction of the burst in use; window counts kept).
     pub fn apply(&mut self, set: RuleSet) -> Result<Change> {
-        set.kernel_compatible().map_err(anyhow::Error::msg)?;
+        set.kernel_compatible()?;
         let config = self.datapath.config()?;
         let active = config.generation & 1;
         let next = active ^ 1;

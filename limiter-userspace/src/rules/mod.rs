@@ -25,8 +25,8 @@ pub use load::EXAMPLE;
 pub use raw::{Algorithm, EscalateScope, Fallback, FragmentPolicy, Scope};
 pub use request::{HttpRequest, KeyPart, RequestMatch};
 pub use set::{
-    CostClass, EscalationPolicy, FULL_FRAME, FleetShare, KeyPrefix, Limit, Match, Rate, Rates,
-    Rule, RuleSet, TcpFlags, ThirdLimit,
+    CostClass, EscalationPolicy, FULL_FRAME, FleetShare, KeyPrefix, Layer7Only, Limit, Match, Rate,
+    Rates, Rule, RuleSet, TcpFlags, ThirdLimit,
 };
 pub use validate::{parse_net, parse_unit};
 

@@ -364,10 +364,25 @@ pub struct Rate {
     pub window: Window,
 }
 
+/// A rule the kernel cannot enforce ([`RuleSet::kernel_compatible`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "rules[{index}] ({name:?}): {what} works at layer 7 only (limiter proxy or the library); \
+     the kernel sees packets, and cannot queue, log or parse requests"
+)]
+pub struct Layer7Only {
+    /// Its index in the file.
+    pub index: usize,
+    pub name: String,
+    /// What in it needs layer 7 (`algorithm sliding_log`, `limit.delay
+    /// (pacing)`, a request's field).
+    pub what: String,
+}
+
 impl RuleSet {
     /// Whether the kernel can enforce every rule: the sliding log and
     /// pacing need per-request logs and queues, which XDP cannot keep.
-    pub fn kernel_compatible(&self) -> Result<(), String> {
+    pub fn kernel_compatible(&self) -> Result<(), Layer7Only> {
         for (i, rule) in self.rules.iter().enumerate() {
             let what = if rule.algorithm == Algorithm::SlidingLog {
                 "algorithm sliding_log".to_owned()
@@ -387,11 +402,11 @@ impl RuleSet {
             } else {
                 continue;
             };
-            return Err(format!(
-                "rules[{i}] ({:?}): {what} works at layer 7 only (limiter proxy or the library); \
-                 the kernel sees packets, and cannot queue, log or parse requests",
-                rule.name
-            ));
+            return Err(Layer7Only {
+                index: i,
+                name: rule.name.clone(),
+                what,
+            });
         }
         Ok(())
     }

@@ -21,7 +21,7 @@ fn costs_are_classes_of_segments_or_of_requests() {
         describe::describe(r).limit,
         "100 pkts/s, burst 20 (credits: flags syn,!ack = 10, POST = 5, else 1)"
     );
-    let e = set.kernel_compatible().unwrap_err();
+    let e = set.kernel_compatible().unwrap_err().to_string();
     assert!(e.contains("cost (by a request's fields)"), "{e}");
     let kernel = parse(&rule("[ { match: { tcp_flags: syn }, credits: 20 } ]")).unwrap();
     assert!(kernel.kernel_compatible().is_ok());

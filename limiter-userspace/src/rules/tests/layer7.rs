@@ -66,13 +66,21 @@ fn layer7_fields_are_read_and_tried_most_specific_first() {
 
 #[test]
 fn the_kernel_refuses_layer7_fields_and_keys() {
-    let e = parse(LAYER7).unwrap().kernel_compatible().unwrap_err();
+    let e = parse(LAYER7)
+        .unwrap()
+        .kernel_compatible()
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("rules[0] (\"login\"): match.method (a request's field) works at layer 7 only"),
         "{e}"
     );
     let keyed = "rules:\n  - { name: p, key: [source, path], limit: { rate: 1, unit: second } }\n";
-    let e = parse(keyed).unwrap().kernel_compatible().unwrap_err();
+    let e = parse(keyed)
+        .unwrap()
+        .kernel_compatible()
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("key source + path (a request's fields) works at layer 7 only"),
         "{e}"
@@ -228,7 +236,7 @@ fn concurrency_limits_are_layer7_and_at_least_one() {
     assert_eq!(describe::describe(&set.rules[0]).limit, "3 in flight");
     let alone = parse("rules:\n  - { name: d, limit: { rate: 5, unit: second }, concurrent: 3 }\n")
         .unwrap();
-    let e = alone.kernel_compatible().unwrap_err();
+    let e = alone.kernel_compatible().unwrap_err().to_string();
     assert!(
         e.contains("concurrent (requests in flight) works at layer 7 only"),
         "{e}"
