@@ -31,16 +31,16 @@ const PASSING: [&str; 2] = ["6.1", "6.12"];
 const TOO_OLD: &str = "5.10";
 
 /// The tests each guest runs: (module of the integration tests, the
-/// tests' names in it, all of the module's when none).
+/// tests' paths in it, all of the module's when none).
 const TESTS: [(&str, &[&str]); 7] = [
     ("verifier_budget", &[]),
     (
         "prog_test_run",
         &[
-            "ipv4_rules_by_protocol_port_and_prefix",
-            "ipv6_extension_headers",
-            "later_fragments_follow_their_first",
-            "orphan_fragments_go_to_the_strictest_rule_or_are_dropped",
+            "parsing::ipv4_rules_by_protocol_port_and_prefix",
+            "parsing::ipv6_extension_headers",
+            "fragmentation::later_fragments_follow_their_first",
+            "fragmentation::orphan_fragments_go_to_the_strictest_rule_or_are_dropped",
         ],
     ),
     ("conformance", &["the_xdp_program_matches_the_reference"]),
@@ -56,7 +56,7 @@ const TESTS: [(&str, &[&str]); 7] = [
     ("traffic", &["addresses_of_one_64_share_one_budget"]),
     (
         "daemon",
-        &["kill_9_and_restart_under_flood_admit_no_second_burst"],
+        &["lifecycle::kill_9_and_restart_under_flood_admit_no_second_burst"],
     ),
 ];
 
@@ -281,4 +281,18 @@ fn test_binary() -> Result<PathBuf> {
         }
     }
     bail!("cargo built no test binary {BINARY}")
+}
+
+#[cfg(test)]
+mod tests {
+    /// A module's named tests run by their exact paths; a module named
+    /// alone runs whole, by its prefix.
+    #[test]
+    fn a_module_runs_its_named_tests_or_all() {
+        assert_eq!(super::filters("drops", &[]), ["drops::"]);
+        assert_eq!(
+            super::filters("daemon", &["lifecycle::kill", "x"]),
+            ["daemon::lifecycle::kill", "daemon::x", "--exact"]
+        );
+    }
 }
