@@ -1,15 +1,17 @@
 //! The root-only integration tests, one test binary with a module per
 //! subject (as aya's integration-test crate): each former file its own
 //! binary linked tokio, hyper, rustls and aya again, 27 links, and once
-//! filled a CI machine's disk. A test's name is `module::test`, so a
-//! filter `module::` picks one subject's tests (`cargo xtask mutants`'
-//! areas and the kernel matrix select them so).
+//! filled a CI machine's disk. A test's name is its path, `module::test`
+//! (`module::topic::test` in a module split by topic), so a filter
+//! `module::` picks one subject's tests (`cargo xtask mutants`' kernel
+//! judges and the kernel matrix select them so).
 //!
 //! One process holds what each binary held alone: the `log` logger that
-//! `reports` installs stays for the tests after it, `TempDir`s are named
-//! by test and process id, and the `limiter` binary
+//! `reports` installs stays for the tests after it (a process has one),
+//! `TempDir`s and daemons' metrics ports are named by the process id
+//! (and a name the test gives), and the `limiter` binary
 //! (`LIMITER_TESTS_BUILD_BIN`) is built once. `cargo xtask test` runs
-//! them one at a time (`--test-threads=1`).
+//! the tests one at a time (`--test-threads=1`).
 
 mod churn;
 mod conformance;
