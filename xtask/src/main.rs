@@ -93,8 +93,8 @@ enum Task {
     /// included), then the kernel tests again in qemu on Debian 12's and
     /// 13's kernels (the matrix), and Debian 11's refused.
     Test {
-        /// Only run integration tests whose name contains this (and skip
-        /// the matrix).
+        /// Only run integration tests whose name (`module::test`) contains
+        /// this (and skip the matrix).
         filter: Option<String>,
         /// Skip the kernel matrix.
         #[arg(long)]
@@ -268,14 +268,20 @@ fn fuzz(frames: u64, cases: u64) -> Result<()> {
     ))
 }
 
-/// One integration test of `cargo xtask fuzz`, its output shown as it
-/// runs, with the `limiter` binary given and its size set by `size`
-/// (variable, value).
-fn long_test(test: &str, limiter: &Path, size: (&str, u64)) -> Command {
+/// One module of the integration tests (`module::`) in `cargo xtask
+/// fuzz`, its output shown as it runs, with the `limiter` binary given
+/// and its size set by `size` (variable, value).
+fn long_test(module: &str, limiter: &Path, size: (&str, u64)) -> Command {
     let mut command = cargo();
     command
-        .args(["test", "--package", "limiter-tests", "--test", test])
-        .args(["--", "--nocapture"])
+        .args([
+            "test",
+            "--package",
+            "limiter-tests",
+            "--test",
+            "integration",
+        ])
+        .args(["--", &format!("{module}::"), "--nocapture"])
         .env("LIMITER_BIN", limiter)
         .env("LIMITER_TESTS_BUILD_KERNEL", "1")
         .env(size.0, size.1.to_string());
@@ -318,13 +324,20 @@ fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
     // the debug build was: built again (a link, the rest is cached).
     let limiter = build(false)?;
     // Every build the project ships is checked against the verifier's
-    // budget (tests/tests/verifier_budget.rs).
+    // budget (tests/tests/integration/verifier_budget.rs).
     let no_trace = build_without_trace()?;
     step("integration tests: the real XDP program on veth pairs in network namespaces");
     let matrix = filter.is_none() && !no_matrix;
     let mut command = cargo();
     command
-        .args(["test", "--package", "limiter-tests", "--"])
+        .args([
+            "test",
+            "--package",
+            "limiter-tests",
+            "--test",
+            "integration",
+        ])
+        .arg("--")
         .args(filter)
         .args(["--test-threads=1"])
         .env("LIMITER_BIN", &limiter)

@@ -30,16 +30,17 @@ const PASSING: [&str; 2] = ["6.1", "6.12"];
 /// one line naming what it lacks.
 const TOO_OLD: &str = "5.10";
 
-/// The tests each guest runs: (test binary, test name filters).
+/// The tests each guest runs: (module of the integration tests, the
+/// tests' paths in it, all of the module's when none).
 const TESTS: [(&str, &[&str]); 7] = [
     ("verifier_budget", &[]),
     (
         "prog_test_run",
         &[
-            "ipv4_rules_by_protocol_port_and_prefix",
-            "ipv6_extension_headers",
-            "later_fragments_follow_their_first",
-            "orphan_fragments_go_to_the_strictest_rule_or_are_dropped",
+            "parsing::ipv4_rules_by_protocol_port_and_prefix",
+            "parsing::ipv6_extension_headers",
+            "fragmentation::later_fragments_follow_their_first",
+            "fragmentation::orphan_fragments_go_to_the_strictest_rule_or_are_dropped",
         ],
     ),
     ("conformance", &["the_xdp_program_matches_the_reference"]),
@@ -55,18 +56,21 @@ const TESTS: [(&str, &[&str]); 7] = [
     ("traffic", &["addresses_of_one_64_share_one_budget"]),
     (
         "daemon",
-        &["kill_9_and_restart_under_flood_admit_no_second_burst"],
+        &["lifecycle::kill_9_and_restart_under_flood_admit_no_second_burst"],
     ),
 ];
 
-/// Each test binary's time limit in a guest.
+/// The test binary holding them (tests/tests/integration).
+const BINARY: &str = "integration";
+
+/// Each module's time limit in a guest.
 const TEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Runs the matrix with the `limiter` binary given and the no-trace
 /// build of the program (the test-clock build is found where the tests
 /// look for it).
 pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
-    let binaries = test_binaries()?;
+    let binary = test_binary()?;
     let test_clock =
         root().join("limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter");
     let mut files = vec![
@@ -75,7 +79,7 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
         test_clock,
         root().join("examples"),
     ];
-    files.extend(binaries.iter().map(|(_, path)| path.clone()));
+    files.push(binary.clone());
     let env = vec![
         ("LIMITER_BIN".to_owned(), limiter.display().to_string()),
         (
@@ -89,7 +93,7 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
         ("LIMITER_TEST_START_SECS".to_owned(), "240".to_owned()),
     ];
     let mut failed = Vec::new();
-    // Test binaries (and the old kernel's check) that passed and failed,
+    // Modules' runs (and the old kernel's check) that passed and failed,
     // for the closing line.
     let (mut passed_runs, mut failed_runs) = (0, 0);
     for name in PASSING {
@@ -100,19 +104,11 @@ pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
         ));
         let commands = TESTS
             .iter()
-            .map(|(test, filters)| {
-                let path = &binaries
-                    .iter()
-                    .find(|(t, _)| t == test)
-                    .expect("built above")
-                    .1;
-                let mut argv = vec![path.display().to_string()];
-                argv.extend(filters.iter().map(|f| (*f).to_owned()));
-                argv.extend(["--exact", "--test-threads=1", "--nocapture"].map(str::to_owned));
-                if filters.is_empty() {
-                    argv.retain(|a| a != "--exact");
-                }
-                let mut command = GuestCommand::new(*test, argv, TEST_TIMEOUT);
+            .map(|(module, names)| {
+                let mut argv = vec![binary.display().to_string()];
+                argv.extend(filters(module, names));
+                argv.extend(["--test-threads=1", "--nocapture"].map(str::to_owned));
+                let mut command = GuestCommand::new(*module, argv, TEST_TIMEOUT);
                 // As cargo runs a test binary: in its package's directory.
                 command.cwd = Some(root().join("tests"));
                 command
@@ -200,7 +196,7 @@ fn too_old_is_refused(limiter: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One guest's outcome, a line per test binary; the output of the ones
+/// One guest's outcome, a line per module of tests; the output of the ones
 /// that failed.
 fn report(name: &str, run: &vm::Run, took: Duration) {
     println!(
@@ -238,9 +234,20 @@ fn report(name: &str, run: &vm::Run, took: Duration) {
     }
 }
 
+/// The test binary's arguments that run `names` of `module` (by their
+/// exact names), or all of its tests (its path's prefix, `module::`).
+fn filters(module: &str, names: &[&str]) -> Vec<String> {
+    if names.is_empty() {
+        return vec![format!("{module}::")];
+    }
+    let mut argv: Vec<String> = names.iter().map(|n| format!("{module}::{n}")).collect();
+    argv.push("--exact".to_owned());
+    argv
+}
+
 /// Builds the integration tests (as `cargo test` would, without running
-/// them) and returns the binaries `TESTS` names.
-fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
+/// them) and returns their binary.
+fn test_binary() -> Result<PathBuf> {
     let out = crate::stdout_of(
         Command::new("cargo")
             .current_dir(root())
@@ -248,13 +255,14 @@ fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
                 "test",
                 "--package",
                 "limiter-tests",
+                "--test",
+                BINARY,
                 "--no-run",
                 "--message-format=json",
             ])
             .env("LIMITER_TESTS_BUILD_KERNEL", "1"),
         "building the integration tests",
     )?;
-    let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -268,14 +276,23 @@ fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
         let is_test = message["target"]["kind"]
             .as_array()
             .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
-        if is_test && TESTS.iter().any(|(test, _)| *test == name) {
-            found.push((name.to_owned(), PathBuf::from(executable)));
+        if is_test && name == BINARY {
+            return Ok(PathBuf::from(executable));
         }
     }
-    for (test, _) in TESTS {
-        if !found.iter().any(|(name, _)| name == test) {
-            bail!("cargo built no test binary {test}");
-        }
+    bail!("cargo built no test binary {BINARY}")
+}
+
+#[cfg(test)]
+mod tests {
+    /// A module's named tests run by their exact paths; a module named
+    /// alone runs whole, by its prefix.
+    #[test]
+    fn a_module_runs_its_named_tests_or_all() {
+        assert_eq!(super::filters("drops", &[]), ["drops::"]);
+        assert_eq!(
+            super::filters("daemon", &["lifecycle::kill", "x"]),
+            ["daemon::lifecycle::kill", "daemon::x", "--exact"]
+        );
     }
-    Ok(found)
 }

@@ -4,10 +4,10 @@
 //! is applied here to a copy of the tracked sources, built (the release
 //! object and the test-clock object, side by side), and judged by the
 //! BPF_PROG_TEST_RUN tests (`prog_test_run`, `key_table`, `drops`) and
-//! the conformance replays, run from test binaries built once from the
-//! unmutated tree (`LIMITER_TEST_OBJECT`, `LIMITER_TEST_CLOCK_OBJECT`
-//! name the mutant's objects). The first test
-//! binary to fail catches the mutant; one whose build fails is unviable.
+//! the conformance replays, modules of the integration tests run from
+//! their binary built once from the unmutated tree (`LIMITER_TEST_OBJECT`,
+//! `LIMITER_TEST_CLOCK_OBJECT` name the mutant's objects). The first
+//! module to fail catches the mutant; one whose build fails is unviable.
 
 use std::{
     collections::BTreeSet,
@@ -23,11 +23,15 @@ use serde_json::Value;
 use super::{Options, Tally, areas::Area, output};
 use crate::{cargo, nightly_cargo, root, step};
 
-/// The test binaries that judge, fastest first (the first failure ends a
-/// mutant's run): the program's own tests through BPF_PROG_TEST_RUN (the
-/// key table's policy and the refusals by key among them), then the
-/// conformance replays.
+/// The modules of the integration tests that judge, each run on its own
+/// (`module::`), fastest first (the first failure ends a mutant's run):
+/// the program's own tests through BPF_PROG_TEST_RUN (the key table's
+/// policy and the refusals by key among them), then the conformance
+/// replays.
 const JUDGES: [&str; 4] = ["prog_test_run", "key_table", "drops", "conformance"];
+
+/// The test binary holding them (tests/tests/integration).
+const BINARY: &str = "integration";
 
 /// Mutants a default run takes, spread evenly over the area's list (about
 /// 30 minutes here; `--full` takes them all).
@@ -84,8 +88,8 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     fs::create_dir_all(&dir)?;
     let tree = dir.join("tree");
     copy_tracked(&tree)?;
-    step("building the judging test binaries from the unmutated tree");
-    let judges = test_binaries()?;
+    step("building the judging test binary from the unmutated tree");
+    let judges = test_binary()?;
     let timeout = Duration::from_secs(options.timeout.unwrap_or(area.timeout));
     step("the unmutated program, built in the copy, must pass");
     let objects = build_objects(&tree)?.context("the unmutated program does not build")?;
@@ -273,53 +277,42 @@ fn build_objects(tree: &Path) -> Result<Option<Objects>> {
     }))
 }
 
-/// The test binaries of `JUDGES`, built from the unmutated tree.
-fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
-    let mut command = cargo();
-    command.args([
-        "test",
-        "--package",
-        "limiter-tests",
-        "--no-run",
-        "--message-format=json",
-    ]);
-    for judge in JUDGES {
-        command.args(["--test", judge]);
-    }
-    let out = command.stderr(Stdio::inherit()).output()?;
+/// The test binary holding `JUDGES`, built from the unmutated tree.
+fn test_binary() -> Result<PathBuf> {
+    let out = cargo()
+        .args([
+            "test",
+            "--package",
+            "limiter-tests",
+            "--test",
+            BINARY,
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
     if !out.status.success() {
-        bail!("building the test binaries failed");
+        bail!("building the test binary failed");
     }
-    let mut found = Vec::new();
     for line in out.stdout.split(|&b| b == b'\n') {
         let Ok(message) = serde_json::from_slice::<Value>(line) else {
             continue;
         };
         let name = message["target"]["name"].as_str().unwrap_or_default();
-        if let (Some(judge), Some(executable)) = (
-            JUDGES.iter().find(|j| **j == name),
-            message["executable"].as_str(),
-        ) {
-            found.push((judge.to_string(), PathBuf::from(executable)));
+        if let (true, Some(executable)) = (name == BINARY, message["executable"].as_str()) {
+            return Ok(PathBuf::from(executable));
         }
     }
-    found.sort_by_key(|(name, _)| JUDGES.iter().position(|j| j == name));
-    if found.len() != JUDGES.len() {
-        bail!("test binaries: found {found:?}, wanted {JUDGES:?}");
-    }
-    Ok(found)
+    bail!("cargo built no test binary {BINARY}")
 }
 
 /// Runs the judges on the objects: the first that fails (or `timeout`),
 /// or `None` when every one passes.
-fn judge(
-    judges: &[(String, PathBuf)],
-    objects: &Objects,
-    timeout: Duration,
-) -> Result<Option<String>> {
-    for (name, binary) in judges {
+fn judge(binary: &Path, objects: &Objects, timeout: Duration) -> Result<Option<String>> {
+    for name in JUDGES {
         let mut child = Command::new(binary)
             .current_dir(root().join("tests"))
+            .arg(format!("{name}::"))
             .arg("--test-threads=1")
             .env("LIMITER_TEST_OBJECT", &objects.release)
             .env("LIMITER_TEST_CLOCK_OBJECT", &objects.test_clock)
@@ -341,7 +334,7 @@ fn judge(
         };
         match status {
             None => return Ok(Some("timeout".into())),
-            Some(status) if !status.success() => return Ok(Some(name.clone())),
+            Some(status) if !status.success() => return Ok(Some(name.to_owned())),
             Some(_) => {}
         }
     }
