@@ -11,10 +11,8 @@ use anyhow::Result;
 use aya::programs::{TestRun, TestRunOptions};
 use limiter::{
     engine::Engine,
-    kernel::{
-        Datapath,
-        counters::{self, Snapshot},
-    },
+    kernel::{Datapath, counters},
+    wire::Snapshot,
 };
 
 use crate::fixtures::rules;

@@ -12,10 +12,10 @@ use std::{
 };
 
 use limiter::{
-    kernel::Mode,
     lab::{self, FloodReport, FloodSource, Lab},
     rules::RuleSet,
     session::Session,
+    wire::Mode,
 };
 
 /// The limiter in this process (`Session::start`) on the lab's receiving

@@ -8,7 +8,7 @@
 use std::{path::Path, thread, time::Duration, time::Instant};
 
 use anyhow::{Result, anyhow};
-use limiter::{kernel::counters::Snapshot, lab::Lab};
+use limiter::{lab::Lab, wire::Snapshot};
 use limiter_tests::generator::{Generator, Sources};
 use plotters::prelude::*;
 

@@ -854,7 +854,7 @@ fn measure_accuracy(
             limiter::session::Session::start(
                 &rules,
                 &[RX_IFACE.to_owned()],
-                limiter::kernel::Mode::Native,
+                limiter::wire::Mode::Native,
                 Path::new("/sys/fs/bpf/limiter-bench-accuracy"),
             )
         })??;

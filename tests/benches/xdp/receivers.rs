@@ -14,10 +14,10 @@ use aya::{
 };
 use limiter::{
     engine::Engine,
-    kernel::Mode,
     lab::{Lab, RX_IFACE},
     rules::RuleSet,
     session::Session,
+    wire::Mode,
 };
 
 use limiter_tests::generator;

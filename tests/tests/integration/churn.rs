@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use limiter::{kernel::Mode, lab::Lab};
+use limiter::{lab::Lab, wire::Mode};
 use limiter_tests::{
     flood,
     generator::{Generator, Sources},

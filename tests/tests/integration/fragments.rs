@@ -16,9 +16,9 @@ use std::{
 
 use etherparse::PacketBuilder;
 use limiter::{
-    kernel::Mode,
     lab::{Lab, Target},
     session::Session,
+    wire::Mode,
 };
 use limiter_tests::{rules, session_on_receiver};
 

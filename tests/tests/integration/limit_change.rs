@@ -12,8 +12,8 @@ use std::{
 
 use limiter::{
     http::{Limiter, RequestMeta},
-    kernel::Mode,
     lab::{self, Lab},
+    wire::Mode,
 };
 use limiter_tests::{
     Loaded, TestClock, XDP_DROP, XDP_PASS, assert_close, frames, loaded_object, rules, run_at,

@@ -14,9 +14,10 @@ use std::{
 };
 
 use limiter::{
-    kernel::{Mode, counters::Snapshot, offloads},
+    kernel::offloads,
     lab::{Lab, RX_IFACE},
     render::openmetrics::{self, DaemonGauges},
+    wire::{Mode, Snapshot},
 };
 use limiter_tests::{TempDir, limiter_command, rules, session_on_receiver};
 

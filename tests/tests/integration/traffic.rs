@@ -10,10 +10,10 @@ use std::{
 };
 
 use limiter::{
-    kernel::Mode,
-    kernel::counters::Snapshot,
     lab::{Lab, RX_IFACE, pair_ifaces},
     session::Session,
+    wire::Mode,
+    wire::Snapshot,
 };
 use limiter_tests::{
     RunningLimiter, TempDir, assert_close, flood, flood_pairs, limiter_command, rules,

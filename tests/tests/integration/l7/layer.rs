@@ -205,7 +205,7 @@ async fn layer7_rules_match_and_key_requests_by_their_fields() {
     .unwrap();
     // The same file, to the kernel: refused, naming the rule and field.
     let rules = limiter::rules::RuleSet::load(&config).expect("valid for layer 7");
-    let refused = rules.kernel_compatible().unwrap_err();
+    let refused = rules.kernel_compatible().unwrap_err().to_string();
     assert!(
         refused.contains("rules[0] (\"per-path\"): key source + path"),
         "{refused}"
