@@ -29,7 +29,7 @@ pub async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> 
             Response::ok(view)
         }
         Request::Block { prefix, for_secs } => {
-            let net = rules::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            let net = rules::parse_net(&prefix)?;
             let duration = for_secs
                 .map(|s| {
                     Duration::try_from_secs_f64(s).context("for_secs must be a positive number")
@@ -46,7 +46,7 @@ pub async fn handle(shared: &Arc<Shared>, request: Request) -> Result<Response> 
             Response::ok(())
         }
         Request::Unblock { prefix } => {
-            let net = rules::parse_net(&prefix).map_err(anyhow::Error::msg)?;
+            let net = rules::parse_net(&prefix)?;
             if !blocking(shared, move |engine| engine.unblock(net)).await? {
                 anyhow::bail!("{net} is not blocked");
             }

@@ -244,7 +244,9 @@ fn address_only(path: &[Step<'_>]) -> Result<Draft, String> {
 }
 
 fn parse_source(value: &str) -> Result<IpNet, String> {
-    parse_net(value).map(|net| net.trunc())
+    parse_net(value)
+        .map(|net| net.trunc())
+        .map_err(|e| e.to_string())
 }
 
 /// The rule that the action list `list` and the descriptor `path` (which

@@ -21,9 +21,9 @@ impl InvalidField {
     }
 }
 
-pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> InvalidField {
+pub fn invalid(field: impl Into<String>, message: impl std::fmt::Display) -> InvalidField {
     InvalidField {
         field: field.into(),
-        message: message.into(),
+        message: message.to_string(),
     }
 }

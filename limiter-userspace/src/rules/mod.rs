@@ -28,7 +28,7 @@ pub use set::{
     CostClass, EscalationPolicy, FULL_FRAME, FleetShare, KeyPrefix, Layer7Only, Limit, Match, Rate,
     Rates, Rule, RuleSet, TcpFlags, ThirdLimit,
 };
-pub use validate::{parse_net, parse_unit};
+pub use validate::{BadText, parse_net, parse_unit};
 
 #[cfg(test)]
 mod tests;

@@ -16,4 +16,4 @@ mod rule;
 mod text;
 
 pub(super) use file::rule_set;
-pub use text::{parse_net, parse_unit};
+pub use text::{BadText, parse_net, parse_unit};

@@ -15,34 +15,41 @@ pub(super) fn parse_prefix(text: &str) -> Result<IpNet, InvalidField> {
     parse_net(text).map_err(|message| invalid("match.source", message))
 }
 
+/// A field written as text that says nothing it could mean.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadText {
+    #[error("{} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32", quoted(.0))]
+    NotAPrefix(String),
+    #[error(
+        "{}: expected second, minute, hour, day or a duration like 30s ({reason})",
+        quoted(.text)
+    )]
+    NotAUnit { text: String, reason: String },
+    #[error("must be longer than zero")]
+    ZeroUnit,
+}
+
 /// An address prefix (`10.0.0.0/8`), or a single address (`/32`, `/128`).
-pub fn parse_net(text: &str) -> Result<IpNet, String> {
+pub fn parse_net(text: &str) -> Result<IpNet, BadText> {
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| {
-            format!(
-                "{} is not an address prefix such as 10.0.0.0/8 or 2001:db8::/32",
-                quoted(text)
-            )
-        })
+        .map_err(|_| BadText::NotAPrefix(text.to_owned()))
 }
 
 /// `second`, `minute`, `hour`, `day`, or a duration such as `30s` or `250ms`.
-pub fn parse_unit(unit: &str) -> Result<Duration, String> {
+pub fn parse_unit(unit: &str) -> Result<Duration, BadText> {
     let period = match unit {
         "second" => Duration::from_secs(1),
         "minute" => Duration::from_secs(60),
         "hour" => Duration::from_secs(3600),
         "day" => Duration::from_secs(86_400),
-        other => humantime::parse_duration(other).map_err(|e| {
-            format!(
-                "{}: expected second, minute, hour, day or a duration like 30s ({e})",
-                quoted(other)
-            )
+        other => humantime::parse_duration(other).map_err(|e| BadText::NotAUnit {
+            text: other.to_owned(),
+            reason: e.to_string(),
         })?,
     };
     if period.is_zero() {
-        return Err("must be longer than zero".into());
+        return Err(BadText::ZeroUnit);
     }
     Ok(period)
 }
