@@ -84,6 +84,17 @@ pub async fn serve(
     let listeners = reuseport_listeners(options.listen, workers)
         .with_context(|| format!("listening on {}", options.listen))?;
     let local = listeners[0].local_addr()?;
+    // Every worker's runtime before any connection is taken: one built
+    // after the first worker started accepting could find the process's
+    // descriptors gone to its clients, and the proxy would stop.
+    let runtimes = (0..workers)
+        .map(|_| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("a worker's runtime")
+        })
+        .collect::<Result<Vec<_>>>()?;
     if let Some(addr) = options.metrics {
         let metrics = TcpListener::bind(addr)
             .await
@@ -111,7 +122,7 @@ pub async fn serve(
     let slots = Slots::new(options.max_connections, options.max_connections_per_source)
         .exempt(&options.trusted_proxies);
     let (ended, mut first_end) = tokio::sync::mpsc::unbounded_channel();
-    for (n, listener) in listeners.into_iter().enumerate() {
+    for (n, (listener, runtime)) in listeners.into_iter().zip(runtimes).enumerate() {
         let (options, limiter, slots, ended) = (
             Arc::clone(&options),
             Arc::clone(&limiter),
@@ -121,13 +132,7 @@ pub async fn serve(
         std::thread::Builder::new()
             .name(format!("proxy-{n}"))
             .spawn(move || {
-                let served = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .context("a worker's runtime")
-                    .and_then(|runtime| {
-                        runtime.block_on(worker(listener, local, &options, limiter, slots))
-                    });
+                let served = runtime.block_on(worker(listener, local, &options, limiter, slots));
                 let _ = ended.send(served);
             })
             .context("starting a worker thread")?;
