@@ -9,6 +9,7 @@
 //! - `cargo xtask mutants`  mutation testing by area (on demand)
 //! - `cargo xtask vm`       runs a command in Debian's kernels under qemu
 
+mod build;
 mod matrix;
 mod mutants;
 mod setup;
@@ -20,6 +21,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use build::{build, build_baseline, build_profile_stages, build_without_trace};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -395,170 +397,6 @@ fn warn_if_disk_short(need: u64) {
             gib(need)
         );
     }
-}
-
-/// `limiter-userspace`'s feature of crash points (`faults.rs`), which
-/// every debug build (the one the tests run) has and no release build.
-pub const FAULTS: &str = "faults";
-
-/// Builds the kernel object, then `limiter` with it embedded; returns the binary.
-fn build(release: bool) -> Result<PathBuf> {
-    step("building the XDP program (nightly, bpfel-unknown-none)");
-    let ebpf = root().join("limiter-ebpf");
-    status(
-        nightly_cargo()
-            .current_dir(&ebpf)
-            .args(["build", "--release"]),
-    )?;
-    let object = ebpf.join("target/bpfel-unknown-none/release/limiter");
-    step("building the limiter binary");
-    let mut command = cargo();
-    command
-        .args(["build", "--package", "limiter-userspace"])
-        .env("LIMITER_EBPF_OBJECT", &object);
-    if release {
-        command.arg("--release");
-    } else {
-        // The binary the tests run: with the crash points of the fault
-        // tests, which a release build leaves out.
-        command.args(["--features", FAULTS]);
-    }
-    status(&mut command)?;
-    let binary = root()
-        .join("target")
-        .join(if release { "release" } else { "debug" })
-        .join("limiter");
-    println!("xtask: built {}", binary.display());
-    Ok(binary)
-}
-
-/// The program cut after each of its stages (`limiter-ebpf/src/profile.rs`),
-/// for the bench's profile: `stage-N` in the returned directory. Built in
-/// a target directory of their own, so no cut program can ever be the one
-/// a later build embeds.
-fn build_profile_stages() -> Result<PathBuf> {
-    /// `profile::METERED`, the last stage.
-    const STAGES: u32 = 9;
-    step("building the XDP program cut after each stage (the bench's profile)");
-    let ebpf = root().join("limiter-ebpf");
-    let dir = root().join("target/profile");
-    std::fs::create_dir_all(&dir)?;
-    for stage in 1..=STAGES {
-        build_program_variant(
-            &ebpf,
-            &ebpf.join("target/profile"),
-            &[("LIMITER_PROFILE_STOP", &stage.to_string())],
-            &dir.join(format!("stage-{stage}")),
-        )?;
-    }
-    Ok(dir)
-}
-
-/// Builds the XDP program of `crate_dir` (a `limiter-ebpf`) with `env`
-/// set, in `target_dir` (one of its own, so that no variant is ever the
-/// program a later build embeds), and copies it to `to`.
-fn build_program_variant(
-    crate_dir: &Path,
-    target_dir: &Path,
-    env: &[(&str, &str)],
-    to: &Path,
-) -> Result<()> {
-    status(
-        nightly_cargo()
-            .current_dir(crate_dir)
-            .args(["build", "--release", "--quiet", "--target-dir"])
-            .arg(target_dir)
-            .envs(env.iter().copied()),
-    )?;
-    let built = target_dir.join("bpfel-unknown-none/release/limiter");
-    std::fs::copy(&built, to)
-        .with_context(|| format!("copying {} to {}", built.display(), to.display()))?;
-    Ok(())
-}
-
-/// The program without any tracing code (`LIMITER_NO_TRACE=1`): a build
-/// the verifier budget checks, and the bench's measure of what the idle
-/// trace branch costs; a target directory of its own, as the profile's
-/// cuts.
-fn build_without_trace() -> Result<PathBuf> {
-    step("building the XDP program without tracing code (verifier budget, bench)");
-    let ebpf = root().join("limiter-ebpf");
-    let to = root().join("target/notrace-limiter.o");
-    build_program_variant(
-        &ebpf,
-        &ebpf.join("target/notrace"),
-        &[("LIMITER_NO_TRACE", "1")],
-        &to,
-    )?;
-    Ok(to)
-}
-
-/// The XDP program as built from git revision `revision` (a worktree of
-/// its own, removed after), for the bench's `baseline` section; and the
-/// commit it names.
-fn build_baseline(revision: &str) -> Result<(PathBuf, String)> {
-    let git_output = |args: &[&str]| -> Result<String> {
-        let out = Command::new("git")
-            .current_dir(root())
-            .args(args)
-            .output()
-            .with_context(|| format!("git {}", args.join(" ")))?;
-        if !out.status.success() {
-            bail!(
-                "git {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    let commit = git_output(&["rev-parse", "--verify", &format!("{revision}^{{commit}}")])
-        .with_context(|| format!("--baseline {revision}: not a commit of this repository"))?;
-    step(&format!(
-        "building the XDP program at {revision} ({commit}, the bench's baseline)"
-    ));
-    // Its maps are loaded by this build: layouts that differ would fail,
-    // flags that mean something else would measure another program.
-    if git_output(&[
-        "diff",
-        "--quiet",
-        &commit,
-        "HEAD",
-        "--",
-        "limiter-common/src/abi.rs",
-    ])
-    .is_err()
-    {
-        println!(
-            "xtask: warning: limiter-common/src/abi.rs differs between {revision} and HEAD; \
-             the baseline is loaded with this build's maps and rules"
-        );
-    }
-    let source = root().join("target/baseline-src");
-    let source_arg = source.to_string_lossy().into_owned();
-    // What an interrupted run left: the worktree, or its registration.
-    let _ = git_output(&["worktree", "remove", "--force", &source_arg]);
-    let _ = std::fs::remove_dir_all(&source);
-    git_output(&["worktree", "prune"])?;
-    git_output(&[
-        "worktree",
-        "add",
-        "--force",
-        "--detach",
-        &source_arg,
-        &commit,
-    ])?;
-    let to = root().join("target/baseline-limiter.o");
-    let built = build_program_variant(
-        &source.join("limiter-ebpf"),
-        &root().join("limiter-ebpf/target/baseline"),
-        &[],
-        &to,
-    );
-    let removed = git_output(&["worktree", "remove", "--force", &source_arg]);
-    built?;
-    removed?;
-    Ok((to, commit))
 }
 
 pub fn root() -> PathBuf {
