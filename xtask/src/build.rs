@@ -175,3 +175,66 @@ pub fn build_baseline(revision: &str) -> Result<(PathBuf, String)> {
     removed?;
     Ok((to, commit))
 }
+
+/// The integration tests' one test binary (`tests/tests/integration`).
+pub const INTEGRATION: &str = "integration";
+
+/// Builds the integration tests (as `cargo test` would, without running
+/// them), with `env` set, and returns their binary.
+pub fn integration_tests(env: &[(&str, &str)]) -> Result<PathBuf> {
+    let out = crate::stdout_of(
+        cargo()
+            .args([
+                "test",
+                "--package",
+                "limiter-tests",
+                "--test",
+                INTEGRATION,
+                "--no-run",
+                "--message-format=json",
+            ])
+            .envs(env.iter().copied()),
+        "building the integration tests",
+    )?;
+    test_executable(&String::from_utf8_lossy(&out), INTEGRATION)
+        .with_context(|| format!("cargo built no test binary {INTEGRATION}"))
+}
+
+/// The executable of test target `name` in cargo's JSON messages.
+fn test_executable(messages: &str, name: &str) -> Option<PathBuf> {
+    messages.lines().find_map(|line| {
+        let message: serde_json::Value = serde_json::from_str(line).ok()?;
+        let is_test = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        let executable = message["executable"].as_str()?;
+        (is_test && message["target"]["name"] == name).then(|| PathBuf::from(executable))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::test_executable;
+
+    /// Only the test target of that name, with an executable: not a
+    /// library of the same name, not a message without one.
+    #[test]
+    fn the_test_binary_is_found_in_cargos_messages() {
+        let messages = concat!(
+            "not json\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"integration","kind":["lib"]},"executable":"/lib"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"other","kind":["test"]},"executable":"/other"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"integration","kind":["test"]},"executable":"/t/integration-1"}"#,
+            "\n",
+        );
+        assert_eq!(
+            test_executable(messages, "integration"),
+            Some(PathBuf::from("/t/integration-1"))
+        );
+        assert_eq!(test_executable(messages, "missing"), None);
+    }
+}

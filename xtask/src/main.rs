@@ -281,7 +281,7 @@ fn long_test(module: &str, limiter: &Path, size: (&str, u64)) -> Command {
             "--package",
             "limiter-tests",
             "--test",
-            "integration",
+            build::INTEGRATION,
         ])
         .args(["--", &format!("{module}::"), "--nocapture"])
         .env("LIMITER_BIN", limiter)
@@ -337,7 +337,7 @@ fn test(filter: Option<String>, no_matrix: bool) -> Result<()> {
             "--package",
             "limiter-tests",
             "--test",
-            "integration",
+            build::INTEGRATION,
         ])
         .arg("--")
         .args(filter)

@@ -12,8 +12,7 @@
 //! its pins.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Command,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -60,9 +59,6 @@ const TESTS: [(&str, &[&str]); 7] = [
     ),
 ];
 
-/// The test binary holding them (tests/tests/integration).
-const BINARY: &str = "integration";
-
 /// Each module's time limit in a guest.
 const TEST_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -70,7 +66,7 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(900);
 /// build of the program (the test-clock build is found where the tests
 /// look for it).
 pub fn run(limiter: &Path, no_trace: &Path) -> Result<()> {
-    let binary = test_binary()?;
+    let binary = crate::build::integration_tests(&[("LIMITER_TESTS_BUILD_KERNEL", "1")])?;
     let test_clock =
         root().join("limiter-ebpf/target/test-clock/bpfel-unknown-none/release/limiter");
     let mut files = vec![
@@ -243,44 +239,6 @@ fn filters(module: &str, names: &[&str]) -> Vec<String> {
     let mut argv: Vec<String> = names.iter().map(|n| format!("{module}::{n}")).collect();
     argv.push("--exact".to_owned());
     argv
-}
-
-/// Builds the integration tests (as `cargo test` would, without running
-/// them) and returns their binary.
-fn test_binary() -> Result<PathBuf> {
-    let out = crate::stdout_of(
-        Command::new("cargo")
-            .current_dir(root())
-            .args([
-                "test",
-                "--package",
-                "limiter-tests",
-                "--test",
-                BINARY,
-                "--no-run",
-                "--message-format=json",
-            ])
-            .env("LIMITER_TESTS_BUILD_KERNEL", "1"),
-        "building the integration tests",
-    )?;
-    for line in String::from_utf8_lossy(&out).lines() {
-        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(name), Some(executable)) = (
-            message["target"]["name"].as_str(),
-            message["executable"].as_str(),
-        ) else {
-            continue;
-        };
-        let is_test = message["target"]["kind"]
-            .as_array()
-            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
-        if is_test && name == BINARY {
-            return Ok(PathBuf::from(executable));
-        }
-    }
-    bail!("cargo built no test binary {BINARY}")
 }
 
 #[cfg(test)]

@@ -30,9 +30,6 @@ use crate::{cargo, nightly_cargo, root, step};
 /// replays.
 const JUDGES: [&str; 4] = ["prog_test_run", "key_table", "drops", "conformance"];
 
-/// The test binary holding them (tests/tests/integration).
-const BINARY: &str = "integration";
-
 /// Mutants a default run takes, spread evenly over the area's list (about
 /// 30 minutes here; `--full` takes them all).
 const SAMPLE: usize = 90;
@@ -89,7 +86,7 @@ pub fn run(area: &Area, options: &Options) -> Result<Tally> {
     let tree = dir.join("tree");
     copy_tracked(&tree)?;
     step("building the judging test binary from the unmutated tree");
-    let judges = test_binary()?;
+    let judges = crate::build::integration_tests(&[])?;
     let timeout = Duration::from_secs(options.timeout.unwrap_or(area.timeout));
     step("the unmutated program, built in the copy, must pass");
     let objects = build_objects(&tree)?.context("the unmutated program does not build")?;
@@ -275,35 +272,6 @@ fn build_objects(tree: &Path) -> Result<Option<Objects>> {
         release: object("target/mutant"),
         test_clock: object("target/mutant-clock"),
     }))
-}
-
-/// The test binary holding `JUDGES`, built from the unmutated tree.
-fn test_binary() -> Result<PathBuf> {
-    let out = cargo()
-        .args([
-            "test",
-            "--package",
-            "limiter-tests",
-            "--test",
-            BINARY,
-            "--no-run",
-            "--message-format=json",
-        ])
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        bail!("building the test binary failed");
-    }
-    for line in out.stdout.split(|&b| b == b'\n') {
-        let Ok(message) = serde_json::from_slice::<Value>(line) else {
-            continue;
-        };
-        let name = message["target"]["name"].as_str().unwrap_or_default();
-        if let (true, Some(executable)) = (name == BINARY, message["executable"].as_str()) {
-            return Ok(PathBuf::from(executable));
-        }
-    }
-    bail!("cargo built no test binary {BINARY}")
 }
 
 /// Runs the judges on the objects: the first that fails (or `timeout`),
